@@ -1,0 +1,190 @@
+"""System checks for ``settings.IDEMPOTENCY``: one stable id per problem.
+
+Ids are never reused. Retired ids stay listed here as comments.
+"""
+
+from __future__ import annotations
+
+import re
+from collections.abc import Callable, Iterator, Mapping
+from datetime import timedelta
+from typing import Any
+
+from django.conf import settings
+from django.core.checks import CheckMessage, Error, Tags, Warning, register
+from django.core.exceptions import ImproperlyConfigured
+
+from django_idempotency.conf import DEFAULTS, _import_callable, as_timedelta
+from django_idempotency.models import KEY_MAX_LENGTH
+
+_HEADER_NAME = re.compile(r"^[!#$%&'*+\-.^_`|~0-9A-Za-z]+$")
+
+
+def _error(id_: int, msg: str, hint: str) -> Error:
+    return Error(msg, hint=hint, id=f"django_idempotency.E{id_:03d}")
+
+
+def _is_duration(value: Any) -> bool:
+    return (isinstance(value, (int, float)) and not isinstance(value, bool)) or isinstance(
+        value, timedelta
+    )
+
+
+def _positive_duration(value: Any) -> bool:
+    return _is_duration(value) and as_timedelta(value) > timedelta(0)
+
+
+def _check_header(value: Any) -> Iterator[CheckMessage]:
+    if not isinstance(value, str) or not _HEADER_NAME.match(value):
+        yield _error(
+            2,
+            f"IDEMPOTENCY['HEADER'] = {value!r} is not a valid HTTP header name.",
+            "Use a header name such as 'Idempotency-Key' (letters, digits and '-').",
+        )
+
+
+def _check_bool(name: str, id_: int) -> Callable[[Any], Iterator[CheckMessage]]:
+    def check(value: Any) -> Iterator[CheckMessage]:
+        if not isinstance(value, bool):
+            yield _error(
+                id_,
+                f"IDEMPOTENCY[{name!r}] = {value!r} is not a boolean.",
+                f"Set IDEMPOTENCY[{name!r}] to True or False.",
+            )
+
+    return check
+
+
+def _check_key_max_length(value: Any) -> Iterator[CheckMessage]:
+    if isinstance(value, bool) or not isinstance(value, int) or not 1 <= value <= KEY_MAX_LENGTH:
+        yield _error(
+            4,
+            f"IDEMPOTENCY['KEY_MAX_LENGTH'] = {value!r} is not an integer from 1 to "
+            f"{KEY_MAX_LENGTH}.",
+            f"The key column holds {KEY_MAX_LENGTH} characters; the IETF draft and "
+            "Stripe use 255.",
+        )
+
+
+def _check_duration(name: str, id_: int) -> Callable[[Any], Iterator[CheckMessage]]:
+    def check(value: Any) -> Iterator[CheckMessage]:
+        if not _positive_duration(value):
+            yield _error(
+                id_,
+                f"IDEMPOTENCY[{name!r}] = {value!r} is not a positive duration.",
+                "Give a datetime.timedelta or a number of seconds greater than zero.",
+            )
+
+    return check
+
+
+def _check_tenant(value: Any) -> Iterator[CheckMessage]:
+    if isinstance(value, str):
+        try:
+            _import_callable(value, "TENANT")
+        except ImproperlyConfigured as exc:
+            yield _error(
+                7,
+                str(exc),
+                "Give a callable taking the request and returning the tenant as a "
+                "string, or its dotted import path.",
+            )
+    elif not callable(value):
+        yield _error(
+            7,
+            f"IDEMPOTENCY['TENANT'] = {value!r} is neither callable nor a dotted path.",
+            "Give a callable taking the request and returning the tenant as a string, "
+            "or its dotted import path.",
+        )
+
+
+def _check_database(value: Any) -> Iterator[CheckMessage]:
+    if value not in settings.DATABASES:
+        yield _error(
+            8,
+            f"IDEMPOTENCY['DATABASE'] = {value!r} is not an alias in DATABASES.",
+            f"Use one of: {', '.join(sorted(settings.DATABASES))}.",
+        )
+
+
+def _check_in_flight(value: Any) -> Iterator[CheckMessage]:
+    if value not in ("conflict", "wait"):
+        yield _error(
+            9,
+            f"IDEMPOTENCY['IN_FLIGHT'] = {value!r} is not 'conflict' or 'wait'.",
+            "'conflict' answers 409 at once; 'wait' waits up to IN_FLIGHT_WAIT for "
+            "the first request to finish, then replays its response.",
+        )
+
+
+def _check_stored_headers(value: Any) -> Iterator[CheckMessage]:
+    if isinstance(value, str) or not isinstance(value, (list, tuple)) or not all(
+        isinstance(name, str) and _HEADER_NAME.match(name) for name in value
+    ):
+        yield _error(
+            12,
+            f"IDEMPOTENCY['STORED_HEADERS'] = {value!r} is not a list of header names.",
+            "List further response headers to store and replay, e.g. ['ETag'].",
+        )
+
+
+def _check_max_stored_body(value: Any) -> Iterator[CheckMessage]:
+    if isinstance(value, bool) or not isinstance(value, int) or value < 0:
+        yield _error(
+            13,
+            f"IDEMPOTENCY['MAX_STORED_BODY'] = {value!r} is not a number of bytes.",
+            "Give a non-negative integer; bodies larger than this are not stored.",
+        )
+
+
+_CHECKS: Mapping[str, Callable[[Any], Iterator[CheckMessage]]] = {
+    "HEADER": _check_header,
+    "REQUIRED": _check_bool("REQUIRED", 3),
+    "KEY_MAX_LENGTH": _check_key_max_length,
+    "TTL": _check_duration("TTL", 5),
+    "LEASE": _check_duration("LEASE", 6),
+    "TENANT": _check_tenant,
+    "DATABASE": _check_database,
+    "IN_FLIGHT": _check_in_flight,
+    "IN_FLIGHT_WAIT": _check_duration("IN_FLIGHT_WAIT", 10),
+    "FAIL_OPEN": _check_bool("FAIL_OPEN", 11),
+    "STORED_HEADERS": _check_stored_headers,
+    "MAX_STORED_BODY": _check_max_stored_body,
+}
+
+
+@register(Tags.compatibility)
+def check_settings(app_configs: Any = None, **kwargs: Any) -> list[CheckMessage]:
+    user_settings = getattr(settings, "IDEMPOTENCY", {})
+    if not isinstance(user_settings, Mapping):
+        return [
+            _error(
+                1,
+                f"IDEMPOTENCY must be a dict, not {type(user_settings).__name__}.",
+                "Set IDEMPOTENCY = {...} with the keys listed in the settings reference.",
+            )
+        ]
+    messages: list[CheckMessage] = []
+    for name in sorted(set(user_settings) - set(DEFAULTS)):
+        messages.append(
+            Warning(
+                f"IDEMPOTENCY[{name!r}] is not a setting of django-idempotency.",
+                hint=f"Known settings: {', '.join(DEFAULTS)}. Check the spelling.",
+                id="django_idempotency.W001",
+            )
+        )
+    for name, check in _CHECKS.items():
+        messages.extend(check(user_settings.get(name, DEFAULTS[name])))
+    ttl = user_settings.get("TTL", DEFAULTS["TTL"])
+    lease = user_settings.get("LEASE", DEFAULTS["LEASE"])
+    if _positive_duration(ttl) and _positive_duration(lease):
+        if as_timedelta(ttl) < as_timedelta(lease):
+            messages.append(
+                _error(
+                    14,
+                    "IDEMPOTENCY['TTL'] is shorter than IDEMPOTENCY['LEASE'].",
+                    "Retention must outlast the lease, or a record could be forgotten "
+                    "while its request still runs. Raise TTL or lower LEASE.",
+                )
+            )
+    return messages

@@ -1,0 +1,199 @@
+"""``@idempotent``: HTTP glue for function views and view methods."""
+
+from __future__ import annotations
+
+import functools
+import types
+from collections.abc import Callable
+from datetime import timedelta
+from inspect import iscoroutinefunction
+from typing import Any, TypeVar, overload
+
+from django.core.exceptions import ImproperlyConfigured, PermissionDenied
+from django.http import Http404, HttpRequest, HttpResponseBase
+from django.template.response import SimpleTemplateResponse
+from rest_framework.exceptions import APIException
+from rest_framework.request import Request
+from rest_framework.views import APIView
+
+from django_idempotency.exceptions import IdempotencyRefusal
+from django_idempotency.fingerprint import FingerprintSpec
+from django_idempotency.protection import Options, protect, run_unprotected
+from django_idempotency.scope import OperationSpec
+
+ViewFunc = TypeVar("ViewFunc", bound=Callable[..., Any])
+
+#: Exceptions that DRF's ``handle_exception`` turns into responses. Raised
+#: by a protected DRF view they are its answer (a ValidationError is a 400),
+#: so they are classified and stored like a returned response.
+DRF_HANDLED = (APIException, Http404, PermissionDenied)
+
+
+class EveryDatabase(frozenset[str]):
+    """``_non_atomic_requests`` value exempting a view on every database.
+
+    Protected views take over ``ATOMIC_REQUESTS``: the claim must commit
+    before the view's transaction opens, so the decorator opens that
+    transaction itself, after the claim (see ``protection.requests_transactions``).
+    """
+
+    def __contains__(self, alias: object) -> bool:
+        return True
+
+
+EVERY_DATABASE = EveryDatabase()
+
+
+def _rendered(response: HttpResponseBase) -> HttpResponseBase:
+    if isinstance(response, SimpleTemplateResponse):
+        response.render()
+    return response
+
+
+def _call_drf(
+    view: APIView, request: Request, call: Callable[[], HttpResponseBase], args: Any, kwargs: Any
+) -> HttpResponseBase:
+    try:
+        response = call()
+    except DRF_HANDLED as exc:
+        response = view.handle_exception(exc)
+    # Finalise and render now, inside the transaction, so that the stored
+    # body is the exact bytes the client receives. DRF's dispatch finalises
+    # again afterwards, which changes nothing on a rendered response.
+    return _rendered(view.finalize_response(request, response, *args, **kwargs))
+
+
+def _refusal_response(request: HttpRequest, exc: IdempotencyRefusal) -> HttpResponseBase:
+    """Render a refusal for a plain Django view with the project's DRF handler."""
+    from rest_framework.renderers import JSONRenderer
+    from rest_framework.response import Response
+    from rest_framework.settings import api_settings
+
+    context = {"request": request, "view": None, "args": (), "kwargs": {}}
+    response = api_settings.EXCEPTION_HANDLER(exc, context)
+    if response is None:
+        response = Response(exc.detail, status=exc.status_code)
+    response.accepted_renderer = JSONRenderer()
+    response.accepted_media_type = "application/json"
+    response.renderer_context = context
+    return _rendered(response)
+
+
+class IdempotentView:
+    """The decorated view: a plain callable for function views, a descriptor in classes."""
+
+    def __init__(self, view: Callable[..., Any], options: Options) -> None:
+        functools.update_wrapper(self, view)
+        self.view = view
+        self.options = options
+        self._non_atomic_requests = EVERY_DATABASE
+
+    def __set_name__(self, owner: type, name: str) -> None:
+        mark_views_non_atomic(owner)
+
+    def __get__(self, instance: object, owner: type | None = None) -> Any:
+        if instance is None:
+            return self
+        return types.MethodType(self, instance)
+
+    def __call__(self, *args: Any, **kwargs: Any) -> Any:
+        if isinstance(args[0], (HttpRequest, Request)):
+            request, view_args, instance = args[0], args[1:], None
+        else:  # a method: (view instance, request, *args)
+            instance, request, view_args = args[0], args[1], args[2:]
+
+        def call() -> HttpResponseBase:
+            return self.view(*args, **kwargs)
+
+        if isinstance(request, Request):
+            drf_view = instance if isinstance(instance, APIView) else request.parser_context["view"]
+
+            def call_drf() -> HttpResponseBase:
+                return _call_drf(drf_view, request, call, view_args, kwargs)
+
+            return protect(request, call_drf, self.options, view_args, kwargs)
+        try:
+            return protect(request, lambda: _rendered(call()), self.options, view_args, kwargs)
+        except IdempotencyRefusal as exc:
+            return _refusal_response(request, exc)
+
+
+def mark_views_non_atomic(view_class: type) -> None:
+    """Exempt a class-based view from ATOMIC_REQUESTS where it is protected.
+
+    Django reads ``_non_atomic_requests`` off ``as_view()``'s function, which
+    copies it from ``dispatch``; so ``dispatch`` gets a wrapper carrying it.
+    The wrapper restores Django's behaviour for the handlers that are not
+    protected.
+    """
+    if not hasattr(view_class, "dispatch"):
+        return  # not a view (a mixin of handlers): nothing to exempt here
+    if "dispatch" in vars(view_class) and getattr(
+        vars(view_class)["dispatch"], "_idempotency_dispatch", False
+    ):
+        return
+    inherited = view_class.dispatch  # type: ignore[attr-defined]
+
+    @functools.wraps(inherited)
+    def dispatch(self: Any, request: HttpRequest, *args: Any, **kwargs: Any) -> Any:
+        handler = getattr(self, (request.method or "").lower(), None)
+        if isinstance(getattr(handler, "__func__", None), IdempotentView) or getattr(
+            self, "idempotency_protects", lambda method: False
+        )(request.method):
+            return inherited(self, request, *args, **kwargs)
+        return run_unprotected(lambda: inherited(self, request, *args, **kwargs))
+
+    dispatch._non_atomic_requests = EVERY_DATABASE  # type: ignore[attr-defined]
+    dispatch._idempotency_dispatch = True  # type: ignore[attr-defined]
+    view_class.dispatch = dispatch  # type: ignore[attr-defined]
+
+
+@overload
+def idempotent(view: ViewFunc) -> ViewFunc: ...
+@overload
+def idempotent(
+    view: None = None,
+    *,
+    fingerprint: FingerprintSpec = None,
+    operation: OperationSpec = None,
+    required: bool | None = None,
+    ttl: timedelta | float | None = None,
+) -> Callable[[ViewFunc], ViewFunc]: ...
+
+
+def idempotent(
+    view: Callable[..., Any] | None = None,
+    *,
+    fingerprint: FingerprintSpec = None,
+    operation: OperationSpec = None,
+    required: bool | None = None,
+    ttl: timedelta | float | None = None,
+) -> Any:
+    """Run the decorated view once per ``Idempotency-Key`` and replay its outcome.
+
+    Works on DRF ``@api_view`` functions (place it under ``@api_view``), on
+    methods of APIView / GenericAPIView / ViewSet classes, and on plain
+    Django function views. Only POST, PUT, PATCH and DELETE are protected.
+
+    ``fingerprint``: ``None`` for the whole canonical input (body, query
+    parameters, URL arguments); a list of field names, dotted for nested
+    ones; or a callable taking the request. ``operation``: a stable name
+    (default: method plus URL route pattern), or a callable taking the
+    request. ``required``: whether a missing key is refused (default
+    ``IDEMPOTENCY["REQUIRED"]``). ``ttl``: retention as seconds or a
+    timedelta (default ``IDEMPOTENCY["TTL"]``).
+    """
+    options = Options(fingerprint=fingerprint, operation=operation, required=required, ttl=ttl)
+
+    def decorate(func: Callable[..., Any]) -> Any:
+        if iscoroutinefunction(func):
+            raise ImproperlyConfigured(
+                f"@idempotent does not support async views yet ({func.__qualname__})."
+            )
+        if isinstance(fingerprint, str):
+            raise ImproperlyConfigured(
+                "idempotent(fingerprint=...) takes a list of field names, not a string."
+            )
+        return IdempotentView(func, options)
+
+    return decorate(view) if view is not None else decorate

@@ -1,0 +1,54 @@
+"""``IdempotentMixin``: protect every unsafe method of a DRF class-based view."""
+
+from __future__ import annotations
+
+from datetime import timedelta
+from typing import Any, ClassVar
+
+from rest_framework.request import Request
+
+from django_idempotency.decorators import IdempotentView, mark_views_non_atomic
+from django_idempotency.fingerprint import FingerprintSpec
+from django_idempotency.protection import PROTECTED_METHODS, Options
+from django_idempotency.scope import OperationSpec
+
+
+class IdempotentMixin:
+    """Protect the POST, PUT, PATCH and DELETE handlers of a DRF view or viewset.
+
+    Place it before the view class: ``class PaymentViewSet(IdempotentMixin,
+    viewsets.ModelViewSet)``. Configure with the class attributes below; they
+    mean what the keyword arguments of ``@idempotent`` mean.
+    """
+
+    idempotency_fingerprint: ClassVar[FingerprintSpec] = None
+    idempotency_operation: ClassVar[OperationSpec] = None
+    idempotency_required: ClassVar[bool | None] = None
+    idempotency_ttl: ClassVar[timedelta | float | None] = None
+
+    def __init_subclass__(cls, **kwargs: Any) -> None:
+        super().__init_subclass__(**kwargs)
+        mark_views_non_atomic(cls)
+
+    def idempotency_protects(self, method: str | None) -> bool:
+        return method in PROTECTED_METHODS
+
+    def initial(self, request: Request, *args: Any, **kwargs: Any) -> None:
+        # Runs after authentication, permissions and throttling, and before
+        # DRF looks the handler up: swap in the protected handler here.
+        super().initial(request, *args, **kwargs)  # type: ignore[misc]
+        method = (request.method or "").lower()
+        handler = getattr(self, method, None)
+        function = getattr(handler, "__func__", None)
+        if (
+            request.method in PROTECTED_METHODS
+            and function is not None
+            and not isinstance(function, IdempotentView)
+        ):
+            options = Options(
+                fingerprint=self.idempotency_fingerprint,
+                operation=self.idempotency_operation,
+                required=self.idempotency_required,
+                ttl=self.idempotency_ttl,
+            )
+            setattr(self, method, IdempotentView(function, options).__get__(self))

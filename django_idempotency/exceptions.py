@@ -1,0 +1,80 @@
+"""Errors. Every HTTP refusal is a DRF ``APIException`` with a stable ``code``.
+
+They are raised, not returned, so that the project's own
+``REST_FRAMEWORK['EXCEPTION_HANDLER']`` renders them. Their ``detail`` is a
+dict so that DRF's default handler produces ``{"detail": ..., "code": ...}``.
+"""
+
+from __future__ import annotations
+
+from typing import ClassVar
+
+from django.utils.translation import gettext_lazy as _
+from rest_framework import status
+from rest_framework.exceptions import APIException
+
+
+class IdempotencyError(Exception):
+    """Base class of everything django-idempotency raises."""
+
+
+class IdempotencyRefusal(IdempotencyError, APIException):
+    """A request refused before (or instead of) running the protected view."""
+
+    default_code: ClassVar[str]
+
+    def __init__(self, message: str | None = None, *, retry_after: int | None = None) -> None:
+        text = message or str(self.default_detail)
+        super().__init__({"detail": text, "code": self.default_code}, self.default_code)
+        if retry_after is not None:
+            # DRF's exception handler turns ``wait`` into a Retry-After header.
+            self.wait = retry_after
+
+
+class KeyMissing(IdempotencyRefusal):
+    status_code = status.HTTP_400_BAD_REQUEST
+    default_code = "idempotency_key_missing"
+    default_detail = _(
+        "This operation requires an Idempotency-Key header. Send a unique key "
+        "(a UUID is a good choice) and reuse it only to retry the same request."
+    )
+
+
+class KeyInvalid(IdempotencyRefusal):
+    status_code = status.HTTP_400_BAD_REQUEST
+    default_code = "idempotency_key_invalid"
+    default_detail = _(
+        "The Idempotency-Key header must be 1 to 255 visible ASCII characters, "
+        'optionally sent as a quoted string ("...").'
+    )
+
+
+class KeyReused(IdempotencyRefusal):
+    status_code = status.HTTP_422_UNPROCESSABLE_ENTITY
+    default_code = "idempotency_key_reused"
+    default_detail = _(
+        "This Idempotency-Key was already used with a different request. Use a "
+        "new key for a new request; retry only with the identical request."
+    )
+
+
+class RequestInProgress(IdempotencyRefusal):
+    status_code = status.HTTP_409_CONFLICT
+    default_code = "idempotency_request_in_progress"
+    default_detail = _(
+        "A request with this Idempotency-Key is still being processed. Retry "
+        "after the time given in Retry-After to receive its outcome."
+    )
+
+
+class StoreUnavailable(IdempotencyRefusal):
+    status_code = status.HTTP_503_SERVICE_UNAVAILABLE
+    default_code = "idempotency_store_unavailable"
+    default_detail = _(
+        "The request was not run because its idempotency record could not be "
+        "stored. Retry later with the same Idempotency-Key."
+    )
+
+
+class StaleOwner(IdempotencyError):
+    """An owner's write found the record's fencing token moved on: it lost the lease."""

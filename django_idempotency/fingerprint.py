@@ -1,0 +1,188 @@
+"""Fingerprints: what makes two requests "the same request".
+
+A fingerprint is the SHA-256 of a canonical serialisation of the
+operation-defining input: the parsed body, the query parameters and the URL
+arguments. Canonical means sorted object keys, no insignificant whitespace
+and one spelling per number, so ``{"a": 1.0}`` and ``{ "a" : 1e0 }`` are the
+same request while any changed value, however deeply nested, is not.
+
+Why not RFC 8785 (the ``rfc8785`` package)? JCS maps every number to an
+IEEE double, so 9007199254740993 and 9007199254740992 would canonicalise
+alike (the package refuses integers beyond 2**53 for that reason). Amounts in
+minor units and snowflake ids live up there, and a changed amount must never
+replay an old charge. Here integers stay exact, integral floats equal the
+integer they spell (``1.0 == 1``), and other floats use Python's shortest
+round-trip spelling in plain positional notation.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import math
+from collections.abc import Callable, Mapping, Sequence
+from decimal import Decimal
+from typing import TYPE_CHECKING, Any, Union
+
+from django.core.files.uploadedfile import UploadedFile
+from django.http import QueryDict
+
+if TYPE_CHECKING:
+    from django.http import HttpRequest
+
+FingerprintSpec = Union[None, Sequence[str], Callable[["HttpRequest"], Any]]
+
+
+
+class _Absent:
+    """A selected field that the request did not send (distinct from ``null``)."""
+
+
+_ABSENT = _Absent()
+
+
+def _number(value: int | float | Decimal) -> str:
+    if isinstance(value, int):
+        return str(value)
+    if isinstance(value, float):
+        if not math.isfinite(value):
+            raise ValueError(f"{value!r} has no canonical JSON form")
+        if value.is_integer():
+            return str(int(value))
+        value = Decimal(repr(value))
+    if not value.is_finite():
+        raise ValueError(f"{value!r} has no canonical JSON form")
+    if value == value.to_integral_value():
+        return str(int(value))
+    normalised = value.normalize()
+    # Positional notation keeps 1.5e-07 and 0.00000015 alike; beyond this
+    # exponent the digits would be a denial of service, so switch to E-form.
+    if abs(normalised.adjusted()) > 400:
+        return f"{normalised:E}"
+    return f"{normalised:f}"
+
+
+def _file_token(upload: UploadedFile) -> str:
+    digest = hashlib.sha256()
+    for chunk in upload.chunks():
+        digest.update(chunk)
+    upload.seek(0)
+    return f"file({json.dumps(upload.name)},{digest.hexdigest()})"
+
+
+# Values that parsed JSON cannot contain (absent fields, uploads, raw bytes)
+# are written as tokens that are not JSON, so they can never collide with
+# anything a client spells in a body.
+def _encode(value: Any, out: list[str]) -> None:
+    if value is None:
+        out.append("null")
+    elif value is True:
+        out.append("true")
+    elif value is False:
+        out.append("false")
+    elif isinstance(value, (int, float, Decimal)):
+        out.append(_number(value))
+    elif isinstance(value, str):
+        out.append(json.dumps(value))
+    elif isinstance(value, QueryDict):
+        _encode(dict(value.lists()), out)
+    elif isinstance(value, Mapping):
+        out.append("{")
+        for index, name in enumerate(sorted(value, key=str)):
+            if index:
+                out.append(",")
+            out.append(json.dumps(str(name)))
+            out.append(":")
+            _encode(value[name], out)
+        out.append("}")
+    elif isinstance(value, (list, tuple)):
+        out.append("[")
+        for index, item in enumerate(value):
+            if index:
+                out.append(",")
+            _encode(item, out)
+        out.append("]")
+    elif value is _ABSENT:
+        out.append("absent")
+    elif isinstance(value, UploadedFile):
+        out.append(_file_token(value))
+    elif isinstance(value, (bytes, bytearray, memoryview)):
+        out.append(f"bytes({hashlib.sha256(value).hexdigest()})")
+    else:
+        raise TypeError(f"{type(value).__name__} cannot be part of a fingerprint")
+
+
+def canonical(value: Any) -> bytes:
+    """The canonical serialisation of a JSON-like value (ASCII bytes)."""
+    out: list[str] = []
+    _encode(value, out)
+    return "".join(out).encode("ascii")
+
+
+def fingerprint(value: Any) -> str:
+    return hashlib.sha256(canonical(value)).hexdigest()
+
+
+def select_fields(data: Any, fields: Sequence[str]) -> dict[str, Any]:
+    """Pick dotted paths (``"card.last4"``) out of parsed input."""
+    selected: dict[str, Any] = {}
+    for path in fields:
+        node: Any = data
+        for part in path.split("."):
+            if isinstance(node, QueryDict):
+                node = node.getlist(part) if part in node else _ABSENT
+            elif isinstance(node, Mapping):
+                node = node.get(part, _ABSENT)
+            elif isinstance(node, list) and part.isdigit() and int(part) < len(node):
+                node = node[int(part)]
+            else:
+                node = _ABSENT
+            if node is _ABSENT:
+                break
+        selected[path] = node
+    return selected
+
+
+def _parsed_body(request: HttpRequest) -> Any:
+    """The body as the view will see it.
+
+    DRF requests are parsed by the view's own parsers (a malformed body
+    raises DRF's ``ParseError``, a 400, before anything is claimed). Plain
+    Django requests are parsed here: JSON and form bodies by value, anything
+    else (or JSON that does not parse) by the digest of its bytes.
+    """
+    if hasattr(request, "query_params"):  # a DRF Request
+        return request.data
+    content_type = request.content_type or ""
+    if content_type == "application/json" or content_type.endswith("+json"):
+        try:
+            return json.loads(request.body, parse_constant=_reject_constant)
+        except ValueError:
+            return request.body
+    if request.method == "POST" and content_type in (
+        "application/x-www-form-urlencoded",
+        "multipart/form-data",
+    ):
+        return {"form": request.POST, "files": request.FILES}
+    return request.body
+
+
+def _reject_constant(name: str) -> Any:
+    raise ValueError(f"{name} is not JSON")
+
+
+def request_fingerprint(
+    request: HttpRequest,
+    spec: FingerprintSpec,
+    view_args: Sequence[Any],
+    view_kwargs: Mapping[str, Any],
+) -> str:
+    """Fingerprint a request as ``idempotent(fingerprint=spec)`` asks."""
+    if callable(spec):
+        return fingerprint(spec(request))
+    url = {"args": list(view_args), "kwargs": dict(view_kwargs)}
+    body = _parsed_body(request)
+    if spec is None:
+        query = getattr(request, "query_params", request.GET)
+        return fingerprint({"body": body, "query": query, "url": url})
+    return fingerprint({"fields": select_fields(body, spec), "url": url})

@@ -1,0 +1,41 @@
+"""Reading the ``Idempotency-Key`` header."""
+
+from __future__ import annotations
+
+import http_sf
+
+from django_idempotency.exceptions import KeyInvalid
+
+
+def _is_visible_ascii(text: str) -> bool:
+    return text.isascii() and all("\x21" <= char <= "\x7e" for char in text)
+
+
+def parse_key(raw: str, max_length: int) -> str:
+    """Return the key carried by a header value, or raise ``KeyInvalid``.
+
+    The IETF draft defines the header as a Structured Field String
+    (``"..."``, RFC 8941/9651); most clients send the bare key. Both are
+    accepted: a quoted value is unquoted by ``http_sf``, a bare one is taken
+    as it is. Either way the key must be 1 to ``max_length`` visible ASCII
+    characters, which keeps it printable in logs and the admin.
+    """
+    value = raw.strip(" \t")
+    if value.startswith('"'):
+        try:
+            parsed, params = http_sf.parse(value.encode("latin-1"), tltype="item")
+        except (http_sf.StructuredFieldError, UnicodeEncodeError, ValueError) as exc:
+            raise KeyInvalid(f"The quoted Idempotency-Key is malformed: {exc}.") from exc
+        if not isinstance(parsed, str) or params:
+            raise KeyInvalid("A quoted Idempotency-Key must be a plain string.")
+        value = parsed
+    if not value:
+        raise KeyInvalid("The Idempotency-Key header is empty.")
+    if len(value) > max_length:
+        raise KeyInvalid(f"The Idempotency-Key is longer than {max_length} characters.")
+    if not _is_visible_ascii(value):
+        raise KeyInvalid(
+            "The Idempotency-Key may contain only visible ASCII characters "
+            "(no spaces, control characters or non-ASCII letters)."
+        )
+    return value

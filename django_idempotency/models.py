@@ -1,0 +1,76 @@
+from __future__ import annotations
+
+from django.db import models
+from django.utils.translation import gettext_lazy as _
+
+#: Column sizes. The unique index spans all three scope columns, so their sum
+#: has to stay inside MySQL/MariaDB's 3072-byte index limit at 4 bytes a
+#: character: (128 + 255 + 255) * 4 = 2552.
+TENANT_MAX_LENGTH = 128
+OPERATION_MAX_LENGTH = 255
+KEY_MAX_LENGTH = 255
+
+
+class IdempotencyRecord(models.Model):
+    """One idempotent operation: who asked, what they asked, and the outcome."""
+
+    class State(models.TextChoices):
+        CLAIMED = "CLAIMED", _("claimed")
+        IN_PROGRESS = "IN_PROGRESS", _("in progress")
+        UNCERTAIN = "UNCERTAIN", _("uncertain")
+        COMPLETED = "COMPLETED", _("completed")
+        FAILED = "FAILED", _("failed")
+
+    tenant = models.CharField(_("tenant"), max_length=TENANT_MAX_LENGTH)
+    operation = models.CharField(_("operation"), max_length=OPERATION_MAX_LENGTH)
+    key = models.CharField(_("idempotency key"), max_length=KEY_MAX_LENGTH)
+    fingerprint = models.CharField(_("request fingerprint"), max_length=64)
+    state = models.CharField(_("state"), max_length=16, choices=State.choices)
+    lease_owner = models.CharField(_("lease owner"), max_length=255, blank=True)
+    lease_expires_at = models.DateTimeField(_("lease expires at"), null=True, blank=True)
+    fencing_token = models.PositiveBigIntegerField(_("fencing token"), default=1)
+    provider_key = models.CharField(_("provider key"), max_length=64, blank=True)
+    provider_operation_id = models.CharField(
+        _("provider operation id"), max_length=255, blank=True
+    )
+    response_status = models.PositiveSmallIntegerField(
+        _("response status"), null=True, blank=True
+    )
+    #: ``[[name, value], ...]`` in the order the view set them.
+    response_headers = models.JSONField(_("response headers"), default=list, blank=True)
+    #: NULL on a resolved record means the body was not stored (too large or
+    #: streamed); an empty body is stored as ``b""``.
+    response_body = models.BinaryField(_("response body"), null=True, blank=True)
+    created_at = models.DateTimeField(_("created at"))
+    updated_at = models.DateTimeField(_("updated at"))
+    expires_at = models.DateTimeField(_("expires at"))
+
+    class Meta:
+        verbose_name = _("idempotency record")
+        verbose_name_plural = _("idempotency records")
+        db_table = "django_idempotency_record"
+        constraints = [
+            models.UniqueConstraint(
+                fields=["tenant", "operation", "key"],
+                name="django_idempotency_unique_scope",
+            ),
+        ]
+        indexes = [
+            # Recovery: unresolved states whose lease ran out.
+            models.Index(
+                fields=["state", "lease_expires_at"],
+                name="django_idempotency_recovery",
+            ),
+            # Eviction and the admin's "expiring soon": range scans on expiry.
+            models.Index(fields=["expires_at"], name="django_idempotency_expiry"),
+        ]
+
+    def __str__(self) -> str:
+        return f"{self.operation} {self.key!r} ({self.state})"
+
+    @property
+    def is_resolved(self) -> bool:
+        return self.state in RESOLVED_STATES
+
+
+RESOLVED_STATES = frozenset({IdempotencyRecord.State.COMPLETED, IdempotencyRecord.State.FAILED})

@@ -1,0 +1,79 @@
+"""What is stored of a response, how it is replayed, and what a status means."""
+
+from __future__ import annotations
+
+import enum
+import logging
+from collections.abc import Iterable
+from dataclasses import dataclass
+
+from django.http import HttpResponse, HttpResponseBase, StreamingHttpResponse
+
+logger = logging.getLogger("django_idempotency")
+
+#: Always stored (when the view set them), beside ``STORED_HEADERS``.
+BASE_HEADERS = ("Content-Type", "Location")
+REPLAYED_HEADER = "Idempotent-Replayed"
+BODY_OMITTED_HEADER = "Idempotent-Body-Omitted"
+
+#: Statuses that say "try again": the claim is released, nothing is stored.
+RETRYABLE_STATUSES = frozenset({408, 409, 425, 429})
+
+
+class Outcome(enum.Enum):
+    COMPLETED = "COMPLETED"  # stored and replayed
+    FAILED = "FAILED"  # a definitive 4xx: stored and replayed
+    RELEASE = "RELEASE"  # retryable: claim released, local writes rolled back
+
+
+def outcome_of(status: int) -> Outcome:
+    if status >= 500 or status in RETRYABLE_STATUSES:
+        return Outcome.RELEASE
+    if status >= 400:
+        return Outcome.FAILED
+    return Outcome.COMPLETED
+
+
+@dataclass(frozen=True)
+class StoredResponse:
+    status: int
+    headers: list[list[str]]
+    #: ``None`` when the body was too large (or streamed) to store.
+    body: bytes | None
+
+
+def capture(
+    response: HttpResponseBase, extra_headers: Iterable[str], max_body: int
+) -> StoredResponse:
+    names = [*BASE_HEADERS, *extra_headers]
+    headers = [[name, response[name]] for name in names if name in response]
+    if isinstance(response, StreamingHttpResponse) or not isinstance(response, HttpResponse):
+        logger.warning(
+            "A streaming response cannot be stored for replay; replays will carry "
+            "status %s and headers only.",
+            response.status_code,
+        )
+        return StoredResponse(response.status_code, headers, None)
+    body = response.content
+    if len(body) > max_body:
+        logger.warning(
+            "Response body of %d bytes exceeds IDEMPOTENCY['MAX_STORED_BODY'] = %d; "
+            "replays will carry status %s and headers only.",
+            len(body),
+            max_body,
+            response.status_code,
+        )
+        return StoredResponse(response.status_code, headers, None)
+    return StoredResponse(response.status_code, headers, body)
+
+
+def replay(status: int, headers: list[list[str]], body: bytes | None) -> HttpResponse:
+    response = HttpResponse(b"" if body is None else bytes(body), status=status)
+    # HttpResponse sets a default Content-Type; the stored one (or none) wins.
+    del response["Content-Type"]
+    for name, value in headers:
+        response[name] = value
+    response[REPLAYED_HEADER] = "true"
+    if body is None:
+        response[BODY_OMITTED_HEADER] = "true"
+    return response

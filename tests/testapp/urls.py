@@ -1,0 +1,21 @@
+from django.contrib import admin
+from django.urls import include, path
+from rest_framework.routers import DefaultRouter
+
+from tests.testapp import views
+
+router = DefaultRouter()
+router.register("viewset/charges", views.ChargeViewSet, basename="viewset-charge")
+
+urlpatterns = [
+    path("admin/", admin.site.urls),
+    path("api-view/charges", views.api_view_charges),
+    path("api-view/fields", views.api_view_selected_fields),
+    path("api-view/optional", views.api_view_optional_key),
+    path("cbv/charges", views.ChargeAPIView.as_view()),
+    path("cbv/charges/<int:pk>", views.ChargeDetailAPIView.as_view()),
+    path("generic/charges", views.ChargeGenericView.as_view()),
+    path("mixin/charges", views.MixinChargeView.as_view()),
+    path("plain/charges", views.plain_django_charges),
+    path("", include(router.urls)),
+]

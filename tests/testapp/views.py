@@ -1,0 +1,161 @@
+"""One protected view of every kind the decorator supports.
+
+The request body steers the view, so the tests can reach every row of the
+HTTP behaviour table: ``status`` (answer with it after writing), ``raise``
+(write, then raise), ``invalid`` (raise DRF's ValidationError), ``sleep``
+(seconds to hold the claim, for the race tests).
+"""
+
+from __future__ import annotations
+
+import json
+import time
+from typing import Any
+
+from django.http import HttpRequest, JsonResponse
+from rest_framework import generics, serializers, status, viewsets
+from rest_framework.decorators import action, api_view
+from rest_framework.exceptions import ValidationError
+from rest_framework.request import Request
+from rest_framework.response import Response
+from rest_framework.views import APIView
+
+from django_idempotency import idempotent
+from django_idempotency.drf import IdempotentMixin
+from tests.testapp.models import Charge
+
+
+class ViewFailure(RuntimeError):
+    pass
+
+
+def _tenant(request: Any) -> str:
+    user = getattr(request, "user", None)
+    return f"user:{user.pk}" if user is not None and user.is_authenticated else "anonymous"
+
+
+def perform(request: Any, data: Any) -> tuple[Charge, int]:
+    """The side effect, steered by the body."""
+    if data.get("sleep"):
+        time.sleep(float(data["sleep"]))
+    if data.get("invalid"):
+        raise ValidationError({"amount": ["This amount is not accepted."]})
+    charge = Charge.objects.create(
+        tenant=_tenant(request), amount=int(data.get("amount", 0)), note=str(data.get("note", ""))
+    )
+    if data.get("raise"):
+        raise ViewFailure("the view failed after writing")
+    return charge, int(data.get("status", status.HTTP_201_CREATED))
+
+
+def charge_response(charge: Charge, code: int, **extra_headers: str) -> Response:
+    return Response(
+        {"id": charge.pk, "amount": charge.amount, "tenant": charge.tenant},
+        status=code,
+        headers={"Location": f"/charges/{charge.pk}", **extra_headers},
+    )
+
+
+@api_view(["GET", "POST"])
+@idempotent
+def api_view_charges(request: Request) -> Response:
+    if request.method == "GET":
+        return Response({"count": Charge.objects.count()})
+    charge, code = perform(request, request.data)
+    return charge_response(charge, code, ETag=f'"{charge.pk}"')
+
+
+@api_view(["POST"])
+@idempotent(fingerprint=["amount", "card.last4"], ttl=60, operation="charge-by-fields")
+def api_view_selected_fields(request: Request) -> Response:
+    charge, code = perform(request, request.data)
+    return charge_response(charge, code)
+
+
+@api_view(["POST"])
+@idempotent(required=False)
+def api_view_optional_key(request: Request) -> Response:
+    charge, code = perform(request, request.data)
+    return charge_response(charge, code)
+
+
+class ChargeAPIView(APIView):
+    @idempotent
+    def post(self, request: Request) -> Response:
+        charge, code = perform(request, request.data)
+        return charge_response(charge, code)
+
+
+class ChargeDetailAPIView(APIView):
+    @idempotent
+    def put(self, request: Request, pk: int) -> Response:
+        charge = Charge.objects.get(pk=pk)
+        charge.amount = int(request.data["amount"])
+        charge.save()
+        return charge_response(charge, status.HTTP_200_OK)
+
+    @idempotent
+    def delete(self, request: Request, pk: int) -> Response:
+        Charge.objects.filter(pk=pk).delete()
+        return Response(status=status.HTTP_204_NO_CONTENT)
+
+
+class ChargeSerializer(serializers.ModelSerializer[Charge]):
+    class Meta:
+        model = Charge
+        fields = ["id", "tenant", "amount", "note", "refunded"]
+        read_only_fields = ["id", "tenant", "refunded"]
+
+
+class ChargeGenericView(generics.CreateAPIView[Charge]):
+    serializer_class = ChargeSerializer
+
+    def perform_create(self, serializer: ChargeSerializer) -> None:
+        serializer.save(tenant=_tenant(self.request))
+
+    @idempotent
+    def post(self, request: Request, *args: Any, **kwargs: Any) -> Response:
+        return super().post(request, *args, **kwargs)
+
+
+class ChargeViewSet(viewsets.ModelViewSet[Charge]):
+    serializer_class = ChargeSerializer
+    queryset = Charge.objects.all()
+
+    def perform_create(self, serializer: ChargeSerializer) -> None:
+        serializer.save(tenant=_tenant(self.request))
+
+    @idempotent
+    def create(self, request: Request, *args: Any, **kwargs: Any) -> Response:
+        return super().create(request, *args, **kwargs)
+
+    @idempotent
+    def update(self, request: Request, *args: Any, **kwargs: Any) -> Response:
+        return super().update(request, *args, **kwargs)
+
+    @idempotent
+    def destroy(self, request: Request, *args: Any, **kwargs: Any) -> Response:
+        return super().destroy(request, *args, **kwargs)
+
+    @action(detail=True, methods=["post"])
+    @idempotent
+    def refund(self, request: Request, pk: str | None = None) -> Response:
+        charge = self.get_object()
+        charge.refunded = True
+        charge.save(update_fields=["refunded"])
+        return Response({"id": charge.pk, "refunded": True}, status=status.HTTP_201_CREATED)
+
+
+class MixinChargeView(IdempotentMixin, generics.ListCreateAPIView[Charge]):
+    serializer_class = ChargeSerializer
+    queryset = Charge.objects.all()
+
+    def perform_create(self, serializer: ChargeSerializer) -> None:
+        serializer.save(tenant=_tenant(self.request))
+
+
+@idempotent
+def plain_django_charges(request: HttpRequest) -> JsonResponse:
+    data = json.loads(request.body or b"{}")
+    charge, code = perform(request, data)
+    return JsonResponse({"id": charge.pk, "amount": charge.amount}, status=code)
