@@ -56,10 +56,15 @@ DATABASES = {
         default=f"sqlite:///{_sqlite_file}", conn_max_age=0
     ),
 }
+# One test database per run, so that concurrent runs on one machine never
+# share (and destroy) each other's.
+_run = os.getpid()
 if DATABASES["default"]["ENGINE"] == "django.db.backends.sqlite3":
-    # A file, not memory, so that tests with real server processes share it.
-    DATABASES["default"]["TEST"] = {"NAME": _sqlite_file.replace(".sqlite3", "-test.sqlite3")}
+    # A file, not memory: tests that use a second connection need to share it.
+    DATABASES["default"]["TEST"] = {"NAME": str(BASE_DIR / f"test-{_run}.sqlite3")}
     DATABASES["default"]["OPTIONS"] = {"timeout": 20, "transaction_mode": "IMMEDIATE"}
+else:
+    DATABASES["default"]["TEST"] = {"NAME": f"test_idempotency_{_run}"}
 
 DEFAULT_AUTO_FIELD = "django.db.models.BigAutoField"
 

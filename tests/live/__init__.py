@@ -1,0 +1,1 @@
+"""Tests that start real server processes (gunicorn) against a real PostgreSQL."""

@@ -1,0 +1,66 @@
+"""Whether the real services the live tests need are there, and what to do if not.
+
+Locally a missing PostgreSQL skips the test with a clear reason. In CI,
+which sets ``IDEMPOTENCY_REQUIRE_SERVICES=1``, it fails instead: a suite
+that silently skips its real-database proof proves nothing.
+"""
+
+from __future__ import annotations
+
+import os
+
+import pytest
+
+POSTGRES_URL_ENV = "IDEMPOTENCY_TEST_POSTGRES_URL"
+DEFAULT_POSTGRES_URL = "postgres://postgres@127.0.0.1:5432/test"
+REQUIRE_SERVICES_ENV = "IDEMPOTENCY_REQUIRE_SERVICES"
+
+
+def postgres_url() -> str:
+    """The server (and a database on it to connect to) given for the live tests."""
+    return os.environ.get(POSTGRES_URL_ENV) or DEFAULT_POSTGRES_URL
+
+
+def services_required() -> bool:
+    return os.environ.get(REQUIRE_SERVICES_ENV) == "1"
+
+
+def unavailable(service: str, reason: str) -> None:
+    """Skip (locally) or fail (``IDEMPOTENCY_REQUIRE_SERVICES=1``) the running test."""
+    if services_required():
+        pytest.fail(
+            f"{service} is required ({REQUIRE_SERVICES_ENV}=1) but unavailable: {reason}",
+            pytrace=False,
+        )
+    pytest.skip(
+        f"{service} unavailable ({reason}); set {POSTGRES_URL_ENV} to a reachable server, "
+        f"or {REQUIRE_SERVICES_ENV}=1 to make this a failure"
+    )
+
+
+def require_postgres() -> str:
+    """Return the PostgreSQL URL if the server answers; else skip or fail the test."""
+    url = postgres_url()
+    try:
+        import psycopg
+    except ImportError as exc:  # pragma: no cover - the test extra installs it
+        unavailable("PostgreSQL", f"psycopg is not installed: {exc}")
+        raise  # unreachable: skip/fail raise
+    try:
+        with psycopg.connect(url, connect_timeout=3, autocommit=True) as connection:
+            connection.execute("SELECT 1")
+    except psycopg.Error as exc:
+        message = " ".join(str(exc).split()) or type(exc).__name__
+        unavailable("PostgreSQL", f"cannot connect to {_redacted(url)}: {message}")
+    return url
+
+
+def _redacted(url: str) -> str:
+    """The URL without a password, for messages."""
+    from urllib.parse import urlsplit, urlunsplit
+
+    parts = urlsplit(url)
+    if parts.password is None:
+        return url
+    netloc = parts.netloc.replace(f":{parts.password}@", ":***@", 1)
+    return urlunsplit(parts._replace(netloc=netloc))

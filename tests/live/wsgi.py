@@ -1,0 +1,14 @@
+"""WSGI entry point for the live tests: ``gunicorn tests.live.wsgi:application``.
+
+The database comes from ``DATABASE_URL`` (read by ``tests.settings``).
+"""
+
+from __future__ import annotations
+
+import os
+
+from django.core.wsgi import get_wsgi_application
+
+os.environ.setdefault("DJANGO_SETTINGS_MODULE", "tests.settings")
+
+application = get_wsgi_application()

@@ -1,0 +1,276 @@
+"""Every row of the SPEC's HTTP behaviour table, through a DRF @api_view."""
+
+from __future__ import annotations
+
+import json
+from datetime import timedelta
+
+import pytest
+from django.utils import timezone
+from rest_framework.test import APIClient
+
+from django_idempotency.models import IdempotencyRecord
+from tests.conftest import post
+from tests.testapp.models import Charge
+from tests.testapp.views import ViewFailure
+
+pytestmark = pytest.mark.django_db(transaction=True)
+
+URL = "/api-view/charges"
+State = IdempotencyRecord.State
+
+
+def test_first_execution_runs_the_view_and_echoes_the_key(api: APIClient) -> None:
+    response = post(api, URL, {"amount": 100}, "order-1")
+
+    assert response.status_code == 201
+    assert response["Idempotency-Key"] == "order-1"
+    assert "Idempotent-Replayed" not in response
+    assert Charge.objects.count() == 1
+    record = IdempotencyRecord.objects.get()
+    assert (record.key, record.state, record.response_status) == ("order-1", State.COMPLETED, 201)
+    assert bytes(record.response_body) == response.content
+
+
+def test_replay_is_the_original_answer(api: APIClient) -> None:
+    first = post(api, URL, {"amount": 100}, "order-1")
+    retry = post(api, URL, {"amount": 100}, "order-1")
+
+    assert Charge.objects.count() == 1
+    assert retry.status_code == first.status_code == 201
+    assert retry.content == first.content
+    assert retry["Content-Type"] == first["Content-Type"]
+    assert retry["Location"] == first["Location"]
+    assert retry["Idempotent-Replayed"] == "true"
+    assert retry["Idempotency-Key"] == "order-1"
+
+
+def test_replay_carries_only_the_headers_configured_to_be_stored(
+    api: APIClient, settings: object
+) -> None:
+    post(api, URL, {"amount": 1}, "plain")
+    assert "ETag" not in post(api, URL, {"amount": 1}, "plain")
+
+    settings.IDEMPOTENCY = {"STORED_HEADERS": ["ETag"]}  # type: ignore[attr-defined]
+    first = post(api, URL, {"amount": 2}, "with-etag")
+    assert post(api, URL, {"amount": 2}, "with-etag")["ETag"] == first["ETag"]
+
+
+@pytest.mark.parametrize(
+    "changed",
+    [
+        {"amount": 101},
+        {"amount": 100, "note": "extra field"},
+        {"amount": "100"},
+        {"amount": 100, "meta": {"card": {"last4": "4243"}}},
+    ],
+)
+def test_same_key_with_different_input_is_refused_with_422(
+    api: APIClient, changed: dict[str, object]
+) -> None:
+    post(api, URL, {"amount": 100, "meta": {"card": {"last4": "4242"}}}, "order-1")
+    record_before = IdempotencyRecord.objects.values().get()
+
+    response = post(api, URL, changed, "order-1")
+
+    assert response.status_code == 422
+    assert response.json()["code"] == "idempotency_key_reused"
+    assert Charge.objects.count() == 1
+    assert IdempotencyRecord.objects.values().get() == record_before
+
+
+def test_query_parameters_are_part_of_the_input(api: APIClient) -> None:
+    post(api, URL + "?currency=EUR", {"amount": 100}, "order-1")
+    assert post(api, URL + "?currency=USD", {"amount": 100}, "order-1").status_code == 422
+    assert post(api, URL + "?currency=EUR", {"amount": 100}, "order-1").status_code == 201
+
+
+@pytest.mark.parametrize("state", [State.CLAIMED, State.IN_PROGRESS, State.UNCERTAIN])
+def test_same_key_while_the_first_is_running_gets_409(api: APIClient, state: str) -> None:
+    post(api, URL, {"amount": 100}, "order-1")
+    IdempotencyRecord.objects.update(state=state)
+
+    response = post(api, URL, {"amount": 100}, "order-1")
+
+    assert response.status_code == 409
+    assert response.json()["code"] == "idempotency_request_in_progress"
+    assert int(response["Retry-After"]) >= 1
+    assert Charge.objects.count() == 1
+
+
+def test_different_input_while_running_is_a_mismatch_not_a_conflict(api: APIClient) -> None:
+    post(api, URL, {"amount": 100}, "order-1")
+    IdempotencyRecord.objects.update(state=State.CLAIMED)
+    assert post(api, URL, {"amount": 999}, "order-1").status_code == 422
+
+
+def test_missing_key_is_refused_where_required(api: APIClient) -> None:
+    response = post(api, URL, {"amount": 100}, None)
+
+    assert response.status_code == 400
+    assert response.json()["code"] == "idempotency_key_missing"
+    assert Charge.objects.count() == 0
+
+
+def test_missing_key_runs_unprotected_where_optional(api: APIClient) -> None:
+    post(api, "/api-view/optional", {"amount": 1}, None)
+    post(api, "/api-view/optional", {"amount": 1}, None)
+
+    assert Charge.objects.count() == 2
+    assert IdempotencyRecord.objects.count() == 0
+
+
+def test_required_setting_false_makes_keys_optional(api: APIClient, settings: object) -> None:
+    settings.IDEMPOTENCY = {"REQUIRED": False}  # type: ignore[attr-defined]
+    assert post(api, URL, {"amount": 1}, None).status_code == 201
+
+
+@pytest.mark.parametrize(
+    "header",
+    ["", "   ", "x" * 256, "clé", "two words", "tab\there", "bell\x07", '"unterminated', '"a b"', "?k"[:0]],
+)
+def test_invalid_key_is_refused_with_400(api: APIClient, header: str) -> None:
+    response = post(api, URL, {"amount": 100}, header)
+
+    assert response.status_code == 400
+    assert response.json()["code"] == "idempotency_key_invalid"
+    assert Charge.objects.count() == IdempotencyRecord.objects.count() == 0
+
+
+def test_key_of_the_maximum_length_is_accepted(api: APIClient) -> None:
+    assert post(api, URL, {"amount": 1}, "k" * 255).status_code == 201
+
+
+def test_key_max_length_setting_is_applied(api: APIClient, settings: object) -> None:
+    settings.IDEMPOTENCY = {"KEY_MAX_LENGTH": 36}  # type: ignore[attr-defined]
+    assert post(api, URL, {"amount": 1}, "k" * 37).status_code == 400
+    assert post(api, URL, {"amount": 1}, "k" * 36).status_code == 201
+
+
+def test_quoted_key_is_unquoted_and_names_the_same_record(api: APIClient) -> None:
+    first = post(api, URL, {"amount": 1}, '"order-1"')
+    retry = post(api, URL, {"amount": 1}, "order-1")
+
+    assert IdempotencyRecord.objects.get().key == "order-1"
+    assert retry["Idempotent-Replayed"] == "true"
+    assert retry.content == first.content
+
+
+def test_view_raising_releases_the_claim_and_the_retry_runs(api: APIClient) -> None:
+    with pytest.raises(ViewFailure):
+        post(api, URL, {"amount": 100, "raise": True}, "order-1")
+    assert IdempotencyRecord.objects.count() == 0
+    assert Charge.objects.count() == 0  # the view's write rolled back with it
+
+    api.raise_request_exception = False
+    assert post(api, URL, {"amount": 100, "raise": True}, "order-1").status_code == 500
+    assert IdempotencyRecord.objects.count() == 0
+
+
+@pytest.mark.parametrize("status", [500, 502, 503, 504, 408, 409, 425, 429])
+def test_retryable_status_releases_the_claim_and_rolls_back(api: APIClient, status: int) -> None:
+    response = post(api, URL, {"amount": 100, "status": status}, "order-1")
+
+    assert response.status_code == status
+    assert "Idempotent-Replayed" not in response
+    assert IdempotencyRecord.objects.count() == 0
+    assert Charge.objects.count() == 0
+
+    retry = post(api, URL, {"amount": 100, "status": status}, "order-1")
+    assert retry.status_code == status
+    assert "Idempotent-Replayed" not in retry
+
+
+@pytest.mark.parametrize("status", [400, 401, 403, 404, 410, 422])
+def test_other_4xx_is_stored_as_failed_and_replayed(api: APIClient, status: int) -> None:
+    first = post(api, URL, {"amount": 100, "status": status}, "order-1")
+    retry = post(api, URL, {"amount": 100, "status": status}, "order-1")
+
+    assert first.status_code == retry.status_code == status
+    assert retry.content == first.content
+    assert retry["Idempotent-Replayed"] == "true"
+    assert IdempotencyRecord.objects.get().state == State.FAILED
+    # A definitive answer commits with the view's writes, like a success.
+    assert Charge.objects.count() == 1
+
+
+def test_validation_error_raised_by_a_drf_view_is_a_stored_failure(api: APIClient) -> None:
+    first = post(api, URL, {"amount": 100, "invalid": True}, "order-1")
+    retry = post(api, URL, {"amount": 100, "invalid": True}, "order-1")
+
+    assert first.status_code == 400
+    assert first.json() == {"amount": ["This amount is not accepted."]}
+    assert retry.content == first.content
+    assert retry["Idempotent-Replayed"] == "true"
+    assert IdempotencyRecord.objects.get().state == State.FAILED
+
+
+@pytest.mark.parametrize(
+    ("method", "url"),
+    [("get", URL), ("options", URL), ("get", "/mixin/charges"), ("head", "/mixin/charges")],
+)
+def test_safe_methods_are_never_protected(api: APIClient, method: str, url: str) -> None:
+    response = getattr(api, method)(url, HTTP_IDEMPOTENCY_KEY="order-1")
+
+    assert response.status_code == 200
+    assert "Idempotency-Key" not in response
+    assert IdempotencyRecord.objects.count() == 0
+
+
+def test_key_reused_after_expiry_is_a_new_operation(api: APIClient) -> None:
+    post(api, URL, {"amount": 100}, "order-1")
+    IdempotencyRecord.objects.update(expires_at=timezone.now() - timedelta(seconds=1))
+
+    response = post(api, URL, {"amount": 250}, "order-1")
+
+    assert response.status_code == 201
+    assert "Idempotent-Replayed" not in response
+    assert Charge.objects.count() == 2
+    record = IdempotencyRecord.objects.get()
+    assert json.loads(bytes(record.response_body))["amount"] == 250
+
+
+def test_completed_record_is_replayed_until_it_expires(api: APIClient) -> None:
+    post(api, URL, {"amount": 100}, "order-1")
+    IdempotencyRecord.objects.update(expires_at=timezone.now() + timedelta(seconds=30))
+    assert post(api, URL, {"amount": 100}, "order-1")["Idempotent-Replayed"] == "true"
+
+
+def test_unresolved_record_past_expiry_is_never_replaced(api: APIClient) -> None:
+    post(api, URL, {"amount": 100}, "order-1")
+    IdempotencyRecord.objects.update(
+        state=State.UNCERTAIN, expires_at=timezone.now() - timedelta(days=1)
+    )
+    assert post(api, URL, {"amount": 100}, "order-1").status_code == 409
+    assert IdempotencyRecord.objects.get().state == State.UNCERTAIN
+
+
+def test_retention_counts_from_the_outcome(api: APIClient, settings: object) -> None:
+    settings.IDEMPOTENCY = {"TTL": 600}  # type: ignore[attr-defined]
+    before = timezone.now()
+    post(api, URL, {"amount": 1}, "order-1")
+    record = IdempotencyRecord.objects.get()
+    assert before + timedelta(seconds=600) <= record.expires_at
+    assert record.expires_at <= timezone.now() + timedelta(seconds=600)
+    assert record.lease_expires_at is None and record.lease_owner == ""
+
+
+def test_per_view_ttl_overrides_the_setting(api: APIClient) -> None:
+    post(api, "/api-view/fields", {"amount": 1}, "order-1")
+    record = IdempotencyRecord.objects.get()
+    assert record.expires_at <= timezone.now() + timedelta(seconds=60)
+
+
+def test_oversized_body_completes_without_storing_the_body(
+    api: APIClient, settings: object, caplog: pytest.LogCaptureFixture
+) -> None:
+    settings.IDEMPOTENCY = {"MAX_STORED_BODY": 10}  # type: ignore[attr-defined]
+    first = post(api, URL, {"amount": 100}, "order-1")
+    retry = post(api, URL, {"amount": 100}, "order-1")
+
+    assert Charge.objects.count() == 1
+    assert IdempotencyRecord.objects.get().response_body is None
+    assert (retry.status_code, retry["Location"]) == (201, first["Location"])
+    assert retry.content == b""
+    assert retry["Idempotent-Body-Omitted"] == "true"
+    assert "MAX_STORED_BODY" in caplog.text
