@@ -188,3 +188,55 @@ def check_settings(app_configs: Any = None, **kwargs: Any) -> list[CheckMessage]
                 )
             )
     return messages
+
+
+def _url_callbacks(patterns: list[Any], prefix: str = "") -> Iterator[tuple[str, Any]]:
+    from django.urls import URLPattern, URLResolver
+
+    for entry in patterns:
+        if isinstance(entry, URLResolver):
+            yield from _url_callbacks(entry.url_patterns, prefix + str(entry.pattern))
+        elif isinstance(entry, URLPattern):
+            yield prefix + str(entry.pattern), entry.callback
+
+
+def _wraps_protected_function(view_class: type) -> bool:
+    """Whether an ``@api_view`` class dispatches to an ``@idempotent`` function."""
+    from django_idempotency.decorators import IdempotentView
+
+    for method in ("post", "put", "patch", "delete"):
+        handler = getattr(view_class, method, None)
+        for cell in getattr(handler, "__closure__", None) or ():
+            if isinstance(cell.cell_contents, IdempotentView):
+                return True
+    return False
+
+
+@register(Tags.urls)
+def check_atomic_requests(app_configs: Any = None, **kwargs: Any) -> list[CheckMessage]:
+    atomic = [alias for alias, db in settings.DATABASES.items() if db.get("ATOMIC_REQUESTS")]
+    if not atomic:
+        return []
+    from django.urls import get_resolver
+
+    messages: list[CheckMessage] = []
+    for route, callback in _url_callbacks(get_resolver().url_patterns):
+        view_class = getattr(callback, "cls", None)
+        exempt = getattr(callback, "_non_atomic_requests", set())
+        if (
+            isinstance(view_class, type)
+            and not all(alias in exempt for alias in atomic)
+            and _wraps_protected_function(view_class)
+        ):
+            messages.append(
+                Warning(
+                    f"The @api_view at {route!r} is protected by @idempotent but runs "
+                    "inside ATOMIC_REQUESTS, so its claim commits only with the view.",
+                    hint="Put @transaction.non_atomic_requests above @api_view; "
+                    "@idempotent then opens the view's transaction itself, after "
+                    "committing the claim.",
+                    obj=callback,
+                    id="django_idempotency.W002",
+                )
+            )
+    return messages

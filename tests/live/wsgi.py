@@ -12,3 +12,7 @@ from django.core.wsgi import get_wsgi_application
 os.environ.setdefault("DJANGO_SETTINGS_MODULE", "tests.settings")
 
 application = get_wsgi_application()
+
+from tests.live import hooks  # noqa: E402  (needs the app registry, ready now)
+
+hooks.install()

@@ -17,5 +17,8 @@ urlpatterns = [
     path("generic/charges", views.ChargeGenericView.as_view()),
     path("mixin/charges", views.MixinChargeView.as_view()),
     path("plain/charges", views.plain_django_charges),
+    path("probe", views.TransactionProbeView.as_view()),
+    path("api-view/probe", views.api_view_probe),
+    path("api-view/probe-exempt", views.api_view_probe_exempt),
     path("", include(router.urls)),
 ]

@@ -12,6 +12,7 @@ import json
 import time
 from typing import Any
 
+from django.db import transaction
 from django.http import HttpRequest, JsonResponse
 from rest_framework import generics, serializers, status, viewsets
 from rest_framework.decorators import action, api_view
@@ -159,3 +160,54 @@ def plain_django_charges(request: HttpRequest) -> JsonResponse:
     data = json.loads(request.body or b"{}")
     charge, code = perform(request, data)
     return JsonResponse({"id": charge.pk, "amount": charge.amount}, status=code)
+
+
+def committed_claims() -> int:
+    """Claimed records visible from a second connection, i.e. committed ones."""
+    from django.db import connections
+
+    other = connections.create_connection("default")
+    try:
+        with other.cursor() as cursor:
+            cursor.execute(
+                "SELECT COUNT(*) FROM django_idempotency_record WHERE state = %s", ["CLAIMED"]
+            )
+            return int(cursor.fetchone()[0])
+    finally:
+        other.close()
+
+
+class TransactionProbeView(APIView):
+    """Reports the transaction the handler runs in; ``post`` is protected, ``put`` not."""
+
+    def probe(self, request: Request) -> Response:
+        from django.db import connection
+
+        Charge.objects.create(tenant="probe", amount=int(request.data.get("amount", 0)))
+        return Response(
+            {
+                "in_atomic_block": connection.in_atomic_block,
+                "committed_claims": committed_claims(),
+            },
+            status=int(request.data.get("status", 201)),
+        )
+
+    @idempotent
+    def post(self, request: Request) -> Response:
+        return self.probe(request)
+
+    def put(self, request: Request) -> Response:
+        return self.probe(request)
+
+
+@api_view(["POST"])
+@idempotent
+def api_view_probe(request: Request) -> Response:
+    return TransactionProbeView().probe(request)
+
+
+@transaction.non_atomic_requests
+@api_view(["POST"])
+@idempotent
+def api_view_probe_exempt(request: Request) -> Response:
+    return TransactionProbeView().probe(request)

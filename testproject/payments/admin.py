@@ -1,0 +1,25 @@
+from django.contrib import admin
+
+from payments.models import Payment, Refund
+
+
+class RefundInline(admin.TabularInline):
+    model = Refund
+    extra = 0
+    readonly_fields = ["amount", "created_at"]
+    can_delete = False
+
+
+@admin.register(Payment)
+class PaymentAdmin(admin.ModelAdmin):
+    list_display = ["id", "owner", "order_id", "amount", "currency", "status", "created_at"]
+    list_filter = ["status", "currency", "owner"]
+    search_fields = ["order_id"]
+    readonly_fields = ["created_at"]
+    inlines = [RefundInline]
+
+
+@admin.register(Refund)
+class RefundAdmin(admin.ModelAdmin):
+    list_display = ["id", "payment", "amount", "created_at"]
+    readonly_fields = ["created_at"]

@@ -1,0 +1,471 @@
+"""A real deployment for the live tests: a fresh PostgreSQL database and gunicorn.
+
+``live_server()`` is a context manager that
+
+1. creates a uniquely named database (``idem_live_<random>``) on the server
+   given by ``IDEMPOTENCY_TEST_POSTGRES_URL``,
+2. runs ``python -m django migrate --settings tests.settings`` into it,
+3. starts ``gunicorn tests.live.wsgi:application`` (4 sync workers, one
+   thread each) on a free local port with ``DATABASE_URL`` pointing at it,
+4. waits until every worker has booted and the server answers, and yields a
+   ``LiveServer`` (base URL, queries on the live database, the server log),
+5. on exit stops gunicorn and drops the database (``WITH (FORCE)``).
+
+Worker output (error log, Django's logging and an access log naming the pid,
+the key and whether the answer was a replay) goes to a temporary file whose
+tail ``LiveServer.diagnostics()`` adds to assertion messages.
+
+``LazyLiveServer`` is for module-scoped pytest fixtures: the server starts on
+the first ``get()`` *inside a test*, so that ``require_postgres()`` skips or
+fails that test (not its setup) when PostgreSQL is absent.
+
+``fire_together()`` sends many requests at once, one thread and one
+``requests.Session`` each, released together by a barrier.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import os
+import re
+import signal
+import socket
+import subprocess
+import sys
+import tempfile
+import threading
+import time
+import uuid
+from collections.abc import Iterator, Mapping, Sequence
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+from urllib.parse import urlsplit, urlunsplit
+
+import psycopg
+import requests
+from psycopg import sql
+
+from tests.live.services import postgres_url, require_postgres
+
+REPO_ROOT = Path(__file__).resolve().parents[2]
+WORKERS = 4
+DEFAULT_APP = "tests.live.wsgi:application"
+STARTUP_TIMEOUT = 60.0
+STOP_TIMEOUT = 15.0
+KEEP_LOGS_ENV = "IDEMPOTENCY_LIVE_KEEP_LOGS"
+
+#: pid, request line, status, bytes, duration, and the idempotency headers.
+ACCESS_LOG_FORMAT = (
+    'access pid=%(p)s "%(r)s" %(s)s %(B)sB %(M)sms '
+    'key=%({idempotency-key}i)s replayed=%({idempotent-replayed}o)s'
+)
+
+
+def database_url(server_url: str, name: str) -> str:
+    """``server_url`` with its database replaced by ``name`` (query string kept)."""
+    parts = urlsplit(server_url)
+    return urlunsplit(parts._replace(path=f"/{name}"))
+
+
+def free_port() -> int:
+    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as sock:
+        sock.bind(("127.0.0.1", 0))
+        return int(sock.getsockname()[1])
+
+
+class LiveDatabase:
+    """A fresh database on the test server, created on enter and force-dropped on exit."""
+
+    def __init__(self, server_url: str | None = None, prefix: str = "idem_live") -> None:
+        self.server_url = server_url or postgres_url()
+        self.name = f"{prefix}_{uuid.uuid4().hex[:12]}"
+        self.url = database_url(self.server_url, self.name)
+        self._connection: psycopg.Connection[Any] | None = None
+        self._lock = threading.Lock()
+
+    def __enter__(self) -> LiveDatabase:
+        with psycopg.connect(self.server_url, autocommit=True, connect_timeout=5) as admin:
+            admin.execute(sql.SQL("CREATE DATABASE {}").format(sql.Identifier(self.name)))
+        return self
+
+    def __exit__(self, *exc_info: object) -> None:
+        self.close_connection()
+        with psycopg.connect(self.server_url, autocommit=True, connect_timeout=5) as admin:
+            admin.execute(
+                sql.SQL("DROP DATABASE IF EXISTS {} WITH (FORCE)").format(
+                    sql.Identifier(self.name)
+                )
+            )
+
+    # -- queries on the live database -------------------------------------------------
+
+    @property
+    def connection(self) -> psycopg.Connection[Any]:
+        """An autocommit connection: every query sees what the workers committed."""
+        if self._connection is None or self._connection.closed:
+            self._connection = psycopg.connect(self.url, autocommit=True, connect_timeout=5)
+        return self._connection
+
+    def close_connection(self) -> None:
+        if self._connection is not None:
+            self._connection.close()
+            self._connection = None
+
+    def query(self, statement: str, params: Sequence[Any] = ()) -> list[tuple[Any, ...]]:
+        with self._lock:
+            return self.connection.execute(statement, params).fetchall()  # type: ignore[arg-type]
+
+    def count_charges(self, note: str | None = None) -> int:
+        """Rows in ``testapp_charge`` (with this ``note``): one per execution of a view."""
+        if note is None:
+            rows = self.query("SELECT count(*) FROM testapp_charge")
+        else:
+            rows = self.query("SELECT count(*) FROM testapp_charge WHERE note = %s", [note])
+        return int(rows[0][0])
+
+    def charge_ids(self, note: str) -> list[int]:
+        rows = self.query("SELECT id FROM testapp_charge WHERE note = %s ORDER BY id", [note])
+        return [int(row[0]) for row in rows]
+
+    def count_records(self, key: str | None = None) -> int:
+        """Rows in ``django_idempotency_record`` (with this client key)."""
+        if key is None:
+            rows = self.query("SELECT count(*) FROM django_idempotency_record")
+        else:
+            rows = self.query(
+                'SELECT count(*) FROM django_idempotency_record WHERE "key" = %s', [key]
+            )
+        return int(rows[0][0])
+
+    def records(self, key: str) -> list[dict[str, Any]]:
+        """The records for a client key, as dicts (state, status, body, ...)."""
+        with self._lock:
+            cursor = self.connection.execute(
+                "SELECT id, tenant, operation, \"key\", state, fencing_token, response_status, "
+                "response_body, lease_owner FROM django_idempotency_record "
+                'WHERE "key" = %s ORDER BY id',
+                [key],
+            )
+            names = [column.name for column in cursor.description or ()]
+            return [dict(zip(names, row, strict=True)) for row in cursor.fetchall()]
+
+
+class LiveServer:
+    """gunicorn serving ``tests.live.wsgi`` with ``DATABASE_URL`` set to ``database``."""
+
+    def __init__(
+        self,
+        database: LiveDatabase,
+        workers: int = WORKERS,
+        app: str = DEFAULT_APP,
+        extra_env: Mapping[str, str] | None = None,
+    ) -> None:
+        self.database = database
+        self.workers = workers
+        self.app = app
+        self.extra_env = dict(extra_env or {})
+        self.port = free_port()
+        self.url = f"http://127.0.0.1:{self.port}"
+        self.run_id = uuid.uuid4().hex[:8]
+        self.log_dir = Path(tempfile.mkdtemp(prefix="idem-live-"))
+        self.log_path = self.log_dir / "gunicorn.log"
+        self.process: subprocess.Popen[bytes] | None = None
+        self._log_file: Any = None
+
+    # -- lifecycle --------------------------------------------------------------------
+
+    def environment(self) -> dict[str, str]:
+        env = dict(os.environ)
+        env["DATABASE_URL"] = self.database.url
+        env["DJANGO_SETTINGS_MODULE"] = "tests.settings"
+        env["PYTHONUNBUFFERED"] = "1"
+        env.update(self.extra_env)
+        return env
+
+    def migrate(self) -> None:
+        command = [sys.executable, "-m", "django", "migrate", "--settings", "tests.settings"]
+        command.append("--noinput")
+        result = subprocess.run(
+            command,
+            cwd=REPO_ROOT,
+            env=self.environment(),
+            capture_output=True,
+            text=True,
+            timeout=120,
+            check=False,
+        )
+        with self.log_path.open("a") as log:
+            log.write(f"$ {' '.join(command)}\n{result.stdout}{result.stderr}\n")
+        if result.returncode != 0:
+            raise RuntimeError(
+                f"migrate into {self.database.name} failed ({result.returncode}):\n"
+                f"{result.stdout}\n{result.stderr}"
+            )
+
+    def start(self) -> None:
+        command = [
+            sys.executable, "-m", "gunicorn", self.app,
+            "-w", str(self.workers), "--threads", "1",
+            "-b", f"127.0.0.1:{self.port}",
+            "--timeout", "60", "--graceful-timeout", "5",
+            # gunicorn >= 24 opens a control socket at a fixed per-user path by
+            # default; parallel servers would fight over it.
+            "--no-control-socket",
+            "--access-logfile", "-", "--access-logformat", ACCESS_LOG_FORMAT,
+            "--error-logfile", "-",
+        ]  # fmt: skip
+        self._log_file = self.log_path.open("ab")
+        self._log_file.write(f"$ {' '.join(command)}\n".encode())
+        self._log_file.flush()
+        self.process = subprocess.Popen(
+            command,
+            cwd=REPO_ROOT,
+            env=self.environment(),
+            stdin=subprocess.DEVNULL,
+            stdout=self._log_file,
+            stderr=subprocess.STDOUT,
+            start_new_session=True,  # its own process group: stop() can reap the workers
+        )
+        self._wait_until_ready()
+
+    def _wait_until_ready(self) -> None:
+        assert self.process is not None
+        deadline = time.monotonic() + STARTUP_TIMEOUT
+        answered = False
+        while time.monotonic() < deadline:
+            if self.process.poll() is not None:
+                raise RuntimeError(
+                    f"gunicorn exited with {self.process.returncode} during startup.\n"
+                    + self.diagnostics()
+                )
+            booted = len(re.findall(r"Booting worker with pid", self.log_text()))
+            if not answered:
+                with contextlib.suppress(requests.RequestException):
+                    response = requests.get(f"{self.url}/api-view/charges", timeout=2)
+                    response.close()
+                    answered = response.status_code == 200
+            if answered and booted >= self.workers:
+                self._warm_up()
+                return
+            time.sleep(0.1)
+        raise RuntimeError(
+            f"gunicorn did not become ready within {STARTUP_TIMEOUT:.0f}s.\n" + self.diagnostics()
+        )
+
+    def _warm_up(self) -> None:
+        """A few simultaneous GETs, so that every worker has loaded the views.
+
+        A cold worker's first request is slow (imports, URL resolver); in a
+        storm it would only arrive after the winner finished, and the first
+        round would race less than the others.
+        """
+        for _ in range(2):
+            fire_together(
+                [Call(f"{self.url}/api-view/charges", None, {}, method="GET")] * (self.workers * 3),
+                timeout=10,
+            )
+
+    def stop(self) -> None:
+        process, self.process = self.process, None
+        if process is not None and process.poll() is None:
+            process.send_signal(signal.SIGTERM)  # graceful: the master stops its workers
+            try:
+                process.wait(timeout=STOP_TIMEOUT)
+            except subprocess.TimeoutExpired:
+                with contextlib.suppress(ProcessLookupError):
+                    os.killpg(process.pid, signal.SIGKILL)
+                process.wait(timeout=STOP_TIMEOUT)
+        elif process is not None:
+            process.wait()
+        if self._log_file is not None:
+            self._log_file.close()
+            self._log_file = None
+
+    def cleanup_logs(self) -> None:
+        if os.environ.get(KEEP_LOGS_ENV) == "1":
+            return
+        with contextlib.suppress(OSError):
+            self.log_path.unlink(missing_ok=True)
+            self.log_dir.rmdir()
+
+    # -- the server's output ----------------------------------------------------------
+
+    def log_text(self) -> str:
+        try:
+            return self.log_path.read_text(errors="replace")
+        except FileNotFoundError:
+            return ""
+
+    def log_offset(self) -> int:
+        try:
+            return self.log_path.stat().st_size
+        except FileNotFoundError:
+            return 0
+
+    def log_since(self, offset: int) -> str:
+        try:
+            with self.log_path.open("rb") as log:
+                log.seek(offset)
+                return log.read().decode(errors="replace")
+        except FileNotFoundError:
+            return ""
+
+    def log_tail(self, lines: int = 60) -> str:
+        return "\n".join(self.log_text().splitlines()[-lines:])
+
+    def problems_since(self, offset: int) -> list[str]:
+        """Log lines since ``offset`` that no healthy run prints."""
+        pattern = re.compile(
+            r"Traceback|\[ERROR\]|\[CRITICAL\]|WORKER TIMEOUT|Stale owner|"
+            r"store unreachable|Could not release|Internal Server Error"
+        )
+        return [line for line in self.log_since(offset).splitlines() if pattern.search(line)]
+
+    def diagnostics(self, lines: int = 60) -> str:
+        return (
+            f"--- gunicorn log {self.log_path} (last {lines} lines) ---\n"
+            f"{self.log_tail(lines)}\n--- end of log ---"
+        )
+
+
+@contextlib.contextmanager
+def live_server(
+    server_url: str | None = None,
+    workers: int = WORKERS,
+    app: str = DEFAULT_APP,
+    extra_env: Mapping[str, str] | None = None,
+) -> Iterator[LiveServer]:
+    """A migrated fresh database and gunicorn in front of it; both gone afterwards."""
+    with LiveDatabase(server_url) as database:
+        server = LiveServer(database, workers=workers, app=app, extra_env=extra_env)
+        ok = False
+        try:
+            server.migrate()
+            server.start()
+            yield server
+            ok = True
+        finally:
+            server.stop()
+            database.close_connection()
+            if ok:
+                server.cleanup_logs()
+            else:
+                print(f"\nlive server log kept at {server.log_path}", file=sys.stderr)
+
+
+class LazyLiveServer:
+    """Starts one ``live_server()`` on the first ``get()``; ``close()`` tears it down.
+
+    ``get()`` calls ``require_postgres()`` first, so a missing server skips
+    the calling test, or fails it under ``IDEMPOTENCY_REQUIRE_SERVICES=1``.
+    """
+
+    def __init__(self, workers: int = WORKERS) -> None:
+        self.workers = workers
+        self._stack = contextlib.ExitStack()
+        self._server: LiveServer | None = None
+        self._startup_error: BaseException | None = None
+
+    def get(self) -> LiveServer:
+        url = require_postgres()
+        if self._startup_error is not None:
+            raise RuntimeError("the live server failed to start earlier") from self._startup_error
+        if self._server is None:
+            try:
+                self._server = self._stack.enter_context(live_server(url, self.workers))
+            except BaseException as exc:
+                self._startup_error = exc
+                raise
+        return self._server
+
+    def close(self) -> None:
+        self._server = None
+        self._stack.close()
+
+
+# -- concurrent requests ------------------------------------------------------------------
+
+
+@dataclass
+class Result:
+    """One request's answer (or the exception that replaced it)."""
+
+    index: int
+    status: int | None = None
+    headers: Mapping[str, str] = field(default_factory=dict)
+    body: bytes = b""
+    error: str | None = None
+    started: float = 0.0
+    elapsed: float = 0.0
+
+    @property
+    def replayed(self) -> bool:
+        return self.headers.get("Idempotent-Replayed") == "true"
+
+    def describe(self, body_chars: int = 300) -> str:
+        if self.error is not None:
+            return f"#{self.index}: EXCEPTION {self.error}"
+        interesting = {
+            name: value
+            for name, value in self.headers.items()
+            if name.lower()
+            in {"content-type", "location", "idempotency-key", "idempotent-replayed", "retry-after"}
+        }
+        return (
+            f"#{self.index}: {self.status} in {self.elapsed:.3f}s {interesting} "
+            f"{self.body[:body_chars]!r}"
+        )
+
+
+@dataclass(frozen=True)
+class Call:
+    url: str
+    json: Any
+    headers: Mapping[str, str]
+    method: str = "POST"
+
+
+def fire_together(calls: Sequence[Call], timeout: float = 30.0) -> list[Result]:
+    """Send every call at the same instant: one thread and one Session each."""
+    results = [Result(index=i) for i in range(len(calls))]
+    barrier = threading.Barrier(len(calls), timeout=timeout)
+
+    def run(i: int, call: Call) -> None:
+        result = results[i]
+        try:
+            with requests.Session() as session:
+                barrier.wait()
+                result.started = time.monotonic()
+                response = session.request(
+                    call.method,
+                    call.url,
+                    json=call.json,
+                    headers=dict(call.headers),
+                    timeout=timeout,
+                )
+                result.elapsed = time.monotonic() - result.started
+                result.status = response.status_code
+                result.headers = response.headers
+                result.body = response.content
+                response.close()
+        except BaseException as exc:  # reported, never lost in a thread
+            result.error = f"{type(exc).__name__}: {exc}"
+
+    threads = [
+        threading.Thread(target=run, args=(i, call), name=f"storm-{i}", daemon=True)
+        for i, call in enumerate(calls)
+    ]
+    for thread in threads:
+        thread.start()
+    for thread in threads:
+        thread.join(timeout + 10)
+    for thread, result in zip(threads, results, strict=True):
+        if thread.is_alive() and result.error is None and result.status is None:
+            result.error = "thread still running after the timeout"
+    return results
+
+
+def post(url: str, json: Any, headers: Mapping[str, str], timeout: float = 30.0) -> Result:
+    """One request on its own connection, as a ``Result``."""
+    return fire_together([Call(url, json, headers)], timeout=timeout)[0]

@@ -1,0 +1,60 @@
+"""Migrations, import safety and the package's public names."""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+from io import StringIO
+
+import pytest
+from django.core.management import call_command
+
+ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+
+
+@pytest.mark.django_db
+def test_no_model_change_lacks_a_migration() -> None:
+    out = StringIO()
+    try:
+        call_command("makemigrations", "--check", "--dry-run", stdout=out, stderr=out)
+    except SystemExit as exc:  # --check exits 1 when a migration is missing
+        pytest.fail(f"A model change has no migration:\n{out.getvalue()} (exit {exc.code})")
+
+
+def test_importing_the_package_before_django_setup_works() -> None:
+    code = (
+        "import django_idempotency, django_idempotency.conf;"
+        "print(django_idempotency.__version__)"
+    )
+    env = {key: value for key, value in os.environ.items() if key != "DJANGO_SETTINGS_MODULE"}
+    result = subprocess.run(
+        [sys.executable, "-c", code], cwd=ROOT, env=env, capture_output=True, text=True
+    )
+    assert result.returncode == 0, result.stderr
+    assert result.stdout.strip()
+
+
+def test_public_names_resolve() -> None:
+    from django_idempotency import idempotent
+    from django_idempotency.drf import IdempotentMixin
+    from django_idempotency.models import IdempotencyRecord
+
+    assert callable(idempotent)
+    assert IdempotentMixin.__name__ == "IdempotentMixin"
+    assert [state.name for state in IdempotencyRecord.State] == [
+        "CLAIMED",
+        "IN_PROGRESS",
+        "UNCERTAIN",
+        "COMPLETED",
+        "FAILED",
+    ]
+    constraint = IdempotencyRecord._meta.constraints[0]
+    assert constraint.fields == ("tenant", "operation", "key")  # type: ignore[attr-defined]
+
+
+def test_unknown_attribute_of_the_package_is_an_attribute_error() -> None:
+    import django_idempotency
+
+    with pytest.raises(AttributeError):
+        django_idempotency.no_such_name  # noqa: B018

@@ -1,0 +1,74 @@
+"""A signal for each outcome, so that projects can count them."""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+from typing import Any
+
+import pytest
+from django.dispatch import Signal
+from rest_framework.test import APIClient
+
+from django_idempotency import signals
+from django_idempotency.models import IdempotencyRecord
+from tests.conftest import post
+
+pytestmark = pytest.mark.django_db(transaction=True)
+
+ALL = {
+    "request_claimed": signals.request_claimed,
+    "response_stored": signals.response_stored,
+    "response_replayed": signals.response_replayed,
+    "request_in_flight": signals.request_in_flight,
+    "key_reused": signals.key_reused,
+    "claim_released": signals.claim_released,
+    "store_unavailable": signals.store_unavailable,
+}
+
+
+@pytest.fixture
+def sent() -> Iterator[list[tuple[str, dict[str, Any]]]]:
+    log: list[tuple[str, dict[str, Any]]] = []
+    receivers = []
+    for name, signal in ALL.items():
+
+        def receiver(sender: Any, name: str = name, **kwargs: Any) -> None:
+            kwargs.pop("signal")
+            log.append((name, kwargs))
+
+        signal.connect(receiver, weak=False)
+        receivers.append((signal, receiver))
+    yield log
+    for signal, receiver in receivers:
+        Signal.disconnect(signal, receiver)
+
+
+def names(log: list[tuple[str, dict[str, Any]]]) -> list[str]:
+    return [name for name, _ in log]
+
+
+def test_each_outcome_sends_its_signal(
+    api: APIClient, sent: list[tuple[str, dict[str, Any]]]
+) -> None:
+    url = "/api-view/charges"
+    post(api, url, {"amount": 1}, "k")
+    assert names(sent) == ["request_claimed", "response_stored"]
+    assert sent[1][1]["state"] == "COMPLETED" and sent[1][1]["status"] == 201
+
+    sent.clear()
+    post(api, url, {"amount": 1}, "k")
+    post(api, url, {"amount": 2}, "k")
+    assert names(sent) == ["response_replayed", "key_reused"]
+
+    sent.clear()
+    IdempotencyRecord.objects.update(state=IdempotencyRecord.State.CLAIMED)
+    post(api, url, {"amount": 1}, "k")
+    assert names(sent) == ["request_in_flight"]
+    assert sent[0][1]["state"] == "CLAIMED"
+
+    sent.clear()
+    post(api, url, {"amount": 1, "status": 503}, "other")
+    assert names(sent) == ["request_claimed", "claim_released"]
+    assert sent[1][1]["reason"] == 503
+    scope = sent[1][1]["scope"]
+    assert (scope.tenant, scope.operation, scope.key) == ("anonymous", "POST api-view/charges", "other")
