@@ -49,6 +49,15 @@ class KeyInvalid(IdempotencyRefusal):
     )
 
 
+class InputUnreadable(IdempotencyRefusal):
+    """The body parsed, but holds a value with no canonical form (``1e999``)."""
+
+    status_code = status.HTTP_400_BAD_REQUEST
+    # DRF's own code for a body it cannot parse: clients already handle it.
+    default_code = "parse_error"
+    default_detail = _("The request body holds a number out of range (such as 1e999).")
+
+
 class KeyReused(IdempotencyRefusal):
     status_code = status.HTTP_422_UNPROCESSABLE_ENTITY
     default_code = "idempotency_key_reused"

@@ -10,9 +10,12 @@ Why not RFC 8785 (the ``rfc8785`` package)? JCS maps every number to an
 IEEE double, so 9007199254740993 and 9007199254740992 would canonicalise
 alike (the package refuses integers beyond 2**53 for that reason). Amounts in
 minor units and snowflake ids live up there, and a changed amount must never
-replay an old charge. Here integers stay exact, integral floats equal the
-integer they spell (``1.0 == 1``), and other floats use Python's shortest
-round-trip spelling in plain positional notation.
+replay an old charge. Here every number is compared by its exact decimal
+value: integers as they are, floats by their shortest round-trip spelling
+(so ``1.0``, ``1e0`` and ``1`` are one number), written in plain positional
+notation. Values are those the parser delivered to the view: JSON parsers
+read ``9007199254740993.0`` as the float 9007199254740992.0, and so does
+the fingerprint.
 """
 
 from __future__ import annotations
@@ -21,7 +24,7 @@ import hashlib
 import json
 import math
 from collections.abc import Callable, Mapping, Sequence
-from decimal import Decimal
+from decimal import Context, Decimal
 from typing import TYPE_CHECKING, Any, Union
 
 from django.core.files.uploadedfile import UploadedFile
@@ -32,6 +35,10 @@ if TYPE_CHECKING:
 
 FingerprintSpec = Union[None, Sequence[str], Callable[["HttpRequest"], Any]]
 
+
+
+class NonCanonicalValue(ValueError):
+    """A value with no canonical JSON form: NaN or an infinity."""
 
 
 class _Absent:
@@ -46,17 +53,20 @@ def _number(value: int | float | Decimal) -> str:
         return str(value)
     if isinstance(value, float):
         if not math.isfinite(value):
-            raise ValueError(f"{value!r} has no canonical JSON form")
-        if value.is_integer():
-            return str(int(value))
+            raise NonCanonicalValue(f"{value!r} has no canonical JSON form")
+        # The shortest spelling that round-trips, read as an exact decimal:
+        # 3.655760495095878e16 is 36557604950958780, as the client wrote
+        # it, not the binary float's 36557604950958784.
         value = Decimal(repr(value))
     if not value.is_finite():
-        raise ValueError(f"{value!r} has no canonical JSON form")
-    if value == value.to_integral_value():
-        return str(int(value))
-    normalised = value.normalize()
-    # Positional notation keeps 1.5e-07 and 0.00000015 alike; beyond this
-    # exponent the digits would be a denial of service, so switch to E-form.
+        raise NonCanonicalValue(f"{value!r} has no canonical JSON form")
+    if value.is_zero():
+        return "0"
+    # Normalise at the value's own precision: the default context (28
+    # digits) would round long values into each other.
+    normalised = value.normalize(Context(prec=len(value.as_tuple().digits)))
+    # Positional notation keeps 1e2 and 100 alike; beyond this exponent the
+    # digits would be a denial of service, so switch to E-form.
     if abs(normalised.adjusted()) > 400:
         return f"{normalised:E}"
     return f"{normalised:f}"

@@ -21,13 +21,18 @@ from django_idempotency import signals, store
 from django_idempotency.conf import as_timedelta, idempotency_settings
 from django_idempotency.context import IdempotencyContext
 from django_idempotency.exceptions import (
+    InputUnreadable,
     KeyMissing,
     KeyReused,
     RequestInProgress,
     StaleOwner,
     StoreUnavailable,
 )
-from django_idempotency.fingerprint import FingerprintSpec, request_fingerprint
+from django_idempotency.fingerprint import (
+    FingerprintSpec,
+    NonCanonicalValue,
+    request_fingerprint,
+)
 from django_idempotency.keys import parse_key
 from django_idempotency.models import IdempotencyRecord
 from django_idempotency.responses import Outcome, capture, outcome_of, replay
@@ -113,7 +118,10 @@ def protect(
         operation=resolve_operation(request, options.operation),
         key=parse_key(raw_key, conf.KEY_MAX_LENGTH),
     )
-    fingerprint = request_fingerprint(request, options.fingerprint, view_args, view_kwargs)
+    try:
+        fingerprint = request_fingerprint(request, options.fingerprint, view_args, view_kwargs)
+    except NonCanonicalValue as exc:
+        raise InputUnreadable() from exc
     ttl = as_timedelta(options.ttl) if options.ttl is not None else conf.TTL
     database = conf.DATABASE
     wait_until = (

@@ -1,12 +1,14 @@
 from __future__ import annotations
 
 import itertools
+import os
 import uuid
 from collections.abc import Callable, Iterator
 from typing import Any
 
 import pytest
 from django.db import connections
+from hypothesis import settings as hypothesis_settings
 from rest_framework.test import APIClient
 
 from django_idempotency.models import IdempotencyRecord
@@ -57,3 +59,52 @@ def atomic_requests() -> Iterator[None]:
 
 def record_states() -> list[str]:
     return list(IdempotencyRecord.objects.order_by("pk").values_list("state", flat=True))
+
+
+# --- PostgreSQL tests and the CI policy ------------------------------------
+#
+# The suite runs twice: on SQLite (the default) and with DATABASE_URL
+# pointing at PostgreSQL. Tests marked ``postgres`` run in the second pass
+# only. With IDEMPOTENCY_REQUIRE_SERVICES=1 (CI), a PostgreSQL pass in which
+# anything was skipped fails: a proof that silently skipped proves nothing.
+
+REQUIRE_SERVICES = os.environ.get("IDEMPOTENCY_REQUIRE_SERVICES") == "1"
+
+hypothesis_settings.register_profile("ci", derandomize=True, deadline=None)
+hypothesis_settings.register_profile("dev", deadline=None)
+hypothesis_settings.load_profile("ci" if REQUIRE_SERVICES else "dev")
+
+
+def _suite_database_is_postgresql() -> bool:
+    return bool(connections["default"].vendor == "postgresql")
+
+
+def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
+    if _suite_database_is_postgresql():
+        return
+    skip = pytest.mark.skip(reason="runs in the PostgreSQL pass (DATABASE_URL=postgres://...)")
+    for item in items:
+        if item.get_closest_marker("postgres"):
+            item.add_marker(skip)
+
+
+_skipped: list[str] = []
+
+
+def pytest_runtest_logreport(report: pytest.TestReport) -> None:
+    if report.skipped:
+        _skipped.append(report.nodeid)
+
+
+def pytest_sessionfinish(session: pytest.Session, exitstatus: int) -> None:
+    if REQUIRE_SERVICES and _suite_database_is_postgresql() and _skipped:
+        reporter = session.config.pluginmanager.get_plugin("terminalreporter")
+        if reporter is not None:
+            reporter.write_line(
+                f"IDEMPOTENCY_REQUIRE_SERVICES=1: {len(_skipped)} test(s) skipped in the "
+                "PostgreSQL pass; every one must run:",
+                red=True,
+            )
+            for nodeid in _skipped:
+                reporter.write_line(f"  {nodeid}", red=True)
+        session.exitstatus = pytest.ExitCode.TESTS_FAILED

@@ -52,9 +52,7 @@ TEMPLATES = [
 
 _sqlite_file = os.environ.get("TEST_SQLITE_PATH", str(BASE_DIR / "test.sqlite3"))
 DATABASES = {
-    "default": dj_database_url.config(
-        default=f"sqlite:///{_sqlite_file}", conn_max_age=0
-    ),
+    "default": dj_database_url.parse(os.environ.get("DATABASE_URL") or f"sqlite:///{_sqlite_file}"),
 }
 # One test database per run, so that concurrent runs on one machine never
 # share (and destroy) each other's.

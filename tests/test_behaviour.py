@@ -274,3 +274,14 @@ def test_oversized_body_completes_without_storing_the_body(
     assert retry.content == b""
     assert retry["Idempotent-Body-Omitted"] == "true"
     assert "MAX_STORED_BODY" in caplog.text
+
+
+@pytest.mark.parametrize("url", [URL, "/plain/charges"])
+def test_a_number_out_of_range_is_a_400_not_a_500(api: APIClient, url: str) -> None:
+    response = api.post(
+        url, '{"amount": 1e999}', content_type="application/json", HTTP_IDEMPOTENCY_KEY="k"
+    )
+
+    assert response.status_code == 400
+    assert response.json()["code"] == "parse_error"
+    assert IdempotencyRecord.objects.count() == Charge.objects.count() == 0

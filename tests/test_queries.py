@@ -62,9 +62,8 @@ def test_answers_without_running_the_view_cost_at_most_two_statements(
     assert not [s for s in control if "SAVEPOINT" in s.upper()]
 
 
+@pytest.mark.postgres
 def test_first_execution_claims_with_one_atomic_statement_on_postgresql(api: APIClient) -> None:
-    if connection.vendor != "postgresql":
-        pytest.skip("the ON CONFLICT claim is PostgreSQL's; others use a savepoint INSERT")
     data, _ = statements(lambda: post(api, URL, {"amount": 1}, "k"))
     claim = data[0]
     assert claim.startswith('INSERT INTO "django_idempotency_record"')

@@ -17,7 +17,14 @@ REQUIRE_SERVICES_ENV = "IDEMPOTENCY_REQUIRE_SERVICES"
 
 
 def postgres_url() -> str:
-    """The server (and a database on it to connect to) given for the live tests."""
+    """The server (and a database on it to connect to) given for the live tests.
+
+    By default the server of the suite's own DATABASE_URL, so that the
+    PostgreSQL pass of ``runtests.py`` runs them against the server it tests.
+    """
+    suite_url = os.environ.get("DATABASE_URL", "")
+    if suite_url.startswith(("postgres://", "postgresql://")):
+        return os.environ.get(POSTGRES_URL_ENV) or suite_url
     return os.environ.get(POSTGRES_URL_ENV) or DEFAULT_POSTGRES_URL
 
 
@@ -46,12 +53,14 @@ def require_postgres() -> str:
     except ImportError as exc:  # pragma: no cover - the test extra installs it
         unavailable("PostgreSQL", f"psycopg is not installed: {exc}")
         raise  # unreachable: skip/fail raise
+    problem = None
     try:
         with psycopg.connect(url, connect_timeout=3, autocommit=True) as connection:
             connection.execute("SELECT 1")
     except psycopg.Error as exc:
-        message = " ".join(str(exc).split()) or type(exc).__name__
-        unavailable("PostgreSQL", f"cannot connect to {_redacted(url)}: {message}")
+        problem = " ".join(str(exc).split()) or type(exc).__name__
+    if problem is not None:  # outside the except block: no chained traceback
+        unavailable("PostgreSQL", f"cannot connect to {_redacted(url)}: {problem}")
     return url
 
 

@@ -1,0 +1,34 @@
+from __future__ import annotations
+
+import pytest
+
+from django_idempotency.exceptions import KeyInvalid
+from django_idempotency.keys import parse_key
+
+
+@pytest.mark.parametrize(
+    ("raw", "key"),
+    [
+        ("abc", "abc"),
+        ("8e03978e-40d5-43e8-bc93-6894a57f9324", "8e03978e-40d5-43e8-bc93-6894a57f9324"),
+        ('"8e03978e-40d5"', "8e03978e-40d5"),
+        ('"with\\"quote"', 'with"quote'),
+        ("  padded  ", "padded"),
+        ("!#$%&'()*+,-./:;<=>?@[]^_`{|}~", "!#$%&'()*+,-./:;<=>?@[]^_`{|}~"),
+    ],
+)
+def test_valid_keys(raw: str, key: str) -> None:
+    assert parse_key(raw, 255) == key
+
+
+@pytest.mark.parametrize(
+    "raw",
+    ["", '""', "a b", "\x00", "é", '"a";param=1', '"open', '"a" trailing', "x" * 11],
+)
+def test_invalid_keys(raw: str) -> None:
+    with pytest.raises(KeyInvalid) as refusal:
+        parse_key(raw, 10)
+    assert refusal.value.get_codes() == {
+        "detail": "idempotency_key_invalid",
+        "code": "idempotency_key_invalid",
+    }
