@@ -61,8 +61,7 @@ def _check_key_max_length(value: Any) -> Iterator[CheckMessage]:
             4,
             f"IDEMPOTENCY['KEY_MAX_LENGTH'] = {value!r} is not an integer from 1 to "
             f"{KEY_MAX_LENGTH}.",
-            f"The key column holds {KEY_MAX_LENGTH} characters; the IETF draft and "
-            "Stripe use 255.",
+            f"The key column holds {KEY_MAX_LENGTH} characters; the IETF draft and Stripe use 255.",
         )
 
 
@@ -118,8 +117,10 @@ def _check_in_flight(value: Any) -> Iterator[CheckMessage]:
 
 
 def _check_stored_headers(value: Any) -> Iterator[CheckMessage]:
-    if isinstance(value, str) or not isinstance(value, (list, tuple)) or not all(
-        isinstance(name, str) and _HEADER_NAME.match(name) for name in value
+    if (
+        isinstance(value, str)
+        or not isinstance(value, (list, tuple))
+        or not all(isinstance(name, str) and _HEADER_NAME.match(name) for name in value)
     ):
         yield _error(
             12,
@@ -177,16 +178,19 @@ def check_settings(app_configs: Any = None, **kwargs: Any) -> list[CheckMessage]
         messages.extend(check(user_settings.get(name, DEFAULTS[name])))
     ttl = user_settings.get("TTL", DEFAULTS["TTL"])
     lease = user_settings.get("LEASE", DEFAULTS["LEASE"])
-    if _positive_duration(ttl) and _positive_duration(lease):
-        if as_timedelta(ttl) < as_timedelta(lease):
-            messages.append(
-                _error(
-                    14,
-                    "IDEMPOTENCY['TTL'] is shorter than IDEMPOTENCY['LEASE'].",
-                    "Retention must outlast the lease, or a record could be forgotten "
-                    "while its request still runs. Raise TTL or lower LEASE.",
-                )
+    if (
+        _positive_duration(ttl)
+        and _positive_duration(lease)
+        and as_timedelta(ttl) < as_timedelta(lease)
+    ):
+        messages.append(
+            _error(
+                14,
+                "IDEMPOTENCY['TTL'] is shorter than IDEMPOTENCY['LEASE'].",
+                "Retention must outlast the lease, or a record could be forgotten "
+                "while its request still runs. Raise TTL or lower LEASE.",
             )
+        )
     return messages
 
 

@@ -134,7 +134,6 @@ def mark_views_non_atomic(view_class: type) -> None:
         return
     inherited = view_class.dispatch  # type: ignore[attr-defined]
 
-    @functools.wraps(inherited)
     def dispatch(self: Any, request: HttpRequest, *args: Any, **kwargs: Any) -> Any:
         handler = getattr(self, (request.method or "").lower(), None)
         if isinstance(getattr(handler, "__func__", None), IdempotentView) or getattr(
@@ -143,6 +142,11 @@ def mark_views_non_atomic(view_class: type) -> None:
             return inherited(self, request, *args, **kwargs)
         return run_unprotected(lambda: inherited(self, request, *args, **kwargs))
 
+    # Not functools.wraps: as_view() copies dispatch's __dict__ onto the view
+    # function, and a __wrapped__ there would mislead signature inspection.
+    dispatch.__name__ = "dispatch"
+    dispatch.__qualname__ = f"{view_class.__qualname__}.dispatch"
+    dispatch.__doc__ = inherited.__doc__
     dispatch._non_atomic_requests = EVERY_DATABASE  # type: ignore[attr-defined]
     dispatch._idempotency_dispatch = True  # type: ignore[attr-defined]
     view_class.dispatch = dispatch  # type: ignore[attr-defined]

@@ -25,7 +25,7 @@ import json
 import math
 from collections.abc import Callable, Mapping, Sequence
 from decimal import Context, Decimal
-from typing import TYPE_CHECKING, Any, Union
+from typing import TYPE_CHECKING, Any
 
 from django.core.files.uploadedfile import UploadedFile
 from django.http import QueryDict
@@ -33,8 +33,7 @@ from django.http import QueryDict
 if TYPE_CHECKING:
     from django.http import HttpRequest
 
-FingerprintSpec = Union[None, Sequence[str], Callable[["HttpRequest"], Any]]
-
+FingerprintSpec = None | Sequence[str] | Callable[["HttpRequest"], Any]
 
 
 class NonCanonicalValue(ValueError):

@@ -30,12 +30,8 @@ class IdempotencyRecord(models.Model):
     lease_expires_at = models.DateTimeField(_("lease expires at"), null=True, blank=True)
     fencing_token = models.PositiveBigIntegerField(_("fencing token"), default=1)
     provider_key = models.CharField(_("provider key"), max_length=64, blank=True)
-    provider_operation_id = models.CharField(
-        _("provider operation id"), max_length=255, blank=True
-    )
-    response_status = models.PositiveSmallIntegerField(
-        _("response status"), null=True, blank=True
-    )
+    provider_operation_id = models.CharField(_("provider operation id"), max_length=255, blank=True)
+    response_status = models.PositiveSmallIntegerField(_("response status"), null=True, blank=True)
     #: ``[[name, value], ...]`` in the order the view set them.
     response_headers = models.JSONField(_("response headers"), default=list, blank=True)
     #: NULL on a resolved record means the body was not stored (too large or

@@ -35,7 +35,7 @@ from django_idempotency.fingerprint import (
 )
 from django_idempotency.keys import parse_key
 from django_idempotency.models import IdempotencyRecord
-from django_idempotency.responses import Outcome, capture, outcome_of, replay
+from django_idempotency.responses import Outcome, StoredResponse, capture, outcome_of, replay
 from django_idempotency.scope import OperationSpec, Scope, resolve_operation, resolve_tenant
 
 if TYPE_CHECKING:
@@ -77,8 +77,7 @@ def requests_transactions(*, also: str | None = None) -> Iterator[list[str]]:
     with ExitStack() as stack:
         for alias, settings_dict in connections.settings.items():
             wanted = alias == also or (
-                settings_dict.get("ATOMIC_REQUESTS")
-                and not connections[alias].in_atomic_block
+                settings_dict.get("ATOMIC_REQUESTS") and not connections[alias].in_atomic_block
             )
             if wanted:
                 stack.enter_context(transaction.atomic(using=alias))
@@ -125,9 +124,7 @@ def protect(
     ttl = as_timedelta(options.ttl) if options.ttl is not None else conf.TTL
     database = conf.DATABASE
     wait_until = (
-        time.monotonic() + conf.IN_FLIGHT_WAIT.total_seconds()
-        if conf.IN_FLIGHT == "wait"
-        else None
+        time.monotonic() + conf.IN_FLIGHT_WAIT.total_seconds() if conf.IN_FLIGHT == "wait" else None
     )
     poll = 0.05
     vanished = 0
@@ -186,6 +183,7 @@ def _run_owned(
         IdempotencyRecord, request=request, scope=held.scope, fencing_token=held.fencing_token
     )
     conf = idempotency_settings
+    store_after: StoredResponse | None = None
     try:
         # The view's writes and the stored outcome commit in one transaction:
         # a crash leaves both or neither.
@@ -198,7 +196,15 @@ def _run_owned(
                     transaction.set_rollback(True, using=alias)
             else:
                 stored = capture(response, conf.STORED_HEADERS, conf.MAX_STORED_BODY)
-                store.complete(held, outcome, stored, ttl=ttl)
+                if transaction.get_rollback(using=held.database):
+                    # DRF's exception handler marked the transaction for
+                    # rollback (it does under ATOMIC_REQUESTS): the view's
+                    # writes are undone, so the outcome is stored on its own.
+                    store_after = stored
+                else:
+                    store.complete(held, outcome, stored, ttl=ttl)
+        if store_after is not None:
+            store.complete(held, outcome, store_after, ttl=ttl)
     except StaleOwner:
         signals.request_in_flight.send(
             IdempotencyRecord, request=request, scope=held.scope, state="taken over"

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from collections.abc import Callable
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Union
+from typing import TYPE_CHECKING
 
 from django.core.exceptions import ImproperlyConfigured
 
@@ -13,7 +13,7 @@ from django_idempotency.models import OPERATION_MAX_LENGTH, TENANT_MAX_LENGTH
 if TYPE_CHECKING:
     from django.http import HttpRequest
 
-OperationSpec = Union[None, str, Callable[["HttpRequest"], str]]
+OperationSpec = None | str | Callable[["HttpRequest"], str]
 
 
 @dataclass(frozen=True)

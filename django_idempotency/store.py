@@ -17,9 +17,9 @@ from datetime import timedelta
 from django.db import IntegrityError, connections, transaction
 from django.utils import timezone
 
+from django_idempotency.exceptions import StaleOwner
 from django_idempotency.models import RESOLVED_STATES, IdempotencyRecord
 from django_idempotency.responses import Outcome, StoredResponse
-from django_idempotency.exceptions import StaleOwner
 from django_idempotency.scope import Scope
 
 logger = logging.getLogger("django_idempotency")
@@ -134,9 +134,7 @@ def lookup(scope: Scope, *, using: str) -> IdempotencyRecord | None:
     )
 
 
-def complete(
-    held: Claim, outcome: Outcome, response: StoredResponse, *, ttl: timedelta
-) -> None:
+def complete(held: Claim, outcome: Outcome, response: StoredResponse, *, ttl: timedelta) -> None:
     """Store the outcome; run inside the view's transaction so both commit together."""
     now = timezone.now()
     updated = (

@@ -43,7 +43,10 @@ def _reexec_in_venv_if_needed() -> None:
         import gunicorn  # noqa: F401
         import requests  # noqa: F401
     except ImportError:
-        if VENV_PYTHON.exists() and Path(sys.executable).resolve() != VENV_PYTHON.resolve():
+        # The venv's python is usually a symlink to this very binary, so a
+        # flag (not a path comparison) prevents a loop.
+        if VENV_PYTHON.exists() and not os.environ.get("DEMO_REEXECUTED"):
+            os.environ["DEMO_REEXECUTED"] = "1"
             os.execv(str(VENV_PYTHON), [str(VENV_PYTHON), __file__, *sys.argv[1:]])
         raise
 
@@ -211,7 +214,9 @@ def double_click(client: Client) -> dict[str, Any]:
         except BaseException as exc:  # reported below, in the main thread
             answers[index] = exc
 
-    threads = [threading.Thread(target=click, args=(i,)) for i in range(CONCURRENT_CLICKS)]
+    threads = [
+        threading.Thread(target=click, args=(i,), daemon=True) for i in range(CONCURRENT_CLICKS)
+    ]
     for thread in threads:
         thread.start()
     for thread in threads:
@@ -222,10 +227,16 @@ def double_click(client: Client) -> dict[str, Any]:
         if not isinstance(answer, requests.Response):
             raise ExpectationFailed(f"click #{index} failed: {answer!r}")
         responses.append(answer)
-        kind = "replayed" if is_replay(answer) else "fresh"
+        kind = (
+            "replayed" if is_replay(answer) else "ran" if answer.status_code == 201 else "refused"
+        )
         extra = code_of(answer) if answer.status_code != 201 else f"payment {answer.json()['id']}"
         say(f"<- #{index:02d} {answer.status_code} {kind:8s} {extra}  {response_headers(answer)}")
 
+    if not any(response.status_code == 409 for response in responses):
+        say("   (On SQLite the other clicks queue for the database's write lock, so they")
+        say("   usually see the finished record and get its replay; on PostgreSQL some")
+        say("   answer 409 idempotency_request_in_progress instead. Both are safe.)")
     fresh = [r for r in responses if r.status_code == 201 and not is_replay(r)]
     check(
         len(fresh) == 1,
@@ -567,6 +578,7 @@ def main(argv: list[str] | None = None) -> int:
     except ExpectationFailed as exc:
         say()
         say(f"FAILED: {exc}")
+        say(f"({len(check.passed)} expectations held before this one.)")
         say(f"(the server log is {log_path}; its end:)\n{log_tail(log_path)}")
         return 1
     except SetupFailed as exc:

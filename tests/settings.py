@@ -24,6 +24,7 @@ INSTALLED_APPS = [
     "rest_framework.authtoken",
     "django_idempotency",
     "tests.testapp",
+    "payments",  # the demo project's app, tested in test_testproject.py
 ]
 
 MIDDLEWARE = [

@@ -127,7 +127,18 @@ def test_required_setting_false_makes_keys_optional(api: APIClient, settings: ob
 
 @pytest.mark.parametrize(
     "header",
-    ["", "   ", "x" * 256, "clé", "two words", "tab\there", "bell\x07", '"unterminated', '"a b"', "?k"[:0]],
+    [
+        "",
+        "   ",
+        "x" * 256,
+        "clé",
+        "two words",
+        "tab\there",
+        "bell\x07",
+        '"unterminated',
+        '"a b"',
+        "?k"[:0],
+    ],
 )
 def test_invalid_key_is_refused_with_400(api: APIClient, header: str) -> None:
     response = post(api, URL, {"amount": 100}, header)

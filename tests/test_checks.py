@@ -86,7 +86,7 @@ def test_every_error_carries_a_hint() -> None:
 
 def test_checks_run_with_django_check_command(settings: Any) -> None:
     settings.IDEMPOTENCY = {"IN_FLIGHT": "sometimes"}
-    with pytest.raises(SystemCheckError, match="django_idempotency.E009"):
+    with pytest.raises(SystemCheckError, match=r"django_idempotency\.E009"):
         call_command("check")
 
 

@@ -30,8 +30,9 @@ json_scalars = (
 )
 json_values = st.recursive(
     json_scalars,
-    lambda children: st.lists(children, max_size=4)
-    | st.dictionaries(st.text(max_size=6), children, max_size=4),
+    lambda children: (
+        st.lists(children, max_size=4) | st.dictionaries(st.text(max_size=6), children, max_size=4)
+    ),
     max_leaves=20,
 )
 json_objects = st.dictionaries(st.text(max_size=6), json_values, max_size=5)

@@ -24,8 +24,7 @@ def test_no_model_change_lacks_a_migration() -> None:
 
 def test_importing_the_package_before_django_setup_works() -> None:
     code = (
-        "import django_idempotency, django_idempotency.conf;"
-        "print(django_idempotency.__version__)"
+        "import django_idempotency, django_idempotency.conf;print(django_idempotency.__version__)"
     )
     env = {key: value for key, value in os.environ.items() if key != "DJANGO_SETTINGS_MODULE"}
     result = subprocess.run(

@@ -71,4 +71,8 @@ def test_each_outcome_sends_its_signal(
     assert names(sent) == ["request_claimed", "claim_released"]
     assert sent[1][1]["reason"] == 503
     scope = sent[1][1]["scope"]
-    assert (scope.tenant, scope.operation, scope.key) == ("anonymous", "POST api-view/charges", "other")
+    assert (scope.tenant, scope.operation, scope.key) == (
+        "anonymous",
+        "POST api-view/charges",
+        "other",
+    )

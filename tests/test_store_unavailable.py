@@ -17,7 +17,6 @@ from rest_framework.test import APIClient
 from tests.conftest import post
 from tests.testapp.models import Charge
 
-
 pytestmark = pytest.mark.django_db(transaction=True)
 
 

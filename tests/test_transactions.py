@@ -194,3 +194,24 @@ def test_api_view_exempted_as_documented_commits_its_claim_first(
 ) -> None:
     body = post(api, "/api-view/probe-exempt", {"amount": 1}, "k").json()
     assert body == {"in_atomic_block": True, "committed_claims": 1}
+
+
+@pytest.mark.parametrize(
+    ("url", "body"),
+    [
+        ("/api-view/charges", {"amount": 1, "invalid": True}),
+        ("/cbv/charges", {"amount": 1, "invalid": True}),
+        ("/viewset/charges/", {"amount": "not a number"}),
+    ],
+)
+def test_under_atomic_requests_a_raised_drf_error_is_still_a_stored_failure(
+    api: APIClient, atomic_requests: None, url: str, body: dict[str, object]
+) -> None:
+    """DRF's handler marks the request transaction for rollback; the outcome survives it."""
+    first = post(api, url, body, "k")
+    retry = post(api, url, body, "k")
+
+    assert first.status_code == 400
+    assert retry.content == first.content
+    assert retry["Idempotent-Replayed"] == "true"
+    assert IdempotencyRecord.objects.get().state == State.FAILED

@@ -58,7 +58,7 @@ KEEP_LOGS_ENV = "IDEMPOTENCY_LIVE_KEEP_LOGS"
 #: pid, request line, status, bytes, duration, and the idempotency headers.
 ACCESS_LOG_FORMAT = (
     'access pid=%(p)s "%(r)s" %(s)s %(B)sB %(M)sms '
-    'key=%({idempotency-key}i)s replayed=%({idempotent-replayed}o)s'
+    "key=%({idempotency-key}i)s replayed=%({idempotent-replayed}o)s"
 )
 
 
@@ -93,9 +93,7 @@ class LiveDatabase:
         self.close_connection()
         with psycopg.connect(self.server_url, autocommit=True, connect_timeout=5) as admin:
             admin.execute(
-                sql.SQL("DROP DATABASE IF EXISTS {} WITH (FORCE)").format(
-                    sql.Identifier(self.name)
-                )
+                sql.SQL("DROP DATABASE IF EXISTS {} WITH (FORCE)").format(sql.Identifier(self.name))
             )
 
     # -- queries on the live database -------------------------------------------------
@@ -142,7 +140,7 @@ class LiveDatabase:
         """The records for a client key, as dicts (state, status, body, ...)."""
         with self._lock:
             cursor = self.connection.execute(
-                "SELECT id, tenant, operation, \"key\", state, fencing_token, response_status, "
+                'SELECT id, tenant, operation, "key", state, fencing_token, response_status, '
                 "response_body, lease_owner FROM django_idempotency_record "
                 'WHERE "key" = %s ORDER BY id',
                 [key],

@@ -331,12 +331,10 @@ def test_distinct_keys_are_not_deduplicated(live: LazyLiveServer) -> None:
             f"answer for {key!r} echoes another key: {result.describe()}"
         )
     records = server.database.query(
-        'SELECT state, response_status, count(*) FROM django_idempotency_record '
+        "SELECT state, response_status, count(*) FROM django_idempotency_record "
         'WHERE "key" = ANY(%s) GROUP BY state, response_status',
         [keys],
     )
-    assert records == [("COMPLETED", 201, THREADS)], explain(
-        f"records for the 50 keys: {records}"
-    )
+    assert records == [("COMPLETED", 201, THREADS)], explain(f"records for the 50 keys: {records}")
     assert not server.problems_since(log_offset), explain("the server logged errors")
     print(totals_line(label))

@@ -11,3 +11,6 @@ class Charge(models.Model):
 
     class Meta:
         app_label = "testapp"
+
+    def __str__(self) -> str:
+        return f"Charge {self.pk} of {self.amount} for {self.tenant}"
