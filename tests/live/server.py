@@ -178,10 +178,6 @@ class LiveServer:
         env["DATABASE_URL"] = self.database.url
         env["DJANGO_SETTINGS_MODULE"] = "tests.settings"
         env["PYTHONUNBUFFERED"] = "1"
-        # As pytest's pythonpath: the repository and the demo project's apps.
-        env["PYTHONPATH"] = os.pathsep.join(
-            filter(None, [str(REPO_ROOT), str(REPO_ROOT / "testproject"), env.get("PYTHONPATH")])
-        )
         env.update(self.extra_env)
         return env
 
