@@ -226,7 +226,7 @@ def check_atomic_requests(app_configs: Any = None, **kwargs: Any) -> list[CheckM
     messages: list[CheckMessage] = []
     for route, callback in _url_callbacks(get_resolver().url_patterns):
         view_class = getattr(callback, "cls", None)
-        exempt = getattr(callback, "_non_atomic_requests", set())
+        exempt: set[str] = getattr(callback, "_non_atomic_requests", set())
         if (
             isinstance(view_class, type)
             and not all(alias in exempt for alias in atomic)

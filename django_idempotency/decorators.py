@@ -7,7 +7,7 @@ import types
 from collections.abc import Callable
 from datetime import timedelta
 from inspect import iscoroutinefunction
-from typing import Any, TypeVar, overload
+from typing import Any, TypeVar, cast, overload
 
 from django.core.exceptions import ImproperlyConfigured, PermissionDenied
 from django.http import Http404, HttpRequest, HttpResponseBase
@@ -60,7 +60,7 @@ def _call_drf(
     # Finalise and render now, inside the transaction, so that the stored
     # body is the exact bytes the client receives. DRF's dispatch finalises
     # again afterwards, which changes nothing on a rendered response.
-    return _rendered(view.finalize_response(request, response, *args, **kwargs))
+    return _rendered(view.finalize_response(request, response, *args, **kwargs))  # type: ignore[arg-type]
 
 
 def _refusal_response(request: HttpRequest, exc: IdempotencyRefusal) -> HttpResponseBase:
@@ -69,13 +69,14 @@ def _refusal_response(request: HttpRequest, exc: IdempotencyRefusal) -> HttpResp
     from rest_framework.response import Response
     from rest_framework.settings import api_settings
 
-    context = {"request": request, "view": None, "args": (), "kwargs": {}}
-    response = api_settings.EXCEPTION_HANDLER(exc, context)
+    context: dict[str, Any] = {"request": request, "view": None, "args": (), "kwargs": {}}
+    handler = cast(Callable[..., Response | None], api_settings.EXCEPTION_HANDLER)
+    response = handler(exc, context)
     if response is None:
         response = Response(exc.detail, status=exc.status_code)
     response.accepted_renderer = JSONRenderer()
     response.accepted_media_type = "application/json"
-    response.renderer_context = context
+    response.renderer_context = context  # type: ignore[attr-defined]
     return _rendered(response)
 
 
@@ -103,7 +104,7 @@ class IdempotentView:
             instance, request, view_args = args[0], args[1], args[2:]
 
         def call() -> HttpResponseBase:
-            return self.view(*args, **kwargs)
+            return cast(HttpResponseBase, self.view(*args, **kwargs))
 
         if isinstance(request, Request):
             drf_view = instance if isinstance(instance, APIView) else request.parser_context["view"]
@@ -128,11 +129,9 @@ def mark_views_non_atomic(view_class: type) -> None:
     """
     if not hasattr(view_class, "dispatch"):
         return  # not a view (a mixin of handlers): nothing to exempt here
-    if "dispatch" in vars(view_class) and getattr(
-        vars(view_class)["dispatch"], "_idempotency_dispatch", False
-    ):
-        return
-    inherited = view_class.dispatch  # type: ignore[attr-defined]
+    inherited = view_class.dispatch
+    if getattr(inherited, "_idempotency_dispatch", False):
+        return  # already exempted here or on a base class; the check is per request
 
     def dispatch(self: Any, request: HttpRequest, *args: Any, **kwargs: Any) -> Any:
         handler = getattr(self, (request.method or "").lower(), None)
@@ -147,9 +146,8 @@ def mark_views_non_atomic(view_class: type) -> None:
     dispatch.__name__ = "dispatch"
     dispatch.__qualname__ = f"{view_class.__qualname__}.dispatch"
     dispatch.__doc__ = inherited.__doc__
-    dispatch._non_atomic_requests = EVERY_DATABASE  # type: ignore[attr-defined]
-    dispatch._idempotency_dispatch = True  # type: ignore[attr-defined]
-    view_class.dispatch = dispatch  # type: ignore[attr-defined]
+    vars(dispatch).update(_non_atomic_requests=EVERY_DATABASE, _idempotency_dispatch=True)
+    view_class.dispatch = dispatch
 
 
 @overload

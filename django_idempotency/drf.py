@@ -45,10 +45,13 @@ class IdempotentMixin:
             and function is not None
             and not isinstance(function, IdempotentView)
         ):
+            # Read off the class: a function stored as a class attribute
+            # would come back from the instance as a bound method.
+            view_class = type(self)
             options = Options(
-                fingerprint=self.idempotency_fingerprint,
-                operation=self.idempotency_operation,
-                required=self.idempotency_required,
-                ttl=self.idempotency_ttl,
+                fingerprint=view_class.idempotency_fingerprint,
+                operation=view_class.idempotency_operation,
+                required=view_class.idempotency_required,
+                ttl=view_class.idempotency_ttl,
             )
             setattr(self, method, IdempotentView(function, options).__get__(self))

@@ -7,8 +7,6 @@ dict so that DRF's default handler produces ``{"detail": ..., "code": ...}``.
 
 from __future__ import annotations
 
-from typing import ClassVar
-
 from django.utils.translation import gettext_lazy as _
 from rest_framework import status
 from rest_framework.exceptions import APIException
@@ -21,7 +19,7 @@ class IdempotencyError(Exception):
 class IdempotencyRefusal(IdempotencyError, APIException):
     """A request refused before (or instead of) running the protected view."""
 
-    default_code: ClassVar[str]
+    default_code: str
 
     def __init__(self, message: str | None = None, *, retry_after: int | None = None) -> None:
         text = message or str(self.default_detail)

@@ -25,7 +25,7 @@ import json
 import math
 from collections.abc import Callable, Mapping, Sequence
 from decimal import Context, Decimal
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, cast
 
 from django.core.files.uploadedfile import UploadedFile
 from django.http import QueryDict
@@ -71,7 +71,7 @@ def _number(value: int | float | Decimal) -> str:
     return f"{normalised:f}"
 
 
-def _file_token(upload: UploadedFile) -> str:
+def _file_token(upload: UploadedFile[Any]) -> str:
     digest = hashlib.sha256()
     for chunk in upload.chunks():
         digest.update(chunk)
@@ -161,7 +161,7 @@ def _parsed_body(request: HttpRequest) -> Any:
     else (or JSON that does not parse) by the digest of its bytes.
     """
     if hasattr(request, "query_params"):  # a DRF Request
-        return request.data
+        return cast(Any, request).data
     content_type = request.content_type or ""
     if content_type == "application/json" or content_type.endswith("+json"):
         try:

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from typing import cast
+
 import http_sf
 
 from django_idempotency.exceptions import KeyInvalid
@@ -23,7 +25,10 @@ def parse_key(raw: str, max_length: int) -> str:
     value = raw.strip(" \t")
     if value.startswith('"'):
         try:
-            parsed, params = http_sf.parse(value.encode("latin-1"), tltype="item")
+            parsed, params = cast(
+                "tuple[object, dict[str, object]]",
+                http_sf.parse(value.encode("latin-1"), tltype="item"),
+            )
         except (http_sf.StructuredFieldError, UnicodeEncodeError, ValueError) as exc:
             raise KeyInvalid(f"The quoted Idempotency-Key is malformed: {exc}.") from exc
         if not isinstance(parsed, str) or params:

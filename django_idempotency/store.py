@@ -13,6 +13,7 @@ import threading
 from collections.abc import Callable
 from dataclasses import dataclass
 from datetime import timedelta
+from typing import Any
 
 from django.db import IntegrityError, connections, transaction
 from django.utils import timezone
@@ -88,7 +89,7 @@ def claim(
     connection = connections[using]
     if connection.vendor == "postgresql":
         sql = _claim_sql(connection.ops.quote_name)
-        params = [
+        params: list[Any] = [
             scope.tenant,
             scope.operation,
             scope.key,

@@ -3,11 +3,18 @@
 from __future__ import annotations
 
 import os
+import sys
 from pathlib import Path
 
 import dj_database_url
 
 BASE_DIR = Path(__file__).resolve().parent
+
+# The demo project's `payments` app is tested too; make it importable for
+# every process that loads these settings (pytest, live servers, mypy).
+_TESTPROJECT = str(BASE_DIR.parent / "testproject")
+if _TESTPROJECT not in sys.path:
+    sys.path.append(_TESTPROJECT)
 SECRET_KEY = "tests-only-not-secret"
 DEBUG = False
 ALLOWED_HOSTS = ["*"]

@@ -138,3 +138,15 @@ def test_operation_name_and_selected_fields(api: APIClient) -> None:
     assert IdempotencyRecord.objects.get().operation == "charge-by-fields"
     assert same["Idempotent-Replayed"] == "true"
     assert changed.status_code == 422
+
+
+def test_mixin_options_are_class_attributes_callables_included(api: APIClient) -> None:
+    first = post(api, "/mixin/selected", {"amount": 5, "note": "a"}, "k")
+    # The note is outside the callable's input: the same request.
+    same = post(api, "/mixin/selected", {"amount": 5, "note": "b"}, "k")
+    changed = post(api, "/mixin/selected", {"amount": 6, "note": "a"}, "k")
+
+    assert first.status_code == 201
+    assert same["Idempotent-Replayed"] == "true"
+    assert changed.status_code == 422
+    assert IdempotencyRecord.objects.get().operation == "mixin-selected"

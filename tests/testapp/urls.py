@@ -16,6 +16,7 @@ urlpatterns = [
     path("cbv/charges/<int:pk>", views.ChargeDetailAPIView.as_view()),
     path("generic/charges", views.ChargeGenericView.as_view()),
     path("mixin/charges", views.MixinChargeView.as_view()),
+    path("mixin/selected", views.MixinSelectedInputView.as_view()),
     path("plain/charges", views.plain_django_charges),
     path("probe", views.TransactionProbeView.as_view()),
     path("api-view/probe", views.api_view_probe),

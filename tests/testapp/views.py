@@ -211,3 +211,14 @@ def api_view_probe(request: Request) -> Response:
 @idempotent
 def api_view_probe_exempt(request: Request) -> Response:
     return TransactionProbeView().probe(request)
+
+
+class MixinSelectedInputView(IdempotentMixin, generics.CreateAPIView[Charge]):
+    """Mixin options as class attributes, a callable among them."""
+
+    serializer_class = ChargeSerializer
+    idempotency_fingerprint = lambda request: {"amount": request.data.get("amount")}  # noqa: E731
+    idempotency_operation = "mixin-selected"
+
+    def perform_create(self, serializer: ChargeSerializer) -> None:
+        serializer.save(tenant=_tenant(self.request))
