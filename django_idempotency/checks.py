@@ -14,7 +14,7 @@ from django.conf import settings
 from django.core.checks import CheckMessage, Error, Tags, Warning, register
 from django.core.exceptions import ImproperlyConfigured
 
-from django_idempotency.conf import DEFAULTS, _import_callable, as_timedelta
+from django_idempotency.conf import DEFAULTS, as_timedelta, import_callable
 from django_idempotency.models import KEY_MAX_LENGTH
 
 _HEADER_NAME = re.compile(r"^[!#$%&'*+\-.^_`|~0-9A-Za-z]+$")
@@ -80,7 +80,7 @@ def _check_duration(name: str, id_: int) -> Callable[[Any], Iterator[CheckMessag
 def _check_tenant(value: Any) -> Iterator[CheckMessage]:
     if isinstance(value, str):
         try:
-            _import_callable(value, "TENANT")
+            import_callable(value, "TENANT")
         except ImproperlyConfigured as exc:
             yield _error(
                 7,

@@ -45,7 +45,7 @@ def as_timedelta(value: timedelta | float) -> timedelta:
 
 
 @lru_cache(maxsize=32)
-def _import_callable(path: str, setting: str) -> Callable[..., Any]:
+def import_callable(path: str, setting: str) -> Callable[..., Any]:
     try:
         imported = import_string(path)
     except ImportError as exc:
@@ -92,7 +92,7 @@ class IdempotencySettings:
     def TENANT(self) -> TenantResolver:
         value = self._get("TENANT")
         if isinstance(value, str):
-            return _import_callable(value, "TENANT")
+            return import_callable(value, "TENANT")
         return cast(TenantResolver, value)
 
     @property

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import hashlib
+import json
 from dataclasses import dataclass
 
 from django_idempotency.scope import Scope
@@ -15,8 +16,8 @@ def derive_provider_key(scope: Scope) -> str:
     one; hashed, so it fits any provider's key limits and reveals nothing of
     the tenant or the client's key.
     """
-    material = "\x1f".join((scope.tenant, scope.operation, scope.key)).encode("utf-8")
-    return hashlib.sha256(material).hexdigest()
+    material = json.dumps([scope.tenant, scope.operation, scope.key])
+    return hashlib.sha256(material.encode("ascii")).hexdigest()
 
 
 @dataclass(frozen=True)

@@ -16,6 +16,7 @@ from rest_framework.exceptions import APIException
 from rest_framework.request import Request
 from rest_framework.views import APIView
 
+from django_idempotency.conf import as_timedelta
 from django_idempotency.exceptions import IdempotencyRefusal
 from django_idempotency.fingerprint import FingerprintSpec
 from django_idempotency.protection import Options, protect, run_unprotected
@@ -29,16 +30,19 @@ ViewFunc = TypeVar("ViewFunc", bound=Callable[..., Any])
 DRF_HANDLED = (APIException, Http404, PermissionDenied)
 
 
-class EveryDatabase(frozenset[str]):
+class EveryDatabase(set[str]):
     """``_non_atomic_requests`` value exempting a view on every database.
 
     Protected views take over ``ATOMIC_REQUESTS``: the claim must commit
     before the view's transaction opens, so the decorator opens that
-    transaction itself, after the claim (see ``protection.requests_transactions``).
+    transaction itself, after the claim (see ``protection.view_transactions``).
     """
 
     def __contains__(self, alias: object) -> bool:
         return True
+
+    def add(self, alias: str) -> None:
+        """``@transaction.non_atomic_requests`` stacked on top: already exempt."""
 
 
 EVERY_DATABASE = EveryDatabase()
@@ -196,6 +200,8 @@ def idempotent(
             raise ImproperlyConfigured(
                 "idempotent(fingerprint=...) takes a list of field names, not a string."
             )
+        if ttl is not None and as_timedelta(ttl) <= timedelta(0):
+            raise ImproperlyConfigured(f"idempotent(ttl={ttl!r}) must be a positive duration.")
         return IdempotentView(func, options)
 
     return decorate(view) if view is not None else decorate

@@ -42,8 +42,8 @@ class KeyInvalid(IdempotencyRefusal):
     status_code = status.HTTP_400_BAD_REQUEST
     default_code = "idempotency_key_invalid"
     default_detail = _(
-        "The Idempotency-Key header must be 1 to 255 visible ASCII characters, "
-        'optionally sent as a quoted string ("...").'
+        "The Idempotency-Key header must be visible ASCII characters, at most "
+        'IDEMPOTENCY["KEY_MAX_LENGTH"] of them, optionally sent as a quoted string.'
     )
 
 

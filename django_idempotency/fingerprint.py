@@ -29,6 +29,7 @@ from typing import TYPE_CHECKING, Any, cast
 
 from django.core.files.uploadedfile import UploadedFile
 from django.http import QueryDict
+from django.utils.datastructures import MultiValueDict
 
 if TYPE_CHECKING:
     from django.http import HttpRequest
@@ -93,7 +94,7 @@ def _encode(value: Any, out: list[str]) -> None:
         out.append(_number(value))
     elif isinstance(value, str):
         out.append(json.dumps(value))
-    elif isinstance(value, QueryDict):
+    elif isinstance(value, MultiValueDict):  # QueryDict, request.FILES: every value
         _encode(dict(value.lists()), out)
     elif isinstance(value, Mapping):
         out.append("{")
@@ -166,14 +167,21 @@ def _parsed_body(request: HttpRequest) -> Any:
     if content_type == "application/json" or content_type.endswith("+json"):
         try:
             return json.loads(request.body, parse_constant=_reject_constant)
-        except ValueError:
-            return request.body
+        except (ValueError, RecursionError):
+            return request.body  # the view will refuse it; its bytes identify it
     if request.method == "POST" and content_type in (
         "application/x-www-form-urlencoded",
         "multipart/form-data",
     ):
         return {"form": request.POST, "files": request.FILES}
     return request.body
+
+
+def _url_value(value: Any) -> Any:
+    """URL arguments as path converters deliver them (a UUID, a date...)."""
+    if value is None or isinstance(value, (str, int, float, Decimal)):
+        return value
+    return str(value)
 
 
 def _reject_constant(name: str) -> Any:
@@ -189,7 +197,15 @@ def request_fingerprint(
     """Fingerprint a request as ``idempotent(fingerprint=spec)`` asks."""
     if callable(spec):
         return fingerprint(spec(request))
-    url = {"args": list(view_args), "kwargs": dict(view_kwargs)}
+    url = {
+        "args": [_url_value(value) for value in view_args],
+        "kwargs": {
+            name: _url_value(value)
+            for name, value in view_kwargs.items()
+            # DRF's format suffix (".json") picks a renderer, not an operation.
+            if name != "format"
+        },
+    }
     body = _parsed_body(request)
     if spec is None:
         query = getattr(request, "query_params", request.GET)

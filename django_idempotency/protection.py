@@ -42,6 +42,7 @@ if TYPE_CHECKING:
     from django.http import HttpRequest, HttpResponseBase
 
 logger = logging.getLogger("django_idempotency")
+State = IdempotencyRecord.State
 
 PROTECTED_METHODS = frozenset({"POST", "PUT", "PATCH", "DELETE"})
 #: Errors that mean "the record store cannot be reached", as opposed to a
@@ -49,9 +50,13 @@ PROTECTED_METHODS = frozenset({"POST", "PUT", "PATCH", "DELETE"})
 UNREACHABLE_ERRORS = (OperationalError, InterfaceError)
 IN_FLIGHT_RETRY_AFTER = 1
 UNAVAILABLE_RETRY_AFTER = 5
-#: How often a claim may find its key taken yet no record behind it (the
-#: holder released it in between) before answering 409 instead of looping.
-_MAX_VANISHED = 3
+#: How often a request may find the key taken yet claimable (released,
+#: expired or taken over in between) before answering 409 instead of looping.
+_MAX_RECLAIMS = 3
+#: The "wait" mode polls the record, backing off from the first interval
+#: to the last (seconds).
+_FIRST_POLL = 0.05
+_LAST_POLL = 0.5
 
 
 @dataclass(frozen=True)
@@ -65,8 +70,8 @@ class Options:
 
 
 @contextmanager
-def requests_transactions(*, also: str | None = None) -> Iterator[list[str]]:
-    """Open what ``ATOMIC_REQUESTS`` would have opened, plus ``also``.
+def view_transactions(*, records_database: str | None = None) -> Iterator[list[str]]:
+    """Open what ``ATOMIC_REQUESTS`` would have opened, plus ``records_database``.
 
     Protected views are exempt from Django's ``ATOMIC_REQUESTS`` (the claim
     has to commit before the view starts); this puts the view back into a
@@ -76,7 +81,7 @@ def requests_transactions(*, also: str | None = None) -> Iterator[list[str]]:
     opened: list[str] = []
     with ExitStack() as stack:
         for alias, settings_dict in connections.settings.items():
-            wanted = alias == also or (
+            wanted = alias == records_database or (
                 settings_dict.get("ATOMIC_REQUESTS") and not connections[alias].in_atomic_block
             )
             if wanted:
@@ -86,7 +91,7 @@ def requests_transactions(*, also: str | None = None) -> Iterator[list[str]]:
 
 
 def run_unprotected(view: Callable[[], HttpResponseBase]) -> HttpResponseBase:
-    with requests_transactions():
+    with view_transactions():
         return view()
 
 
@@ -106,11 +111,10 @@ def protect(
     if request.method not in PROTECTED_METHODS:
         return run_unprotected(view)
     conf = idempotency_settings
-    header = conf.HEADER
-    raw_key = request.headers.get(header)
+    raw_key = request.headers.get(conf.HEADER)
     if raw_key is None:
         if options.required if options.required is not None else conf.REQUIRED:
-            raise KeyMissing(f"This operation requires an {header} header.")
+            raise KeyMissing(f"This operation requires an {conf.HEADER} header.")
         return run_unprotected(view)
     scope = Scope(
         tenant=resolve_tenant(request, conf.TENANT),
@@ -119,55 +123,77 @@ def protect(
     )
     try:
         fingerprint = request_fingerprint(request, options.fingerprint, view_args, view_kwargs)
-    except NonCanonicalValue as exc:
+    except (NonCanonicalValue, RecursionError) as exc:
         raise InputUnreadable() from exc
+    response = _claim_or_answer(request, scope, fingerprint, view, options)
+    response[conf.HEADER] = raw_key
+    return response
+
+
+def _claim_or_answer(
+    request: HttpRequest,
+    scope: Scope,
+    fingerprint: str,
+    view: Callable[[], HttpResponseBase],
+    options: Options,
+) -> HttpResponseBase:
+    conf = idempotency_settings
     ttl = as_timedelta(options.ttl) if options.ttl is not None else conf.TTL
     database = conf.DATABASE
-    wait_until = (
-        time.monotonic() + conf.IN_FLIGHT_WAIT.total_seconds() if conf.IN_FLIGHT == "wait" else None
-    )
-    poll = 0.05
-    vanished = 0
+    waiting = conf.IN_FLIGHT == "wait"
+    deadline = time.monotonic() + conf.IN_FLIGHT_WAIT.total_seconds()
+    poll = _FIRST_POLL
+    retries = 0
     while True:
         try:
             held = store.claim(scope, fingerprint, ttl=ttl, lease=conf.LEASE, using=database)
             record = None if held else store.lookup(scope, using=database)
+            if record is not None and _abandoned(record, fingerprint):
+                held = store.take_over(record, scope, lease=conf.LEASE, using=database)
+            if record is not None and _expired(record):
+                store.discard_expired(record, using=database)
         except UNREACHABLE_ERRORS as exc:
             return _store_unavailable(request, scope, view, exc)
         if held is not None:
-            response = _run_owned(request, held, view, ttl)
-            response[header] = raw_key
-            return response
-        if record is None:
-            vanished += 1
-            if vanished <= _MAX_VANISHED:
+            return _run_owned(request, held, view, ttl)
+        if record is None or _expired(record) or _abandoned(record, fingerprint):
+            # The holder released it, it expired, or another request took it
+            # over first: claim again, a bounded number of times.
+            retries += 1
+            if retries <= _MAX_RECLAIMS:
                 continue
-            state = "vanished"
-        elif record.is_resolved and record.expires_at <= timezone.now():
-            store.discard_expired(record, using=database)
-            continue
         elif record.fingerprint != fingerprint:
-            signals.key_reused.send(IdempotencyRecord, request=request, scope=scope)
+            signals.notify(signals.key_reused, request, scope)
             raise KeyReused()
         elif record.is_resolved:
-            signals.response_replayed.send(
-                IdempotencyRecord, request=request, scope=scope, status=record.response_status
-            )
-            response = replay(
+            signals.notify(signals.response_replayed, request, scope, status=record.response_status)
+            return replay(
                 record.response_status or 200,
                 record.response_headers,
                 None if record.response_body is None else bytes(record.response_body),
             )
-            response[header] = raw_key
-            return response
-        else:
-            state = record.state
-            if wait_until is not None and time.monotonic() < wait_until:
-                time.sleep(min(poll, max(wait_until - time.monotonic(), 0)))
-                poll = min(poll * 2, 0.5)
-                continue
-        signals.request_in_flight.send(IdempotencyRecord, request=request, scope=scope, state=state)
+        elif waiting and time.monotonic() < deadline:
+            time.sleep(min(poll, max(deadline - time.monotonic(), 0)))
+            poll = min(poll * 2, _LAST_POLL)
+            continue
+        state = "unknown" if record is None else record.state
+        signals.notify(signals.request_in_flight, request, scope, state=state)
         raise RequestInProgress(retry_after=IN_FLIGHT_RETRY_AFTER)
+
+
+def _expired(record: IdempotencyRecord) -> bool:
+    """A resolved record past retention: its key may start a new operation."""
+    return record.is_resolved and record.expires_at <= timezone.now()
+
+
+def _abandoned(record: IdempotencyRecord, fingerprint: str) -> bool:
+    """A claim for this very request whose owner's lease ran out."""
+    return (
+        record.state == State.CLAIMED
+        and record.fingerprint == fingerprint
+        and record.lease_expires_at is not None
+        and record.lease_expires_at <= timezone.now()
+    )
 
 
 def _run_owned(
@@ -176,18 +202,18 @@ def _run_owned(
     view: Callable[[], HttpResponseBase],
     ttl: timedelta,
 ) -> HttpResponseBase:
-    request.idempotency = IdempotencyContext(  # type: ignore[attr-defined]
-        scope=held.scope, fencing_token=held.fencing_token
-    )
-    signals.request_claimed.send(
-        IdempotencyRecord, request=request, scope=held.scope, fencing_token=held.fencing_token
-    )
     conf = idempotency_settings
     store_after: StoredResponse | None = None
     try:
+        request.idempotency = IdempotencyContext(  # type: ignore[attr-defined]
+            scope=held.scope, fencing_token=held.fencing_token
+        )
+        signals.notify(
+            signals.request_claimed, request, held.scope, fencing_token=held.fencing_token
+        )
         # The view's writes and the stored outcome commit in one transaction:
         # a crash leaves both or neither.
-        with requests_transactions(also=held.database) as opened:
+        with view_transactions(records_database=held.database) as opened:
             response = view()
             outcome = outcome_of(response.status_code)
             if outcome is Outcome.RELEASE:
@@ -206,9 +232,7 @@ def _run_owned(
         if store_after is not None:
             store.complete(held, outcome, store_after, ttl=ttl)
     except StaleOwner:
-        signals.request_in_flight.send(
-            IdempotencyRecord, request=request, scope=held.scope, state="taken over"
-        )
+        signals.notify(signals.request_in_flight, request, held.scope, state="taken over")
         raise RequestInProgress(retry_after=IN_FLIGHT_RETRY_AFTER) from None
     except BaseException:
         _release(request, held, reason="exception")
@@ -216,10 +240,10 @@ def _run_owned(
     if outcome is Outcome.RELEASE:
         _release(request, held, reason=response.status_code)
     else:
-        signals.response_stored.send(
-            IdempotencyRecord,
-            request=request,
-            scope=held.scope,
+        signals.notify(
+            signals.response_stored,
+            request,
+            held.scope,
             state=outcome.value,
             status=response.status_code,
         )
@@ -234,9 +258,7 @@ def _release(request: HttpRequest, held: store.Claim, *, reason: object) -> None
         logger.exception("Could not release the claim on %s", held.scope)
         return
     if released:
-        signals.claim_released.send(
-            IdempotencyRecord, request=request, scope=held.scope, reason=reason
-        )
+        signals.notify(signals.claim_released, request, held.scope, reason=reason)
 
 
 def _store_unavailable(
@@ -246,9 +268,7 @@ def _store_unavailable(
     exc: Exception,
 ) -> HttpResponseBase:
     fail_open = idempotency_settings.FAIL_OPEN
-    signals.store_unavailable.send(
-        IdempotencyRecord, request=request, scope=scope, fail_open=fail_open
-    )
+    signals.notify(signals.store_unavailable, request, scope, fail_open=fail_open)
     if fail_open:
         logger.warning(
             "Idempotency store unreachable (%s); FAIL_OPEN runs %s unprotected.",

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import hashlib
+import re
 from collections.abc import Callable
 from dataclasses import dataclass
 from typing import TYPE_CHECKING
@@ -41,14 +43,24 @@ def default_tenant(request: HttpRequest) -> str:
     return "anonymous"
 
 
+#: What DRF's ``format_suffix_patterns`` (and so ``DefaultRouter``) appends to
+#: a route, in regex and in path() form.
+_FORMAT_SUFFIX = re.compile(
+    r"(\\\.\(\?P<format>\[a-z0-9\]\+\)/\?\$|\.<drf_format_suffix\w*:format>)$"
+)
+
+
 def default_operation(request: HttpRequest) -> str:
     """``"POST v1/payments/<int:pk>/refunds"``: method plus URL route pattern.
 
     The pattern, not the path, so that one record namespace covers the
-    endpoint and the URL arguments go into the fingerprint instead.
+    endpoint and the URL arguments go into the fingerprint instead. A DRF
+    format suffix and the pattern's end anchors are dropped, so that
+    ``/payments/`` and ``/payments.json`` are one operation.
     """
     match = request.resolver_match
     route = match.route if match is not None and match.route else request.path
+    route = _FORMAT_SUFFIX.sub("", route).rstrip("$").rstrip("/") or "/"
     return f"{request.method} {route}"
 
 
@@ -69,9 +81,12 @@ def resolve_operation(request: HttpRequest, spec: OperationSpec) -> str:
 
 def resolve_tenant(request: HttpRequest, resolver: Callable[[HttpRequest], str]) -> str:
     tenant = resolver(request)
-    if not isinstance(tenant, str) or len(tenant) > TENANT_MAX_LENGTH:
+    if not isinstance(tenant, str):
         raise ImproperlyConfigured(
-            f"IDEMPOTENCY['TENANT'] returned {tenant!r}; it must return a string of "
-            f"at most {TENANT_MAX_LENGTH} characters."
+            f"IDEMPOTENCY['TENANT'] returned {tenant!r}; it must return a string."
         )
+    if len(tenant) > TENANT_MAX_LENGTH:
+        # Tenants may come from the client (a header, a subdomain): a long
+        # one is stored by its digest rather than refused.
+        return "sha256:" + hashlib.sha256(tenant.encode("utf-8", "surrogatepass")).hexdigest()
     return tenant

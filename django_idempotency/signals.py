@@ -6,7 +6,17 @@ arguments ``request`` and ``scope`` (a ``Scope``: tenant, operation, key).
 
 from __future__ import annotations
 
+import logging
+from typing import TYPE_CHECKING, Any
+
 from django.dispatch import Signal
+
+if TYPE_CHECKING:
+    from django.http import HttpRequest
+
+    from django_idempotency.scope import Scope
+
+logger = logging.getLogger("django_idempotency")
 
 #: This request won the claim and runs the view. Also: ``fencing_token``.
 request_claimed = Signal()
@@ -23,3 +33,22 @@ key_reused = Signal()
 claim_released = Signal()
 #: The record store could not be reached (``fail_open``: whether the view ran).
 store_unavailable = Signal()
+
+
+def notify(signal: Signal, request: HttpRequest, scope: Scope, **kwargs: Any) -> None:
+    """Send ``signal``; a failing receiver is logged, never fails the request.
+
+    Receivers count things. A metrics backend that is down must not turn a
+    replay into a 500, nor leave a claim behind that nobody releases.
+    """
+    from django_idempotency.models import IdempotencyRecord
+
+    for receiver, result in signal.send_robust(
+        IdempotencyRecord, request=request, scope=scope, **kwargs
+    ):
+        if isinstance(result, Exception):
+            logger.error(
+                "Signal receiver %r raised; the request goes on.",
+                receiver,
+                exc_info=(type(result), result, result.__traceback__),
+            )

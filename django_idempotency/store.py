@@ -127,6 +127,44 @@ def claim(
     return Claim(record_id=record.pk, fencing_token=1, scope=scope, database=using)
 
 
+def take_over(
+    record: IdempotencyRecord, scope: Scope, *, lease: timedelta, using: str
+) -> Claim | None:
+    """Claim a CLAIMED record whose owner's lease ran out, by compare-and-set.
+
+    A CLAIMED owner has begun no external call, and its local work commits
+    only with its completion: if it died, that work rolled back with it; if
+    it is merely slow, its completion will find the fencing token moved on
+    and roll back too. So the record can be run again, once.
+    """
+    now = timezone.now()
+    token = record.fencing_token + 1
+    updated = (
+        IdempotencyRecord.objects.using(using)
+        .filter(
+            pk=record.pk,
+            fencing_token=record.fencing_token,
+            state=State.CLAIMED,
+            lease_expires_at__lte=now,
+        )
+        .update(
+            fencing_token=token,
+            lease_owner=lease_owner(),
+            lease_expires_at=now + lease,
+            updated_at=now,
+        )
+    )
+    if not updated:
+        return None
+    logger.warning(
+        "Took over record %s (%s): its owner's lease ran out at %s.",
+        record.pk,
+        scope,
+        record.lease_expires_at,
+    )
+    return Claim(record_id=record.pk, fencing_token=token, scope=scope, database=using)
+
+
 def lookup(scope: Scope, *, using: str) -> IdempotencyRecord | None:
     return (
         IdempotencyRecord.objects.using(using)

@@ -296,3 +296,44 @@ def test_a_number_out_of_range_is_a_400_not_a_500(api: APIClient, url: str) -> N
     assert response.status_code == 400
     assert response.json()["code"] == "parse_error"
     assert IdempotencyRecord.objects.count() == Charge.objects.count() == 0
+
+
+def test_an_abandoned_claim_is_taken_over_once_its_lease_ran_out(api: APIClient) -> None:
+    """Its owner died before finishing: its writes rolled back, so the retry runs."""
+    post(api, URL, {"amount": 100}, "order-1")
+    Charge.objects.all().delete()
+    IdempotencyRecord.objects.update(
+        state=State.CLAIMED, lease_expires_at=timezone.now() - timedelta(seconds=1)
+    )
+
+    response = post(api, URL, {"amount": 100}, "order-1")
+
+    assert response.status_code == 201
+    assert "Idempotent-Replayed" not in response
+    assert Charge.objects.count() == 1
+    record = IdempotencyRecord.objects.get()
+    assert (record.state, record.fencing_token) == (State.COMPLETED, 2)
+
+
+def test_a_claim_whose_lease_still_runs_is_not_taken_over(api: APIClient) -> None:
+    post(api, URL, {"amount": 100}, "order-1")
+    IdempotencyRecord.objects.update(
+        state=State.CLAIMED, lease_expires_at=timezone.now() + timedelta(seconds=30)
+    )
+    assert post(api, URL, {"amount": 100}, "order-1").status_code == 409
+
+
+def test_deeply_nested_json_is_a_400_not_a_500(api: APIClient) -> None:
+    body = "[" * 5000 + "]" * 5000
+    response = api.post(URL, body, content_type="application/json", HTTP_IDEMPOTENCY_KEY="k")
+
+    assert response.status_code == 400
+    assert IdempotencyRecord.objects.count() == 0
+
+
+def test_an_overlong_tenant_is_stored_by_its_digest(api: APIClient, settings: object) -> None:
+    settings.IDEMPOTENCY = {"TENANT": lambda request: "t" * 500}  # type: ignore[attr-defined]
+
+    assert post(api, URL, {"amount": 1}, "k").status_code == 201
+    assert post(api, URL, {"amount": 1}, "k")["Idempotent-Replayed"] == "true"
+    assert IdempotencyRecord.objects.get().tenant.startswith("sha256:")

@@ -97,6 +97,7 @@ def test_api_view_under_atomic_requests_is_warned_about(atomic_requests: None) -
     assert {message.id for message in warnings} == {"django_idempotency.W002"}
     # The exempted @api_view and the class-based views are not flagged.
     assert flagged == [
+        "api-view/by-ref/<uuid:ref>",
         "api-view/charges",
         "api-view/fields",
         "api-view/optional",

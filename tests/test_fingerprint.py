@@ -214,3 +214,11 @@ def test_a_callable_decides_the_input() -> None:
     assert request_fingerprint(request, lambda r: {"fixed": True}, (), {"pk": 1}) == fingerprint(
         {"fixed": True}
     )
+
+
+def test_every_value_of_a_multi_value_dict_counts() -> None:
+    from django.utils.datastructures import MultiValueDict
+
+    assert fingerprint(MultiValueDict({"f": ["AAA", "BBB"]})) != fingerprint(
+        MultiValueDict({"f": ["XXX", "BBB"]})
+    )

@@ -57,3 +57,22 @@ def test_unknown_attribute_of_the_package_is_an_attribute_error() -> None:
 
     with pytest.raises(AttributeError):
         django_idempotency.no_such_name  # noqa: B018
+
+
+def test_a_non_positive_ttl_is_refused_when_decorating() -> None:
+    from django.core.exceptions import ImproperlyConfigured
+
+    from django_idempotency import idempotent
+
+    with pytest.raises(ImproperlyConfigured, match="ttl"):
+        idempotent(ttl=0)(lambda request: None)
+
+
+def test_non_atomic_requests_stacked_on_top_keeps_every_database_exempt() -> None:
+    from django.db import transaction
+
+    from django_idempotency import idempotent
+
+    view = transaction.non_atomic_requests(idempotent(lambda request: None))
+    assert "default" in view._non_atomic_requests
+    assert "any-other-alias" in view._non_atomic_requests

@@ -76,3 +76,24 @@ def test_each_outcome_sends_its_signal(
         "POST api-view/charges",
         "other",
     )
+
+
+def test_a_failing_receiver_is_logged_and_never_fails_the_request(
+    api: APIClient, caplog: pytest.LogCaptureFixture
+) -> None:
+    def broken(sender: Any, **kwargs: Any) -> None:
+        raise RuntimeError("metrics backend down")
+
+    for signal in ALL.values():
+        signal.connect(broken)
+    try:
+        first = post(api, "/api-view/charges", {"amount": 1}, "k")
+        retry = post(api, "/api-view/charges", {"amount": 1}, "k")
+    finally:
+        for signal in ALL.values():
+            signal.disconnect(broken)
+
+    assert first.status_code == 201
+    assert retry["Idempotent-Replayed"] == "true"
+    assert IdempotencyRecord.objects.get().state == IdempotencyRecord.State.COMPLETED
+    assert "metrics backend down" in caplog.text

@@ -79,7 +79,7 @@ def test_custom_action_is_protected_and_url_arguments_are_input(api: APIClient) 
     assert retry["Idempotent-Replayed"] == "true"
     assert other_charge.status_code == 422
     assert IdempotencyRecord.objects.get().operation == (
-        "POST ^viewset/charges/(?P<pk>[^/.]+)/refund/$"
+        "POST ^viewset/charges/(?P<pk>[^/.]+)/refund"
     )
 
 
@@ -150,3 +150,21 @@ def test_mixin_options_are_class_attributes_callables_included(api: APIClient) -
     assert same["Idempotent-Replayed"] == "true"
     assert changed.status_code == 422
     assert IdempotencyRecord.objects.get().operation == "mixin-selected"
+
+
+def test_a_format_suffix_is_the_same_operation(api: APIClient) -> None:
+    first = post(api, "/viewset/charges/", {"amount": 5}, "k")
+    suffixed = post(api, "/viewset/charges.json", {"amount": 5}, "k")
+
+    assert Charge.objects.count() == 1
+    assert suffixed["Idempotent-Replayed"] == "true"
+    assert suffixed.content == first.content
+
+
+def test_path_converter_values_are_input(api: APIClient) -> None:
+    url = "/api-view/by-ref/{}"
+    one, two = "6f1c5f44-6c1b-4b8e-9a0e-3c3f0d6f7b10", "0b7c7a1e-8a56-4a4f-8f2d-2a9c64f1a9c3"
+
+    assert post(api, url.format(one), {"amount": 5}, "k").status_code == 201
+    assert post(api, url.format(one), {"amount": 5}, "k")["Idempotent-Replayed"] == "true"
+    assert post(api, url.format(two), {"amount": 5}, "k").status_code == 422

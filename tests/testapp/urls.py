@@ -12,6 +12,7 @@ urlpatterns = [
     path("api-view/charges", views.api_view_charges),
     path("api-view/fields", views.api_view_selected_fields),
     path("api-view/optional", views.api_view_optional_key),
+    path("api-view/by-ref/<uuid:ref>", views.api_view_charge_for_reference),
     path("cbv/charges", views.ChargeAPIView.as_view()),
     path("cbv/charges/<int:pk>", views.ChargeDetailAPIView.as_view()),
     path("generic/charges", views.ChargeGenericView.as_view()),

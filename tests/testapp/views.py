@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import json
 import time
+import uuid
 from typing import Any
 
 from django.db import transaction
@@ -222,3 +223,10 @@ class MixinSelectedInputView(IdempotentMixin, generics.CreateAPIView[Charge]):
 
     def perform_create(self, serializer: ChargeSerializer) -> None:
         serializer.save(tenant=_tenant(self.request))
+
+
+@api_view(["POST"])
+@idempotent
+def api_view_charge_for_reference(request: Request, ref: uuid.UUID) -> Response:
+    charge, code = perform(request, {**request.data, "note": str(ref)})
+    return charge_response(charge, code)
