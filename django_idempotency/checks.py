@@ -191,7 +191,25 @@ def check_settings(app_configs: Any = None, **kwargs: Any) -> list[CheckMessage]
                 "while its request still runs. Raise TTL or lower LEASE.",
             )
         )
+    messages.extend(_check_sqlite_transaction_mode(user_settings.get("DATABASE", "default")))
     return messages
+
+
+def _check_sqlite_transaction_mode(alias: Any) -> Iterator[CheckMessage]:
+    database = settings.DATABASES.get(alias) if isinstance(alias, str) else None
+    if (
+        database is not None
+        and database.get("ENGINE") == "django.db.backends.sqlite3"
+        and str(database.get("OPTIONS", {}).get("transaction_mode", "")).upper() != "IMMEDIATE"
+    ):
+        yield Warning(
+            f"The idempotency records live in SQLite database {alias!r}, whose "
+            "transactions are DEFERRED.",
+            hint="Set DATABASES[...]['OPTIONS']['transaction_mode'] = 'IMMEDIATE' (and a "
+            "'timeout'): a deferred transaction that reads before it writes fails with "
+            "'database is locked' when a concurrent request commits meanwhile.",
+            id="django_idempotency.W003",
+        )
 
 
 def _url_callbacks(patterns: list[Any], prefix: str = "") -> Iterator[tuple[str, Any]]:
@@ -204,12 +222,23 @@ def _url_callbacks(patterns: list[Any], prefix: str = "") -> Iterator[tuple[str,
             yield prefix + str(entry.pattern), entry.callback
 
 
-def _wraps_protected_function(view_class: type) -> bool:
-    """Whether an ``@api_view`` class dispatches to an ``@idempotent`` function."""
+def _is_protected(view: Any) -> bool:
+    """Whether a URL's callback runs an ``@idempotent`` handler for some method."""
     from django_idempotency.decorators import IdempotentView
+    from django_idempotency.drf import IdempotentMixin
 
-    for method in ("post", "put", "patch", "delete"):
-        handler = getattr(view_class, method, None)
+    view_class = getattr(view, "cls", getattr(view, "view_class", None))
+    if not isinstance(view_class, type):
+        return False
+    if issubclass(view_class, IdempotentMixin):
+        return True
+    # A viewset routes methods to actions; other views to same-named handlers.
+    names = {"post", "put", "patch", "delete", *(getattr(view, "actions", None) or {}).values()}
+    for name in names:
+        handler = getattr(view_class, name, None)
+        if isinstance(handler, IdempotentView):
+            return True
+        # @api_view wraps the function in a closure of its own.
         for cell in getattr(handler, "__closure__", None) or ():
             if isinstance(cell.cell_contents, IdempotentView):
                 return True
@@ -225,20 +254,16 @@ def check_atomic_requests(app_configs: Any = None, **kwargs: Any) -> list[CheckM
 
     messages: list[CheckMessage] = []
     for route, callback in _url_callbacks(get_resolver().url_patterns):
-        view_class = getattr(callback, "cls", None)
         exempt: set[str] = getattr(callback, "_non_atomic_requests", set())
-        if (
-            isinstance(view_class, type)
-            and not all(alias in exempt for alias in atomic)
-            and _wraps_protected_function(view_class)
-        ):
+        if not all(alias in exempt for alias in atomic) and _is_protected(callback):
             messages.append(
                 Warning(
-                    f"The @api_view at {route!r} is protected by @idempotent but runs "
-                    "inside ATOMIC_REQUESTS, so its claim commits only with the view.",
-                    hint="Put @transaction.non_atomic_requests above @api_view; "
-                    "@idempotent then opens the view's transaction itself, after "
-                    "committing the claim.",
+                    f"The view at {route!r} is protected by @idempotent but runs inside "
+                    "ATOMIC_REQUESTS, so its claim commits only with the view.",
+                    hint="For an @api_view, put @transaction.non_atomic_requests above "
+                    "@api_view. For a class whose own dispatch() is overridden, decorate "
+                    "that dispatch with @transaction.non_atomic_requests. @idempotent then "
+                    "opens the view's transaction itself, after committing the claim.",
                     obj=callback,
                     id="django_idempotency.W002",
                 )

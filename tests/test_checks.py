@@ -95,15 +95,32 @@ def test_api_view_under_atomic_requests_is_warned_about(atomic_requests: None) -
     flagged = sorted(str(message.msg).split("'")[1] for message in warnings)
 
     assert {message.id for message in warnings} == {"django_idempotency.W002"}
-    # The exempted @api_view and the class-based views are not flagged.
+    # The exempted @api_view and the class-based views are not flagged; a
+    # class overriding dispatch() loses the exemption and is.
     assert flagged == [
         "api-view/by-ref/<uuid:ref>",
         "api-view/charges",
         "api-view/fields",
         "api-view/optional",
         "api-view/probe",
+        "cbv/own-dispatch",
     ]
 
 
 def test_no_atomic_requests_no_warning() -> None:
     assert check_atomic_requests() == []
+
+
+@pytest.mark.filterwarnings("ignore:Overriding setting DATABASES")
+def test_sqlite_without_immediate_transactions_is_warned_about(settings: Any) -> None:
+    settings.DATABASES = {
+        **settings.DATABASES,
+        "deferred": {"ENGINE": "django.db.backends.sqlite3", "NAME": "x.sqlite3"},
+        "immediate": {
+            "ENGINE": "django.db.backends.sqlite3",
+            "NAME": "y.sqlite3",
+            "OPTIONS": {"transaction_mode": "IMMEDIATE"},
+        },
+    }
+    assert ids({"DATABASE": "deferred"}) == ["django_idempotency.W003"]
+    assert ids({"DATABASE": "immediate"}) == []

@@ -3,6 +3,24 @@
 from django.db import migrations, models
 
 
+def binary_scope_on_mysql(apps, schema_editor):
+    """Compare keys byte for byte on MySQL/MariaDB.
+
+    Their default collations ignore case and accents, so "AbC" and "abc"
+    would name one record and replay each other's responses. PostgreSQL and
+    SQLite compare exactly already.
+    """
+    if schema_editor.connection.vendor != "mysql":
+        return
+    quote = schema_editor.quote_name
+    table = quote("django_idempotency_record")
+    for column, length in (("tenant", 128), ("operation", 255), ("key", 255)):
+        schema_editor.execute(
+            f"ALTER TABLE {table} MODIFY {quote(column)} VARCHAR({length}) "
+            "CHARACTER SET utf8mb4 COLLATE utf8mb4_bin NOT NULL"
+        )
+
+
 class Migration(migrations.Migration):
 
     initial = True
@@ -40,4 +58,5 @@ class Migration(migrations.Migration):
                 'constraints': [models.UniqueConstraint(fields=('tenant', 'operation', 'key'), name='django_idempotency_unique_scope')],
             },
         ),
+        migrations.RunPython(binary_scope_on_mysql, migrations.RunPython.noop, elidable=False),
     ]

@@ -15,6 +15,7 @@ urlpatterns = [
     path("api-view/by-ref/<uuid:ref>", views.api_view_charge_for_reference),
     path("cbv/charges", views.ChargeAPIView.as_view()),
     path("cbv/charges/<int:pk>", views.ChargeDetailAPIView.as_view()),
+    path("cbv/own-dispatch", views.OwnDispatchView.as_view()),
     path("generic/charges", views.ChargeGenericView.as_view()),
     path("mixin/charges", views.MixinChargeView.as_view()),
     path("mixin/selected", views.MixinSelectedInputView.as_view()),
