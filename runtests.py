@@ -1,12 +1,13 @@
 #!/usr/bin/env python3
-"""Run the whole test suite: once on SQLite, once on PostgreSQL.
+"""Run the whole test suite: on SQLite, on PostgreSQL and on MariaDB.
 
     python runtests.py [pytest arguments]
 
-The PostgreSQL pass uses POSTGRES_URL (default: the local server's `test`
-database; pytest-django creates and drops a test database beside it). When
-the server cannot be reached the pass is skipped with a notice, unless
-IDEMPOTENCY_REQUIRE_SERVICES=1 (as in CI), which makes that a failure.
+The server passes use POSTGRES_URL and MARIADB_URL (default: the local
+servers' `test` databases; pytest-django creates and drops a test database
+beside them). When a server cannot be reached its pass is skipped with a
+notice, unless IDEMPOTENCY_REQUIRE_SERVICES=1 (as in CI), which makes that
+a failure.
 """
 
 from __future__ import annotations
@@ -14,39 +15,57 @@ from __future__ import annotations
 import os
 import subprocess
 import sys
+from urllib.parse import urlsplit
 
 POSTGRES_URL = os.environ.get("POSTGRES_URL", "postgres://postgres@127.0.0.1:5432/test")
+MARIADB_URL = os.environ.get("MARIADB_URL", "mysql://root@127.0.0.1:3306/test")
 REQUIRED = os.environ.get("IDEMPOTENCY_REQUIRE_SERVICES") == "1"
 
 
-def postgres_problem(url: str) -> str | None:
+def unreachable(url: str) -> str | None:
+    """Why the database server at ``url`` cannot be used, or None."""
     try:
-        import psycopg
+        if url.startswith("mysql"):
+            import pymysql
 
-        with psycopg.connect(url, connect_timeout=3) as connection:
-            connection.execute("SELECT 1")
-    except Exception as exc:
+            parts = urlsplit(url)
+            pymysql.connect(
+                host=parts.hostname or "127.0.0.1",
+                port=parts.port or 3306,
+                user=parts.username or "root",
+                password=parts.password or "",
+                connect_timeout=3,
+            ).close()
+        else:
+            import psycopg
+
+            with psycopg.connect(url, connect_timeout=3) as connection:
+                connection.execute("SELECT 1")
+    except Exception as exc:  # noqa: BLE001  (any failure means "not reachable")
         return " ".join(str(exc).split()) or type(exc).__name__
     return None
 
 
-def run_pass(name: str, extra_env: dict[str, str], args: list[str]) -> int:
-    print(f"\n===== {name} =====", flush=True)
-    env = {**os.environ, **extra_env}
+def run_pass(name: str, database_url: str, args: list[str]) -> int:
+    print(f"\n===== {name} pass =====", flush=True)
+    env = {**os.environ, "DATABASE_URL": database_url}
     return subprocess.call([sys.executable, "-m", "pytest", *args], env=env)
 
 
 def main(args: list[str]) -> int:
-    env_without_url = {"DATABASE_URL": ""}
-    results = {"SQLite": run_pass("SQLite pass", env_without_url, args)}
-    problem = postgres_problem(POSTGRES_URL)
-    if problem is None or REQUIRED:
-        results["PostgreSQL"] = run_pass("PostgreSQL pass", {"DATABASE_URL": POSTGRES_URL}, args)
-    else:
-        print(
-            f"\n===== PostgreSQL pass skipped: {POSTGRES_URL} is not reachable ({problem}). "
-            "Set POSTGRES_URL, or IDEMPOTENCY_REQUIRE_SERVICES=1 to make this a failure. ====="
-        )
+    results = {"SQLite": run_pass("SQLite", "", args)}
+    for name, variable, url in (
+        ("PostgreSQL", "POSTGRES_URL", POSTGRES_URL),
+        ("MariaDB", "MARIADB_URL", MARIADB_URL),
+    ):
+        problem = unreachable(url)
+        if problem is None or REQUIRED:
+            results[name] = run_pass(name, url, args)
+        else:
+            print(
+                f"\n===== {name} pass skipped: {url} is not reachable ({problem}). Set "
+                f"{variable}, or IDEMPOTENCY_REQUIRE_SERVICES=1 to make this a failure. ====="
+            )
     print("\n===== summary =====")
     for name, code in results.items():
         print(f"{name:>10}: {'passed' if code == 0 else f'FAILED (exit {code})'}")

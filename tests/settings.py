@@ -71,6 +71,14 @@ if DATABASES["default"]["ENGINE"] == "django.db.backends.sqlite3":
     DATABASES["default"]["OPTIONS"] = {"timeout": 20, "transaction_mode": "IMMEDIATE"}
 else:
     DATABASES["default"]["TEST"] = {"NAME": f"test_idempotency_{_run}"}
+if DATABASES["default"]["ENGINE"] == "django.db.backends.mysql":
+    try:
+        import MySQLdb  # noqa: F401  (mysqlclient, the driver Django recommends)
+    except ImportError:
+        # PyMySQL needs no C headers, so a fresh machine can run the suite.
+        import pymysql
+
+        pymysql.install_as_MySQLdb()
 
 DEFAULT_AUTO_FIELD = "django.db.models.BigAutoField"
 

@@ -337,3 +337,13 @@ def test_an_overlong_tenant_is_stored_by_its_digest(api: APIClient, settings: ob
     assert post(api, URL, {"amount": 1}, "k").status_code == 201
     assert post(api, URL, {"amount": 1}, "k")["Idempotent-Replayed"] == "true"
     assert IdempotencyRecord.objects.get().tenant.startswith("sha256:")
+
+
+def test_keys_differing_only_in_case_are_different_keys(api: APIClient) -> None:
+    """MySQL/MariaDB collations ignore case unless the columns are binary."""
+    upper = post(api, URL, {"amount": 1}, "Order-ABC")
+    lower = post(api, URL, {"amount": 1}, "order-abc")
+
+    assert "Idempotent-Replayed" not in lower
+    assert upper.json()["id"] != lower.json()["id"]
+    assert IdempotencyRecord.objects.count() == 2
