@@ -41,7 +41,7 @@ def unreachable(url: str) -> str | None:
 
             with psycopg.connect(url, connect_timeout=3) as connection:
                 connection.execute("SELECT 1")
-    except Exception as exc:  # noqa: BLE001  (any failure means "not reachable")
+    except Exception as exc:  # any failure means "not reachable"
         return " ".join(str(exc).split()) or type(exc).__name__
     return None
 
