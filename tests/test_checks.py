@@ -84,6 +84,7 @@ def test_every_error_carries_a_hint() -> None:
     assert all(message.hint for message in messages)
 
 
+@pytest.mark.django_db  # Django 6.1's check command also runs database checks
 def test_checks_run_with_django_check_command(settings: Any) -> None:
     settings.IDEMPOTENCY = {"IN_FLIGHT": "sometimes"}
     with pytest.raises(SystemCheckError, match=r"django_idempotency\.E009"):
