@@ -4,8 +4,9 @@ from __future__ import annotations
 
 import hashlib
 import json
-from dataclasses import dataclass
 
+from django_idempotency import store
+from django_idempotency.conf import idempotency_settings
 from django_idempotency.scope import Scope
 
 
@@ -20,23 +21,62 @@ def derive_provider_key(scope: Scope) -> str:
     return hashlib.sha256(material.encode("ascii")).hexdigest()
 
 
-@dataclass(frozen=True)
 class IdempotencyContext:
-    scope: Scope
-    fencing_token: int
+    """The claim a protected view runs under, and its owner's writes.
+
+    Around a call to an external provider (a payment, an email)::
+
+        provider_key = request.idempotency.begin_external()
+        charge = provider.charge(amount, idempotency_key=provider_key)
+        request.idempotency.set_provider_operation(charge.id)
+
+    ``begin_external()`` commits the intent before the call, even though the
+    view's own transaction is still open; ``set_provider_operation()``
+    commits the provider's id as soon as it is known. If the view then fails
+    (raises, or answers 5xx), the record is left UNCERTAIN for a reconciler
+    instead of being released: the call may have happened.
+    """
+
+    def __init__(self, held: store.Claim) -> None:
+        self._held = held
+        self.external_begun = False
+
+    @property
+    def scope(self) -> Scope:
+        return self._held.scope
 
     @property
     def key(self) -> str:
-        return self.scope.key
+        return self._held.scope.key
 
     @property
     def tenant(self) -> str:
-        return self.scope.tenant
+        return self._held.scope.tenant
 
     @property
     def operation(self) -> str:
-        return self.scope.operation
+        return self._held.scope.operation
+
+    @property
+    def fencing_token(self) -> int:
+        return self._held.fencing_token
 
     @property
     def provider_key(self) -> str:
-        return derive_provider_key(self.scope)
+        return derive_provider_key(self._held.scope)
+
+    def begin_external(self) -> str:
+        """Commit IN_PROGRESS and the provider key; return the provider key."""
+        store.begin_external(self._held, self.provider_key, lease=idempotency_settings.LEASE)
+        self.external_begun = True
+        return self.provider_key
+
+    def set_provider_operation(self, operation_id: str) -> None:
+        """Commit the provider's id for the call (a charge id, say)."""
+        store.set_provider_operation(
+            self._held, str(operation_id), lease=idempotency_settings.LEASE
+        )
+
+    def renew_lease(self) -> None:
+        """Extend the lease by ``IDEMPOTENCY["LEASE"]``; call it in long views."""
+        store.renew_lease(self._held, lease=idempotency_settings.LEASE)

@@ -204,10 +204,9 @@ def _run_owned(
 ) -> HttpResponseBase:
     conf = idempotency_settings
     store_after: StoredResponse | None = None
+    context = IdempotencyContext(held)
     try:
-        request.idempotency = IdempotencyContext(  # type: ignore[attr-defined]
-            scope=held.scope, fencing_token=held.fencing_token
-        )
+        request.idempotency = context  # type: ignore[attr-defined]
         signals.notify(
             signals.request_claimed, request, held.scope, fencing_token=held.fencing_token
         )
@@ -235,10 +234,10 @@ def _run_owned(
         signals.notify(signals.request_in_flight, request, held.scope, state="taken over")
         raise RequestInProgress(retry_after=IN_FLIGHT_RETRY_AFTER) from None
     except BaseException:
-        _release(request, held, reason="exception")
+        _give_up(request, held, context, reason="exception")
         raise
     if outcome is Outcome.RELEASE:
-        _release(request, held, reason=response.status_code)
+        _give_up(request, held, context, reason=response.status_code)
     else:
         signals.notify(
             signals.response_stored,
@@ -250,10 +249,33 @@ def _run_owned(
     return response
 
 
+def _give_up(
+    request: HttpRequest, held: store.Claim, context: IdempotencyContext, *, reason: object
+) -> None:
+    """The view failed: release the claim, or, after an external call began,
+    leave the record UNCERTAIN, since the call may have happened."""
+    if not context.external_begun:
+        _release(request, held, reason=reason)
+        return
+    try:
+        store.mark_uncertain(held)
+    except (StaleOwner, DatabaseError):
+        # Taken over meanwhile, or the store is gone: either way recovery
+        # finds the record unresolved once its lease runs out.
+        logger.exception("Could not mark %s uncertain", held.scope)
+        return
+    logger.warning(
+        "%s failed (%s) after begin_external(): left UNCERTAIN for a reconciler.",
+        held.scope,
+        reason,
+    )
+    signals.notify(signals.record_uncertain, request, held.scope, reason=reason)
+
+
 def _release(request: HttpRequest, held: store.Claim, *, reason: object) -> None:
     try:
         released = store.release(held)
-    except DatabaseError:
+    except (StaleOwner, DatabaseError):
         # The record stays CLAIMED; recovery releases it once its lease ends.
         logger.exception("Could not release the claim on %s", held.scope)
         return

@@ -31,11 +31,17 @@ key_reused = Signal()
 #: The claim was given up so that a retry runs (``reason``: "exception" or
 #: the retryable status code).
 claim_released = Signal()
+#: A view failed after ``begin_external()``: the record is UNCERTAIN until a
+#: reconciler or an operator resolves it (``reason``).
+record_uncertain = Signal()
+#: Recovery found no reconciler for an unresolved record's operation; it
+#: stays UNCERTAIN (``request`` is None).
+record_unreconciled = Signal()
 #: The record store could not be reached (``fail_open``: whether the view ran).
 store_unavailable = Signal()
 
 
-def notify(signal: Signal, request: HttpRequest, scope: Scope, **kwargs: Any) -> None:
+def notify(signal: Signal, request: HttpRequest | None, scope: Scope, **kwargs: Any) -> None:
     """Send ``signal``; a failing receiver is logged, never fails the request.
 
     Receivers count things. A metrics backend that is down must not turn a

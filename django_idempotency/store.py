@@ -1,7 +1,8 @@
-"""Claim, complete, release: the only module that writes idempotency records.
+"""Claim, complete, release, take over: the only module that writes records.
 
 Every write by an owner is conditional on the fencing token it was handed
-at claim time, so an owner that lost its lease changes nothing.
+at claim (or takeover) time, so an owner that lost its lease changes
+nothing: the write matches no row, is logged, and raises ``StaleOwner``.
 """
 
 from __future__ import annotations
@@ -12,12 +13,13 @@ import socket
 import threading
 from collections.abc import Callable
 from dataclasses import dataclass
-from datetime import timedelta
+from datetime import datetime, timedelta
 from typing import Any
 
 from django.db import IntegrityError, connections, transaction
 from django.utils import timezone
 
+from django_idempotency.db import commit_now_alias
 from django_idempotency.exceptions import StaleOwner
 from django_idempotency.models import RESOLVED_STATES, IdempotencyRecord
 from django_idempotency.responses import Outcome, StoredResponse
@@ -26,7 +28,7 @@ from django_idempotency.scope import Scope
 logger = logging.getLogger("django_idempotency")
 
 State = IdempotencyRecord.State
-OWNED_STATES = (State.CLAIMED, State.IN_PROGRESS)
+UNRESOLVED_STATES = (State.CLAIMED, State.IN_PROGRESS, State.UNCERTAIN)
 _HOST = socket.gethostname()
 
 
@@ -38,6 +40,15 @@ class Claim:
     fencing_token: int
     scope: Scope
     database: str
+    #: False when the claim joined a transaction that was already open (the
+    #: caller's): then the record exists only inside it, and so must every
+    #: later write of this owner.
+    committed: bool = True
+
+    @property
+    def write_now_alias(self) -> str:
+        """Where an owner write commits at once, even mid-transaction."""
+        return commit_now_alias(self.database) if self.committed else self.database
 
 
 def lease_owner() -> str:
@@ -87,6 +98,7 @@ def claim(
     """
     now = timezone.now()
     connection = connections[using]
+    committed = not connection.in_atomic_block
     if connection.vendor == "postgresql":
         sql = _claim_sql(connection.ops.quote_name)
         params: list[Any] = [
@@ -106,7 +118,7 @@ def claim(
             row = cursor.fetchone()
         if row is None:
             return None
-        return Claim(record_id=row[0], fencing_token=1, scope=scope, database=using)
+        return Claim(row[0], 1, scope, using, committed)
     try:
         with transaction.atomic(using=using):
             record = IdempotencyRecord.objects.using(using).create(
@@ -124,7 +136,7 @@ def claim(
             )
     except IntegrityError:
         return None
-    return Claim(record_id=record.pk, fencing_token=1, scope=scope, database=using)
+    return Claim(record.pk, 1, scope, using, committed)
 
 
 def take_over(
@@ -162,7 +174,7 @@ def take_over(
         scope,
         record.lease_expires_at,
     )
-    return Claim(record_id=record.pk, fencing_token=token, scope=scope, database=using)
+    return Claim(record.pk, token, scope, using, not connections[using].in_atomic_block)
 
 
 def lookup(scope: Scope, *, using: str) -> IdempotencyRecord | None:
@@ -176,44 +188,174 @@ def lookup(scope: Scope, *, using: str) -> IdempotencyRecord | None:
 def complete(held: Claim, outcome: Outcome, response: StoredResponse, *, ttl: timedelta) -> None:
     """Store the outcome; run inside the view's transaction so both commit together."""
     now = timezone.now()
-    updated = (
-        IdempotencyRecord.objects.using(held.database)
-        .filter(pk=held.record_id, fencing_token=held.fencing_token, state__in=OWNED_STATES)
-        .update(
-            state=outcome.value,
-            response_status=response.status,
-            response_headers=response.headers,
-            response_body=response.body,
-            lease_owner="",
-            lease_expires_at=None,
-            updated_at=now,
-            expires_at=now + ttl,
-        )
+    _owner_update(
+        held,
+        "completion",
+        using=held.database,
+        states=UNRESOLVED_STATES,
+        state=outcome.value,
+        response_status=response.status,
+        response_headers=response.headers,
+        response_body=response.body,
+        lease_owner="",
+        lease_expires_at=None,
+        expires_at=now + ttl,
     )
-    if not updated:
-        logger.warning(
-            "Stale owner: record %s (%s) was taken over; its outcome is not stored "
-            "and the view's writes are rolled back.",
-            held.record_id,
-            held.scope,
-        )
-        raise StaleOwner(held.record_id)
 
 
-def release(held: Claim) -> bool:
-    """Delete a CLAIMED record so that a retry runs the view again."""
+def release(held: Claim, *, states: tuple[str, ...] = (State.CLAIMED,)) -> bool:
+    """Delete the record so that a retry runs the operation again.
+
+    Only CLAIMED records by default: once an external call has begun, only
+    a reconciler that knows it never happened may release (``Release()``).
+    """
     deleted, _ = (
         IdempotencyRecord.objects.using(held.database)
-        .filter(pk=held.record_id, fencing_token=held.fencing_token, state=State.CLAIMED)
+        .filter(pk=held.record_id, fencing_token=held.fencing_token, state__in=states)
         .delete()
     )
     if not deleted:
-        logger.warning(
-            "Stale owner: record %s (%s) was not released; it changed hands or state.",
-            held.record_id,
-            held.scope,
-        )
+        _log_stale(held, "release")
     return bool(deleted)
+
+
+def _log_stale(held: Claim, write: str) -> None:
+    logger.warning(
+        "Stale owner: the %s of record %s (%s) with fencing token %s changed nothing; "
+        "the record was taken over or resolved meanwhile.",
+        write,
+        held.record_id,
+        held.scope,
+        held.fencing_token,
+    )
+
+
+def _owner_update(held: Claim, write: str, *, using: str, states: Any, **values: Any) -> None:
+    values["updated_at"] = timezone.now()
+    updated = (
+        IdempotencyRecord.objects.using(using)
+        .filter(pk=held.record_id, fencing_token=held.fencing_token, state__in=states)
+        .update(**values)
+    )
+    if not updated:
+        _log_stale(held, write)
+        raise StaleOwner(held.record_id)
+
+
+def begin_external(held: Claim, provider_key: str, *, lease: timedelta) -> None:
+    """Commit the intent (IN_PROGRESS and the provider key) before the call."""
+    _owner_update(
+        held,
+        "begin_external",
+        using=held.write_now_alias,
+        states=(State.CLAIMED, State.IN_PROGRESS),
+        state=State.IN_PROGRESS,
+        provider_key=provider_key,
+        lease_expires_at=timezone.now() + lease,
+    )
+
+
+def set_provider_operation(held: Claim, operation_id: str, *, lease: timedelta) -> None:
+    """Commit the provider's id for the call as soon as it is known."""
+    _owner_update(
+        held,
+        "set_provider_operation",
+        using=held.write_now_alias,
+        states=(State.IN_PROGRESS,),
+        provider_operation_id=operation_id,
+        lease_expires_at=timezone.now() + lease,
+    )
+
+
+def renew_lease(held: Claim, *, lease: timedelta) -> None:
+    _owner_update(
+        held,
+        "lease renewal",
+        using=held.write_now_alias,
+        states=(State.CLAIMED, State.IN_PROGRESS),
+        lease_expires_at=timezone.now() + lease,
+    )
+
+
+def mark_uncertain(held: Claim) -> None:
+    """The external call's outcome is unknown: only a reconciler may settle it.
+
+    The lease ends now, so that the next recovery run asks the reconciler.
+    """
+    now = timezone.now()
+    _owner_update(
+        held,
+        "mark uncertain",
+        using=held.write_now_alias,
+        states=(State.IN_PROGRESS, State.UNCERTAIN),
+        state=State.UNCERTAIN,
+        lease_owner="",
+        lease_expires_at=now,
+    )
+
+
+def postpone(held: Claim, until: datetime) -> None:
+    """Leave an unresolved record UNCERTAIN for recovery to try again ``until``."""
+    _owner_update(
+        held,
+        "postpone",
+        using=held.database,
+        states=UNRESOLVED_STATES,
+        state=State.UNCERTAIN,
+        lease_owner="",
+        lease_expires_at=until,
+    )
+
+
+def take_over_stale(
+    *, limit: int, lease: timedelta, using: str
+) -> list[tuple[IdempotencyRecord, Claim]]:
+    """Take unresolved records whose lease ran out, for recovery.
+
+    One short transaction: select a batch (SKIP LOCKED where the database
+    has it, so that several workers share the work), then bump each fencing
+    token and give it a fresh lease in this worker's name. Once committed,
+    the fresh lease keeps other workers away while the reconciler runs.
+    """
+    now = timezone.now()
+    connection = connections[using]
+    taken: list[tuple[IdempotencyRecord, Claim]] = []
+    with transaction.atomic(using=using):
+        stale = IdempotencyRecord.objects.using(using).filter(
+            state__in=UNRESOLVED_STATES, lease_expires_at__lte=now
+        )
+        if connection.features.has_select_for_update_skip_locked:
+            stale = stale.select_for_update(skip_locked=True)
+        owner = lease_owner()
+        for record in stale.order_by("lease_expires_at")[:limit]:
+            token = record.fencing_token + 1
+            IdempotencyRecord.objects.using(using).filter(
+                pk=record.pk, fencing_token=record.fencing_token
+            ).update(
+                fencing_token=token,
+                lease_owner=owner,
+                lease_expires_at=now + lease,
+                updated_at=now,
+            )
+            record.fencing_token, record.lease_owner = token, owner
+            record.lease_expires_at = now + lease
+            scope = Scope(record.tenant, record.operation, record.key)
+            taken.append((record, Claim(record.pk, token, scope, using)))
+    return taken
+
+
+def purge_expired_batch(*, limit: int, using: str) -> int:
+    """Delete up to ``limit`` resolved records past retention; never unresolved ones."""
+    now = timezone.now()
+    expired = IdempotencyRecord.objects.using(using).filter(
+        state__in=RESOLVED_STATES, expires_at__lte=now
+    )
+    ids = list(expired.order_by("expires_at").values_list("pk", flat=True)[:limit])
+    if not ids:
+        return 0
+    # The conditions again: a record could have been re-used in between.
+    deleted, _ = expired.filter(pk__in=ids).delete()
+    return deleted
 
 
 def discard_expired(record: IdempotencyRecord, *, using: str) -> bool:

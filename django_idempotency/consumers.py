@@ -1,0 +1,114 @@
+"""Consumer-side deduplication: a redelivered message runs its side effect once.
+
+Message brokers deliver at least once: with ``acks_late`` a worker that dies
+mid-task gets its message redelivered, and producers retry too. The key
+comes from the message itself (an event id), not from the delivery.
+"""
+
+from __future__ import annotations
+
+import functools
+import inspect
+import json
+import logging
+from collections.abc import Callable
+from datetime import timedelta
+from typing import Any, TypeVar, cast
+
+from django.db import transaction
+
+from django_idempotency import store
+from django_idempotency.conf import as_timedelta, idempotency_settings
+from django_idempotency.exceptions import IdempotencyError, StaleOwner
+from django_idempotency.fingerprint import fingerprint
+from django_idempotency.responses import Outcome, StoredResponse
+from django_idempotency.scope import Scope
+
+logger = logging.getLogger("django_idempotency")
+Task = TypeVar("Task", bound=Callable[..., Any])
+
+#: The tenant of task records: tasks act for the system, not for a client.
+TASK_TENANT = "task"
+
+
+class TaskInProgress(IdempotencyError):
+    """The same message is being handled by another worker right now.
+
+    Let Celery retry it later: ``autoretry_for=(TaskInProgress,)``.
+    """
+
+
+class TaskKeyReused(IdempotencyError):
+    """A message reused a key with different arguments: a producer bug."""
+
+
+def _key_of(key: str | Callable[..., Any], func: Callable[..., Any], args: Any, kwargs: Any) -> str:
+    if callable(key):
+        return str(key(*args, **kwargs))
+    bound = inspect.signature(func).bind(*args, **kwargs)
+    return str(bound.arguments[key])
+
+
+def _arguments(func: Callable[..., Any], args: Any, kwargs: Any) -> Any:
+    bound = inspect.signature(func).bind(*args, **kwargs)
+    # A bound task's first argument is the Task itself, not input.
+    return {name: value for name, value in bound.arguments.items() if name != "self"}
+
+
+def idempotent_task(
+    key: str | Callable[..., Any],
+    *,
+    operation: str | None = None,
+    ttl: timedelta | float | None = None,
+) -> Callable[[Task], Task]:
+    """Run the decorated task body once per key; duplicates return its result.
+
+    ``key``: the name of the argument holding the message's id, or a callable
+    taking the task's arguments and returning it. The body's database writes
+    and the stored result commit in one transaction; the result must be
+    JSON-serialisable. Place it under Celery's decorator::
+
+        @shared_task(bind=True, acks_late=True, autoretry_for=(TaskInProgress,))
+        @idempotent_task(key="event_id")
+        def ship_order(self, event_id, order_id): ...
+    """
+
+    def decorate(func: Task) -> Task:
+        name = operation or f"task {func.__module__}.{func.__qualname__}"
+
+        @functools.wraps(func)
+        def run_once(*args: Any, **kwargs: Any) -> Any:
+            conf = idempotency_settings
+            database = conf.DATABASE
+            scope = Scope(TASK_TENANT, name, _key_of(key, func, args, kwargs))
+            digest = fingerprint(_arguments(func, args, kwargs))
+            retention = as_timedelta(ttl) if ttl is not None else conf.TTL
+            held = store.claim(scope, digest, ttl=retention, lease=conf.LEASE, using=database)
+            if held is None:
+                record = store.lookup(scope, using=database)
+                if record is not None and record.fingerprint != digest:
+                    raise TaskKeyReused(f"{scope} was used with other arguments")
+                if record is not None and record.is_resolved:
+                    logger.info("Duplicate message for %s: returning the stored result", scope)
+                    return json.loads(bytes(record.response_body or b"null"))
+                if record is not None and record.state == store.State.CLAIMED:
+                    held = store.take_over(record, scope, lease=conf.LEASE, using=database)
+                if held is None:
+                    raise TaskInProgress(f"{scope} is being handled by another worker")
+            try:
+                with transaction.atomic(using=database):
+                    result = func(*args, **kwargs)
+                    body = json.dumps(result).encode("utf-8")
+                    stored = StoredResponse(200, [["Content-Type", "application/json"]], body)
+                    store.complete(held, Outcome.COMPLETED, stored, ttl=retention)
+            except StaleOwner:
+                raise TaskInProgress(f"{scope} was taken over by another worker") from None
+            except BaseException:
+                # Nothing committed: a redelivery (or a Celery retry) runs it again.
+                store.release(held)
+                raise
+            return result
+
+        return cast(Task, run_once)
+
+    return decorate

@@ -1,0 +1,54 @@
+"""Connections for record writes that must commit at once.
+
+``begin_external()`` has to commit the intent while the view's own
+transaction is still open: a crash during the external call must leave a
+committed IN_PROGRESS record behind, while the view's uncommitted writes
+vanish with the process. A connection cannot commit half of its
+transaction, so such writes go through a second connection to the same
+database, one per thread, opened on first use and closed with the request
+(or when it is no longer usable).
+
+SQLite has one writer at a time: a second connection would wait for the
+view's own transaction, forever. There the intent is written in the view's
+transaction instead; the docs say so, and production belongs on PostgreSQL
+or MySQL/MariaDB anyway.
+"""
+
+from __future__ import annotations
+
+import threading
+from typing import Any
+
+from django.core.signals import request_finished
+from django.db import connections
+
+_SUFFIX = "__idempotency_independent"
+_opened = threading.local()
+
+
+def commit_now_alias(alias: str) -> str:
+    """The alias on which a record write commits immediately.
+
+    Outside a transaction that is ``alias`` itself (autocommit). Inside one,
+    it is a second connection to the same database, where the backend
+    allows a second writer.
+    """
+    connection = connections[alias]
+    if not connection.in_atomic_block or connection.vendor == "sqlite":
+        return alias
+    independent = alias + _SUFFIX
+    opened: set[str] = _opened.__dict__.setdefault("aliases", set())
+    if independent not in opened:
+        # Registered for this thread only (not in DATABASES), so the ORM and
+        # transaction.atomic() can address it by name.
+        connections[independent] = connections.create_connection(alias)
+        opened.add(independent)
+    return independent
+
+
+def close_independent_connections(**kwargs: Any) -> None:
+    for independent in _opened.__dict__.get("aliases", ()):
+        connections[independent].close_if_unusable_or_obsolete()
+
+
+request_finished.connect(close_independent_connections, dispatch_uid="django_idempotency.db")

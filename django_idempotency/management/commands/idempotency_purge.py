@@ -1,0 +1,35 @@
+from __future__ import annotations
+
+from typing import Any
+
+from django.core.management.base import BaseCommand, CommandParser
+
+from django_idempotency import eviction
+
+
+class Command(BaseCommand):
+    help = (
+        "Delete COMPLETED and FAILED idempotency records past their expiry, in "
+        "batches. The same work as the purge_expired_records Celery task, for cron."
+    )
+
+    def add_arguments(self, parser: CommandParser) -> None:
+        parser.add_argument("--batch-size", type=int, default=1000, help="rows per DELETE")
+        parser.add_argument(
+            "--max-batches", type=int, default=None, help="stop after this many batches"
+        )
+        parser.add_argument(
+            "--dry-run", action="store_true", help="count what would be deleted, delete nothing"
+        )
+
+    def handle(
+        self, *args: Any, batch_size: int, max_batches: int | None, dry_run: bool, **options: Any
+    ) -> None:
+        if dry_run:
+            self.stdout.write(f"{eviction.expired_count()} expired record(s) would be deleted.")
+            return
+        report = eviction.purge_expired_records(batch_size=batch_size, max_batches=max_batches)
+        self.stdout.write(
+            f"deleted {report.deleted} record(s) in {report.batches} batch(es); "
+            f"longest batch {report.longest_batch * 1000:.1f} ms"
+        )

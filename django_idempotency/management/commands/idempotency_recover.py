@@ -1,0 +1,45 @@
+from __future__ import annotations
+
+from typing import Any
+
+from django.core.management.base import BaseCommand, CommandParser
+
+from django_idempotency import recovery
+
+
+class Command(BaseCommand):
+    help = (
+        "Settle idempotency records whose owner's lease ran out: release CLAIMED "
+        "ones, ask the reconcilers about IN_PROGRESS and UNCERTAIN ones. The same "
+        "work as the recover_stale_records Celery task, for cron."
+    )
+
+    def add_arguments(self, parser: CommandParser) -> None:
+        parser.add_argument("--batch-size", type=int, default=100, help="records per run")
+        parser.add_argument(
+            "--dry-run", action="store_true", help="list what would be handled, change nothing"
+        )
+
+    def handle(self, *args: Any, batch_size: int, dry_run: bool, **options: Any) -> None:
+        if dry_run:
+            stale = recovery.stale_records(limit=batch_size)
+            for record in stale:
+                reconciler = recovery.reconciler_for(record.operation)
+                action = (
+                    "release"
+                    if record.state == "CLAIMED"
+                    else "reconcile"
+                    if reconciler
+                    else "no reconciler"
+                )
+                self.stdout.write(
+                    f"{record.pk}\t{record.state}\t{record.operation}\t{record.key}\t{action}"
+                )
+            self.stdout.write(f"{len(stale)} stale record(s) would be handled (dry run).")
+            return
+        report = recovery.recover_stale_records(batch_size=batch_size)
+        self.stdout.write(
+            f"released {report.released}, completed {report.completed}, failed "
+            f"{report.failed}, retry later {report.retried}, no reconciler "
+            f"{report.unreconciled}, taken over meanwhile {report.stale}"
+        )

@@ -1,0 +1,60 @@
+"""Celery tasks for recovery and eviction, a ready beat schedule, and
+``idempotent_task`` for deduplicating consumers.
+
+Merge the schedule into yours::
+
+    from django_idempotency.tasks import BEAT_SCHEDULE
+    CELERY_BEAT_SCHEDULE = {**BEAT_SCHEDULE, ...}
+"""
+
+from __future__ import annotations
+
+from dataclasses import asdict
+from typing import Any
+
+from django.core.exceptions import ImproperlyConfigured
+
+try:
+    from celery import shared_task
+except ImportError as exc:  # pragma: no cover - depends on the installed extras
+    raise ImproperlyConfigured(
+        'django_idempotency.tasks needs Celery: pip install "django-idempotency[celery]"'
+    ) from exc
+
+from django_idempotency import eviction, recovery
+from django_idempotency.consumers import TaskInProgress, TaskKeyReused, idempotent_task
+
+__all__ = [
+    "BEAT_SCHEDULE",
+    "TaskInProgress",
+    "TaskKeyReused",
+    "idempotent_task",
+    "purge_expired_records",
+    "recover_stale_records",
+]
+
+
+@shared_task(name="django_idempotency.tasks.recover_stale_records", ignore_result=False)
+def recover_stale_records(batch_size: int = 100) -> dict[str, int]:
+    """Settle up to ``batch_size`` records whose owner's lease ran out."""
+    return asdict(recovery.recover_stale_records(batch_size=batch_size))
+
+
+@shared_task(name="django_idempotency.tasks.purge_expired_records", ignore_result=False)
+def purge_expired_records(batch_size: int = 1000, max_batches: int = 100) -> dict[str, Any]:
+    """Delete resolved records past retention, at most ``max_batches`` batches a run."""
+    return asdict(eviction.purge_expired_records(batch_size=batch_size, max_batches=max_batches))
+
+
+#: Recovery every minute (a record is stuck at most LEASE plus a minute);
+#: eviction every ten minutes, bounded per run so it never hogs a worker.
+BEAT_SCHEDULE: dict[str, dict[str, Any]] = {
+    "django-idempotency-recover-stale-records": {
+        "task": "django_idempotency.tasks.recover_stale_records",
+        "schedule": 60.0,
+    },
+    "django-idempotency-purge-expired-records": {
+        "task": "django_idempotency.tasks.purge_expired_records",
+        "schedule": 600.0,
+    },
+}
