@@ -40,6 +40,7 @@ class IdempotencyContext:
     def __init__(self, held: store.Claim) -> None:
         self._held = held
         self.external_begun = False
+        self.provider_operation_id = ""
 
     @property
     def scope(self) -> Scope:
@@ -73,8 +74,9 @@ class IdempotencyContext:
 
     def set_provider_operation(self, operation_id: str) -> None:
         """Commit the provider's id for the call (a charge id, say)."""
+        self.provider_operation_id = str(operation_id)
         store.set_provider_operation(
-            self._held, str(operation_id), lease=idempotency_settings.LEASE
+            self._held, self.provider_operation_id, lease=idempotency_settings.LEASE
         )
 
     def renew_lease(self) -> None:

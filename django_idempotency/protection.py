@@ -258,7 +258,11 @@ def _give_up(
         _release(request, held, reason=reason)
         return
     try:
-        store.mark_uncertain(held)
+        store.mark_uncertain(
+            held,
+            provider_key=context.provider_key,
+            provider_operation_id=context.provider_operation_id,
+        )
     except (StaleOwner, DatabaseError):
         # Taken over meanwhile, or the store is gone: either way recovery
         # finds the record unresolved once its lease runs out.

@@ -277,20 +277,26 @@ def renew_lease(held: Claim, *, lease: timedelta) -> None:
     )
 
 
-def mark_uncertain(held: Claim) -> None:
+def mark_uncertain(held: Claim, *, provider_key: str, provider_operation_id: str) -> None:
     """The external call's outcome is unknown: only a reconciler may settle it.
 
-    The lease ends now, so that the next recovery run asks the reconciler.
+    Writes the intent again, since where ``begin_external()`` had to write
+    inside the view's transaction (SQLite, or a caller's transaction) it was
+    rolled back with the view. The lease ends now, so that the next recovery
+    run asks the reconciler.
     """
-    now = timezone.now()
+    values: dict[str, Any] = {"provider_key": provider_key}
+    if provider_operation_id:
+        values["provider_operation_id"] = provider_operation_id
     _owner_update(
         held,
         "mark uncertain",
         using=held.write_now_alias,
-        states=(State.IN_PROGRESS, State.UNCERTAIN),
+        states=UNRESOLVED_STATES,
         state=State.UNCERTAIN,
         lease_owner="",
-        lease_expires_at=now,
+        lease_expires_at=timezone.now(),
+        **values,
     )
 
 

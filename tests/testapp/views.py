@@ -237,3 +237,39 @@ class OwnDispatchView(ChargeAPIView):
 
     def dispatch(self, request: Any, *args: Any, **kwargs: Any) -> Any:
         return super().dispatch(request, *args, **kwargs)
+
+
+def committed_state() -> str | None:
+    """The record's state as another connection sees it: what is committed."""
+    from django.db import connections
+
+    other = connections.create_connection("default")
+    try:
+        with other.cursor() as cursor:
+            cursor.execute("SELECT state, provider_key FROM django_idempotency_record")
+            row = cursor.fetchone()
+            return None if row is None else f"{row[0]} {row[1]}"
+    finally:
+        other.close()
+
+
+@api_view(["POST"])
+@idempotent
+def api_view_external_call(request: Request) -> Response:
+    """An external call between local writes, steered by the body.
+
+    ``then``: "raise" or a status to answer with after the call;
+    ``provider_id``: the id the "provider" gave back.
+    """
+    Charge.objects.create(tenant="before-call", amount=int(request.data.get("amount", 0)))
+    provider_key = request.idempotency.begin_external()  # type: ignore[attr-defined]
+    seen_after_begin = committed_state()
+    if request.data.get("provider_id"):
+        request.idempotency.set_provider_operation(request.data["provider_id"])  # type: ignore[attr-defined]
+    then = request.data.get("then")
+    if then == "raise":
+        raise ViewFailure("the provider connection dropped")
+    return Response(
+        {"provider_key": provider_key, "committed_after_begin": seen_after_begin},
+        status=int(then or 201),
+    )
