@@ -60,6 +60,14 @@ class IdempotencyRecord(models.Model):
             # Eviction and the admin's "expiring soon": range scans on expiry.
             models.Index(fields=["expires_at"], name="django_idempotency_expiry"),
         ]
+        # One per resolving admin action, so each can be granted on its own.
+        permissions = [
+            ("reconcile_idempotencyrecord", _("Can reconcile idempotency records")),
+            ("mark_failed_idempotencyrecord", _("Can mark idempotency records failed")),
+            ("mark_completed_idempotencyrecord", _("Can mark idempotency records completed")),
+            ("release_idempotencyrecord", _("Can release idempotency records")),
+            ("extend_idempotencyrecord", _("Can extend the retention of idempotency records")),
+        ]
 
     def __str__(self) -> str:
         return f"{self.operation} {self.key!r} ({self.state})"

@@ -162,13 +162,13 @@ def recover_stale_records(*, batch_size: int = 100) -> RecoveryReport:
         limit=batch_size, lease=conf.LEASE, using=conf.DATABASE
     ):
         try:
-            _settle(record, held, report)
+            settle(record, held, report)
         except StaleOwner:
             report.stale += 1
     return report
 
 
-def _settle(record: IdempotencyRecord, held: store.Claim, report: RecoveryReport) -> None:
+def settle(record: IdempotencyRecord, held: store.Claim, report: RecoveryReport) -> None:
     if record.state == State.CLAIMED:
         if store.release(held):
             report.released += 1

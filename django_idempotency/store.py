@@ -377,3 +377,40 @@ def discard_expired(record: IdempotencyRecord, *, using: str) -> bool:
         .delete()
     )
     return bool(deleted)
+
+
+def take_over_for_operator(
+    record: IdempotencyRecord, *, operator: str, lease: timedelta, using: str
+) -> Claim | None:
+    """Take a record for an operator's action, if it is as the operator saw it.
+
+    Compare-and-set on the fencing token the operator's page showed: a record
+    that changed since (taken over, resolved) is left alone. A record whose
+    owner still holds a live lease is left alone too: the owner is working.
+    """
+    now = timezone.now()
+    token = record.fencing_token + 1
+    updated = (
+        IdempotencyRecord.objects.using(using)
+        .filter(pk=record.pk, fencing_token=record.fencing_token)
+        .exclude(state__in=(State.CLAIMED, State.IN_PROGRESS), lease_expires_at__gt=now)
+        .update(
+            fencing_token=token,
+            lease_owner=f"operator:{operator}"[:255],
+            lease_expires_at=now + lease if not record.is_resolved else None,
+            updated_at=now,
+        )
+    )
+    if not updated:
+        return None
+    record.fencing_token = token
+    return Claim(record.pk, token, Scope(record.tenant, record.operation, record.key), using)
+
+
+def extend_retention(record_ids: list[int], *, until: datetime, using: str) -> int:
+    """Keep records recognisable until at least ``until``; never shortens."""
+    return (
+        IdempotencyRecord.objects.using(using)
+        .filter(pk__in=record_ids, expires_at__lt=until)
+        .update(expires_at=until, updated_at=timezone.now())
+    )

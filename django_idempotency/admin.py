@@ -1,0 +1,251 @@
+"""The admin: a log of idempotency records, with safe ways to resolve stuck ones.
+
+Nothing can be added or edited; every field is read-only. Operators act
+through the actions in ``admin_actions.py``, each behind its own permission
+and each leaving a LogEntry.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import json
+from datetime import timedelta
+from typing import Any, cast
+
+from django.contrib import admin
+from django.core.paginator import Paginator
+from django.db import connections
+from django.db.models import Q, QuerySet
+from django.http import HttpRequest
+from django.template.response import TemplateResponse
+from django.utils import timezone
+from django.utils.formats import number_format
+from django.utils.html import format_html, format_html_join
+from django.utils.timesince import timesince
+from django.utils.translation import gettext_lazy as _
+
+from django_idempotency import admin_actions
+from django_idempotency.models import RESOLVED_STATES, IdempotencyRecord
+
+State = IdempotencyRecord.State
+UNRESOLVED = (State.CLAIMED, State.IN_PROGRESS, State.UNCERTAIN)
+#: Counts above this are not worth an exact COUNT(*) on a large table.
+COUNT_CAP = 10_000
+
+
+def capped_count(queryset: QuerySet[Any]) -> tuple[int, bool]:
+    """(count, whether it reached the cap), counting at most COUNT_CAP + 1 rows."""
+    count = queryset.order_by()[: COUNT_CAP + 1].count()
+    return min(count, COUNT_CAP), count > COUNT_CAP
+
+
+def stuck(now: Any = None) -> Q:
+    """Unresolved, and nobody holds the lease any more."""
+    return Q(state__in=UNRESOLVED, lease_expires_at__lte=now or timezone.now())
+
+
+class EstimatedCountPaginator(Paginator):  # type: ignore[type-arg]
+    """Counts exactly up to COUNT_CAP, then uses the planner's estimate.
+
+    An exact COUNT(*) over millions of rows on every page load is what makes
+    large admin changelists slow; beyond the cap nobody pages to the end.
+    """
+
+    @property
+    def count(self) -> int:
+        queryset = cast("QuerySet[Any]", self.object_list)
+        exact, capped = capped_count(queryset)
+        if not capped:
+            return exact
+        connection = connections[queryset.db]
+        if connection.vendor != "postgresql":
+            return exact
+        sql, params = queryset.order_by().query.sql_with_params()
+        with connection.cursor() as cursor:
+            cursor.execute(f"EXPLAIN (FORMAT JSON) {sql}", params)
+            plan = cursor.fetchone()[0]
+        plan = json.loads(plan) if isinstance(plan, str) else plan
+        return max(exact, int(plan[0]["Plan"]["Plan Rows"]))
+
+
+class StateFilter(admin.SimpleListFilter):
+    title = _("state")
+    parameter_name = "state"
+
+    def lookups(self, request: HttpRequest, model_admin: Any) -> Any:
+        return [
+            *IdempotencyRecord.State.choices,
+            ("stuck", _("stuck (unresolved, lease expired)")),
+        ]
+
+    def queryset(self, request: HttpRequest, queryset: QuerySet[Any]) -> QuerySet[Any]:
+        value = self.value()
+        if value == "stuck":
+            return queryset.filter(stuck())
+        if value in IdempotencyRecord.State.values:
+            return queryset.filter(state=value)
+        return queryset
+
+
+class ExpiryFilter(admin.SimpleListFilter):
+    title = _("retention")
+    parameter_name = "expires"
+
+    def lookups(self, request: HttpRequest, model_admin: Any) -> Any:
+        return [
+            ("hour", _("expiring within an hour")),
+            ("day", _("expiring within a day")),
+            ("expired", _("expired (awaiting purge)")),
+        ]
+
+    def queryset(self, request: HttpRequest, queryset: QuerySet[Any]) -> QuerySet[Any]:
+        now = timezone.now()
+        value = self.value()
+        if value in ("hour", "day"):
+            window = timedelta(hours=1) if value == "hour" else timedelta(days=1)
+            return queryset.filter(expires_at__gt=now, expires_at__lte=now + window)
+        if value == "expired":
+            return queryset.filter(expires_at__lte=now)
+        return queryset
+
+
+class OperationFilter(admin.SimpleListFilter):
+    title = _("operation")
+    parameter_name = "operation"
+
+    def lookups(self, request: HttpRequest, model_admin: Any) -> Any:
+        # Only among the newest records: a DISTINCT over millions of rows on
+        # every page load would cost more than the whole page.
+        recent = IdempotencyRecord.objects.order_by("-pk").values_list("operation", flat=True)
+        return [(name, name) for name in sorted(set(recent[:2000]))]
+
+    def queryset(self, request: HttpRequest, queryset: QuerySet[Any]) -> QuerySet[Any]:
+        return queryset.filter(operation=self.value()) if self.value() else queryset
+
+
+@admin.register(IdempotencyRecord)
+class IdempotencyRecordAdmin(admin.ModelAdmin):  # type: ignore[type-arg]
+    list_display = [
+        "key",
+        "tenant",
+        "operation",
+        "state",
+        "age",
+        "lease_status",
+        "response_status",
+    ]
+    list_filter = [StateFilter, OperationFilter, ExpiryFilter]
+    # Exact matches: operators paste ids, and "contains" would scan the table.
+    search_fields = ["=key", "=tenant", "=provider_key", "=provider_operation_id"]
+    search_help_text = _("Exact key, tenant, provider key or provider operation id.")
+    date_hierarchy = "expires_at"
+    ordering = ["-pk"]
+    paginator = EstimatedCountPaginator
+    show_full_result_count = False
+    list_per_page = 50
+    actions = admin_actions.ACTIONS
+    change_list_template = "admin/django_idempotency/idempotencyrecord/change_list.html"
+    fieldsets = [
+        (None, {"fields": ["tenant", "operation", "key", "state", "fingerprint"]}),
+        (_("External call"), {"fields": ["provider_key", "provider_operation_id"]}),
+        (_("Timeline"), {"fields": ["timeline"]}),
+        (_("Stored response"), {"fields": ["response_status", "headers", "body"]}),
+    ]
+    readonly_fields = [
+        "tenant",
+        "operation",
+        "key",
+        "state",
+        "fingerprint",
+        "provider_key",
+        "provider_operation_id",
+        "timeline",
+        "response_status",
+        "headers",
+        "body",
+    ]
+
+    # A log, not an editor.
+    def has_add_permission(self, request: HttpRequest) -> bool:
+        return False
+
+    def has_change_permission(self, request: HttpRequest, obj: Any = None) -> bool:
+        return False
+
+    def has_delete_permission(self, request: HttpRequest, obj: Any = None) -> bool:
+        return False
+
+    def _has(self, request: HttpRequest, codename: str) -> bool:
+        return bool(request.user.has_perm(f"django_idempotency.{codename}_idempotencyrecord"))
+
+    def has_reconcile_permission(self, request: HttpRequest) -> bool:
+        return self._has(request, "reconcile")
+
+    def has_mark_failed_permission(self, request: HttpRequest) -> bool:
+        return self._has(request, "mark_failed")
+
+    def has_mark_completed_permission(self, request: HttpRequest) -> bool:
+        return self._has(request, "mark_completed")
+
+    def has_release_permission(self, request: HttpRequest) -> bool:
+        return self._has(request, "release")
+
+    def has_extend_permission(self, request: HttpRequest) -> bool:
+        return self._has(request, "extend")
+
+    @admin.display(description=_("age"), ordering="created_at")
+    def age(self, record: IdempotencyRecord) -> str:
+        return timesince(record.created_at)
+
+    @admin.display(description=_("lease"))
+    def lease_status(self, record: IdempotencyRecord) -> str:
+        if record.state in RESOLVED_STATES or record.lease_expires_at is None:
+            return "-"
+        return str(_("held")) if record.lease_expires_at > timezone.now() else str(_("expired"))
+
+    @admin.display(description=_("timeline"))
+    def timeline(self, record: IdempotencyRecord) -> Any:
+        rows = [
+            (_("created"), record.created_at),
+            (_("lease owner"), record.lease_owner or "-"),
+            (_("lease expires"), record.lease_expires_at or "-"),
+            (_("fencing token"), record.fencing_token),
+            (_("updated"), record.updated_at),
+            (_("expires"), record.expires_at),
+        ]
+        return format_html(
+            "<table>{}</table>",
+            format_html_join("", "<tr><th>{}</th><td>{}</td></tr>", rows),
+        )
+
+    @admin.display(description=_("headers"))
+    def headers(self, record: IdempotencyRecord) -> Any:
+        if not record.response_headers:
+            return "-"
+        return format_html(
+            "<table>{}</table>",
+            format_html_join(
+                "", "<tr><th>{}</th><td>{}</td></tr>", (tuple(h) for h in record.response_headers)
+            ),
+        )
+
+    @admin.display(description=_("body"))
+    def body(self, record: IdempotencyRecord) -> Any:
+        if record.response_body is None:
+            return "-" if not record.is_resolved else _("(not stored: too large or streamed)")
+        raw = bytes(record.response_body)
+        text = raw.decode("utf-8", errors="replace")
+        with contextlib.suppress(ValueError):
+            text = json.dumps(json.loads(raw), indent=2, ensure_ascii=False, sort_keys=True)
+        return format_html('<pre class="idempotency-body">{}</pre>', text)
+
+    def changelist_view(self, request: HttpRequest, extra_context: Any = None) -> TemplateResponse:
+        records = IdempotencyRecord.objects.all()
+        counts = []
+        for value, label in [*State.choices, ("stuck", _("stuck"))]:
+            subset = records.filter(stuck()) if value == "stuck" else records.filter(state=value)
+            count, capped = capped_count(subset)
+            shown = number_format(count, force_grouping=True) + ("+" if capped else "")
+            counts.append({"value": value, "label": label, "count": shown})
+        extra_context = {**(extra_context or {}), "state_counts": counts}
+        return super().changelist_view(request, extra_context)  # type: ignore[return-value]

@@ -1,0 +1,305 @@
+"""The admin's resolving actions: each guarded by a permission, each logged.
+
+Every action that can cause harm shows a page first (a form or a warning).
+That page carries the fencing token of each record as the operator saw it;
+applying the action is a compare-and-set on that token, so a record that
+changed meanwhile (resolved, or taken over) is skipped, not overwritten.
+Records whose owner still holds a live lease are skipped as well.
+"""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Callable
+from datetime import timedelta
+from typing import Any
+
+from django import forms
+from django.contrib import admin, messages
+from django.contrib.admin.helpers import ACTION_CHECKBOX_NAME
+from django.core.validators import MaxValueValidator, MinValueValidator
+from django.db.models import QuerySet
+from django.http import HttpRequest
+from django.template.response import TemplateResponse
+from django.utils import timezone
+from django.utils.translation import gettext_lazy as _
+from django.utils.translation import ngettext
+
+from django_idempotency import recovery, store
+from django_idempotency.conf import idempotency_settings
+from django_idempotency.exceptions import StaleOwner
+from django_idempotency.models import IdempotencyRecord
+from django_idempotency.responses import Outcome
+
+State = IdempotencyRecord.State
+TEMPLATE = "admin/django_idempotency/idempotencyrecord/action_form.html"
+
+
+class ResponseForm(forms.Form):
+    status = forms.IntegerField(label=_("HTTP status the client will get"))
+    body = forms.CharField(
+        label=_("Body (JSON, or plain text)"),
+        widget=forms.Textarea(attrs={"rows": 6, "cols": 80}),
+        required=False,
+    )
+
+    def __init__(self, *args: Any, statuses: tuple[int, int], **kwargs: Any) -> None:
+        super().__init__(*args, **kwargs)
+        self.fields["status"].validators.extend(
+            [MinValueValidator(statuses[0]), MaxValueValidator(statuses[1])]
+        )
+        self.fields["status"].help_text = _("From %(low)d to %(high)d.") % {
+            "low": statuses[0],
+            "high": statuses[1],
+        }
+
+    def answer_body(self) -> Any:
+        text = self.cleaned_data["body"]
+        try:
+            return json.loads(text) if text.strip() else {}
+        except ValueError:
+            return text
+
+
+class ReleaseForm(forms.Form):
+    reexecute = forms.BooleanField(
+        label=_("I understand that the client's retry will execute the operation again."),
+        required=False,
+    )
+
+
+class ExtendForm(forms.Form):
+    hours = forms.IntegerField(
+        label=_("Keep recognisable for another (hours)"), min_value=1, max_value=24 * 365
+    )
+
+
+def _operator(request: HttpRequest) -> str:
+    return str(getattr(request.user, "get_username", lambda: "?")())
+
+
+def _taken(
+    request: HttpRequest, queryset: QuerySet[IdempotencyRecord]
+) -> list[tuple[IdempotencyRecord, store.Claim]]:
+    """Take over each selected record still as the operator saw it."""
+    conf = idempotency_settings
+    taken = []
+    for record in queryset:
+        seen = request.POST.get(f"token-{record.pk}")
+        if seen is not None:
+            record.fencing_token = int(seen)
+        held = store.take_over_for_operator(
+            record, operator=_operator(request), lease=conf.LEASE, using=conf.DATABASE
+        )
+        if held is not None:
+            taken.append((record, held))
+    return taken
+
+
+def _page(
+    modeladmin: Any,
+    request: HttpRequest,
+    queryset: QuerySet[IdempotencyRecord],
+    *,
+    action: str,
+    title: str,
+    form: forms.Form,
+    warning: str = "",
+) -> TemplateResponse:
+    context = {
+        **modeladmin.admin_site.each_context(request),
+        "title": title,
+        "action": action,
+        "records": list(queryset),
+        "form": form,
+        "warning": warning,
+        "opts": modeladmin.model._meta,
+        "action_checkbox_name": ACTION_CHECKBOX_NAME,
+    }
+    return TemplateResponse(request, TEMPLATE, context)
+
+
+def _report(
+    modeladmin: Any, request: HttpRequest, done: int, selected: int, singular: str, plural: str
+) -> None:
+    modeladmin.message_user(
+        request, ngettext(singular, plural, done) % {"count": done}, messages.SUCCESS
+    )
+    skipped = selected - done
+    if skipped:
+        modeladmin.message_user(
+            request,
+            ngettext(
+                "%(count)d record was skipped: it changed since you looked, or its owner "
+                "still holds the lease.",
+                "%(count)d records were skipped: they changed since you looked, or their "
+                "owner still holds the lease.",
+                skipped,
+            )
+            % {"count": skipped},
+            messages.WARNING,
+        )
+
+
+@admin.action(permissions=["reconcile"], description=_("Reconcile now"))
+def reconcile_now(modeladmin: Any, request: HttpRequest, queryset: QuerySet[Any]) -> None:
+    unresolved = queryset.filter(state__in=store.UNRESOLVED_STATES)
+    done = 0
+    for record, held in _taken(request, unresolved):
+        report = recovery.RecoveryReport()
+        try:
+            recovery.settle(record, held, report)
+        except StaleOwner:
+            continue
+        outcome = next(name for name, count in vars(report).items() if count)
+        modeladmin.log_change(request, record, f"Reconciled now: {outcome}.")
+        done += 1
+    _report(
+        modeladmin,
+        request,
+        done,
+        queryset.count(),
+        "%(count)d record was reconciled.",
+        "%(count)d records were reconciled.",
+    )
+
+
+def _resolve_action(
+    name: str, outcome: type[recovery.Completed | recovery.Failed], statuses: tuple[int, int]
+) -> Callable[..., TemplateResponse | None]:
+    label = "completed" if outcome is recovery.Completed else "failed"
+
+    def resolve(
+        modeladmin: Any, request: HttpRequest, queryset: QuerySet[Any]
+    ) -> TemplateResponse | None:
+        unresolved = queryset.filter(state__in=store.UNRESOLVED_STATES)
+        form = ResponseForm(request.POST if "apply" in request.POST else None, statuses=statuses)
+        if not form.is_valid():
+            return _page(
+                modeladmin,
+                request,
+                unresolved,
+                action=name,
+                title=str(_("Mark records %(label)s") % {"label": label}),
+                form=form,
+                warning=str(
+                    _(
+                        "Retries of these requests will get exactly this response, instead of "
+                        "running the operation."
+                    )
+                ),
+            )
+        done = 0
+        answer = outcome(status=form.cleaned_data["status"], body=form.answer_body())
+        for record, held in _taken(request, unresolved):
+            try:
+                store.complete(
+                    held,
+                    Outcome.COMPLETED if outcome is recovery.Completed else Outcome.FAILED,
+                    answer.stored(),
+                    ttl=idempotency_settings.TTL,
+                )
+            except StaleOwner:
+                continue
+            modeladmin.log_change(request, record, f"Marked {label} with status {answer.status}.")
+            done += 1
+        _report(
+            modeladmin,
+            request,
+            done,
+            len(request.POST.getlist(ACTION_CHECKBOX_NAME)),
+            f"%(count)d record was marked {label}.",
+            f"%(count)d records were marked {label}.",
+        )
+        return None
+
+    resolve.__name__ = name
+    return resolve
+
+
+mark_failed = admin.action(permissions=["mark_failed"], description=_("Mark failed…"))(
+    _resolve_action("mark_failed", recovery.Failed, (400, 599))
+)
+mark_completed = admin.action(permissions=["mark_completed"], description=_("Mark completed…"))(
+    _resolve_action("mark_completed", recovery.Completed, (200, 399))
+)
+
+
+@admin.action(permissions=["release"], description=_("Release…"))
+def release(
+    modeladmin: Any, request: HttpRequest, queryset: QuerySet[Any]
+) -> TemplateResponse | None:
+    risky = queryset.exclude(state=State.CLAIMED).exists()
+    form = ReleaseForm(request.POST if "apply" in request.POST else None)
+    confirmed = form.is_valid() and (form.cleaned_data["reexecute"] or not risky)
+    if not confirmed:
+        warning = (
+            _(
+                "Some of these records are past their claim: an external call may have "
+                "happened, or the outcome was stored. Releasing deletes them, and the "
+                "client's retry will EXECUTE THE OPERATION AGAIN."
+            )
+            if risky
+            else _("These claims will be deleted; the client's retry runs the operation.")
+        )
+        return _page(
+            modeladmin,
+            request,
+            queryset,
+            action="release",
+            title=str(_("Release records")),
+            form=form,
+            warning=str(warning),
+        )
+    done = 0
+    for record, held in _taken(request, queryset):
+        if store.release(held, states=tuple(State.values)):
+            modeladmin.log_change(request, record, f"Released (was {record.state}).")
+            done += 1
+    _report(
+        modeladmin,
+        request,
+        done,
+        len(request.POST.getlist(ACTION_CHECKBOX_NAME)),
+        "%(count)d record was released.",
+        "%(count)d records were released.",
+    )
+    return None
+
+
+@admin.action(permissions=["extend"], description=_("Extend retention…"))
+def extend_retention(
+    modeladmin: Any, request: HttpRequest, queryset: QuerySet[Any]
+) -> TemplateResponse | None:
+    default_hours = int(idempotency_settings.TTL.total_seconds() // 3600) or 1
+    form = ExtendForm(
+        request.POST if "apply" in request.POST else None, initial={"hours": default_hours}
+    )
+    if not form.is_valid():
+        return _page(
+            modeladmin,
+            request,
+            queryset,
+            action="extend_retention",
+            title=str(_("Extend retention")),
+            form=form,
+        )
+    until = timezone.now() + timedelta(hours=form.cleaned_data["hours"])
+    records = list(queryset)
+    store.extend_retention(
+        [record.pk for record in records], until=until, using=idempotency_settings.DATABASE
+    )
+    for record in records:
+        modeladmin.log_change(request, record, f"Retention extended to {until:%Y-%m-%d %H:%M} UTC.")
+    _report(
+        modeladmin,
+        request,
+        len(records),
+        len(records),
+        "%(count)d record will be kept longer.",
+        "%(count)d records will be kept longer.",
+    )
+    return None
+
+
+ACTIONS = [reconcile_now, mark_failed, mark_completed, release, extend_retention]

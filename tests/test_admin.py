@@ -1,0 +1,290 @@
+"""The admin with Django's test client: a log, with guarded resolving actions."""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Iterator
+from datetime import timedelta
+from typing import Any
+
+import pytest
+from django.contrib.admin.models import LogEntry
+from django.contrib.auth.models import Permission
+from django.test import Client
+from django.utils import timezone
+from rest_framework.test import APIClient
+
+from django_idempotency import recovery
+from django_idempotency.models import IdempotencyRecord
+from tests.conftest import post
+from tests.factories import RecordFactory, UserFactory
+
+pytestmark = pytest.mark.django_db(transaction=True)
+State = IdempotencyRecord.State
+CHANGELIST = "/admin/django_idempotency/idempotencyrecord/"
+ACTIONS = ["reconcile_now", "mark_failed", "mark_completed", "release", "extend_retention"]
+PERMISSION_OF = {
+    "reconcile_now": "reconcile",
+    "mark_failed": "mark_failed",
+    "mark_completed": "mark_completed",
+    "release": "release",
+    "extend_retention": "extend",
+}
+
+
+def staff(*codenames: str) -> Client:
+    user = UserFactory(is_staff=True)
+    user.user_permissions.add(
+        *Permission.objects.filter(
+            content_type__app_label="django_idempotency",
+            codename__in=["view_idempotencyrecord", *(f"{c}_idempotencyrecord" for c in codenames)],
+        )
+    )
+    client = Client()
+    client.force_login(user)
+    return client
+
+
+def stuck_record(**fields: Any) -> IdempotencyRecord:
+    defaults = {
+        "state": State.UNCERTAIN,
+        "response_status": None,
+        "response_body": None,
+        "response_headers": [],
+        "lease_expires_at": timezone.now() - timedelta(minutes=1),
+        "provider_key": "pk_1",
+    }
+    return RecordFactory(**{**defaults, **fields})
+
+
+def run(client: Client, action: str, record: IdempotencyRecord, **data: Any) -> Any:
+    return client.post(
+        CHANGELIST, {"action": action, "_selected_action": [record.pk], **data}, follow=True
+    )
+
+
+def test_changelist_shows_counts_per_state_and_stuck() -> None:
+    RecordFactory.create_batch(3)
+    stuck_record()
+    RecordFactory(state=State.CLAIMED, lease_expires_at=timezone.now() + timedelta(minutes=1))
+
+    page = staff().get(CHANGELIST)
+
+    assert page.status_code == 200
+    text = page.content.decode()
+    assert 'data-state="COMPLETED"' in text
+    counts = {entry["value"]: entry["count"] for entry in page.context["state_counts"]}
+    assert counts == {
+        "CLAIMED": "1",
+        "IN_PROGRESS": "0",
+        "UNCERTAIN": "1",
+        "COMPLETED": "3",
+        "FAILED": "0",
+        "stuck": "1",
+    }
+
+
+def test_filters_and_exact_search() -> None:
+    later = timezone.now() + timedelta(days=2)
+    stuck = stuck_record(key="stuck-one", provider_operation_id="ch_42", expires_at=later)
+    held = RecordFactory(
+        state=State.CLAIMED, lease_expires_at=timezone.now() + timedelta(hours=1), expires_at=later
+    )
+    soon = RecordFactory(expires_at=timezone.now() + timedelta(minutes=10))
+    client = staff()
+
+    def listed(query: str) -> set[int]:
+        return {record.pk for record in client.get(CHANGELIST + query).context["cl"].result_list}
+
+    assert listed("?state=stuck") == {stuck.pk}
+    assert listed("?state=CLAIMED") == {held.pk}
+    assert listed("?expires=hour") == {soon.pk}
+    assert listed("?q=ch_42") == {stuck.pk}
+    assert listed("?q=stuck-one") == {stuck.pk}
+    assert listed("?q=stuck") == set()  # exact, not "contains"
+
+
+def test_change_page_shows_the_stored_response_and_timeline() -> None:
+    record = RecordFactory(
+        response_body=b'{"id":7,"amount":100}',
+        response_headers=[["Content-Type", "application/json"], ["Location", "/v1/payments/7"]],
+        provider_operation_id="ch_7",
+    )
+    text = staff().get(f"{CHANGELIST}{record.pk}/change/").content.decode()
+
+    assert "&quot;amount&quot;: 100" in text  # pretty-printed JSON
+    assert "/v1/payments/7" in text
+    assert record.fingerprint in text
+    assert "ch_7" in text
+    for label in ("created", "lease owner", "lease expires", "updated", "expires"):
+        assert label in text
+
+
+def test_nothing_can_be_added_edited_or_deleted() -> None:
+    record = RecordFactory()
+    client = staff(*PERMISSION_OF.values())
+    client.force_login(UserFactory(is_staff=True, is_superuser=True))
+
+    assert client.get(CHANGELIST + "add/").status_code == 403
+    assert client.post(f"{CHANGELIST}{record.pk}/change/", {"state": "FAILED"}).status_code == 403
+    assert client.post(f"{CHANGELIST}{record.pk}/delete/", {"post": "yes"}).status_code == 403
+    record.refresh_from_db()
+    assert record.state == State.COMPLETED
+
+
+@pytest.mark.parametrize("action", ACTIONS)
+def test_each_action_needs_its_own_permission(action: str) -> None:
+    record = stuck_record(state=State.CLAIMED)
+    others = [PERMISSION_OF[name] for name in ACTIONS if name != action]
+    without = staff(*others)
+
+    page = without.get(CHANGELIST)
+    assert action not in [name for name, _ in page.context["action_form"].fields["action"].choices]
+    run(without, action, record, apply="1", status="409", hours="1", reexecute="on")
+
+    unchanged = IdempotencyRecord.objects.filter(pk=record.pk).values().first()
+    assert unchanged is not None and unchanged["fencing_token"] == record.fencing_token
+    assert unchanged["expires_at"] == record.expires_at
+    assert not LogEntry.objects.exists()
+
+    allowed = staff(PERMISSION_OF[action])
+    choices = allowed.get(CHANGELIST).context["action_form"].fields["action"].choices
+    assert action in [name for name, _ in choices]
+
+
+def test_mark_failed_asks_for_the_response_then_stores_it(api: APIClient) -> None:
+    post(api, "/api-view/charges", {"amount": 1}, "k")
+    IdempotencyRecord.objects.update(
+        state=State.UNCERTAIN, lease_expires_at=timezone.now() - timedelta(seconds=1)
+    )
+    record = IdempotencyRecord.objects.get()
+    client = staff("mark_failed")
+
+    form_page = run(client, "mark_failed", record)
+    assert "HTTP status the client will get" in form_page.content.decode()
+    assert IdempotencyRecord.objects.get().state == State.UNCERTAIN
+
+    body = '{"detail": "Card declined.", "code": "card_declined"}'
+    done = run(
+        client,
+        "mark_failed",
+        record,
+        apply="1",
+        status="402",
+        body=body,
+        **{f"token-{record.pk}": record.fencing_token},
+    )
+
+    assert "1 record was marked failed." in done.content.decode()
+    record.refresh_from_db()
+    assert (record.state, record.response_status) == (State.FAILED, 402)
+    replay = post(api, "/api-view/charges", {"amount": 1}, "k")
+    assert (replay.status_code, replay.json()) == (402, json.loads(body))
+    assert replay["Idempotent-Replayed"] == "true"
+    entry = LogEntry.objects.get()
+    assert entry.object_id == str(record.pk) and "402" in entry.get_change_message()
+
+
+def test_mark_completed_stores_the_response_to_replay() -> None:
+    record = stuck_record()
+    client = staff("mark_completed")
+    run(client, "mark_completed", record, apply="1", status="201", body='{"id": 9}')
+
+    record.refresh_from_db()
+    assert (record.state, record.response_status) == (State.COMPLETED, 201)
+    assert json.loads(bytes(record.response_body)) == {"id": 9}
+    assert ["Content-Type", "application/json"] in record.response_headers
+
+
+def test_a_record_changed_since_the_operator_looked_is_skipped() -> None:
+    record = stuck_record()
+    seen = record.fencing_token
+    IdempotencyRecord.objects.filter(pk=record.pk).update(fencing_token=seen + 1)
+
+    page = run(
+        staff("mark_failed"),
+        "mark_failed",
+        record,
+        apply="1",
+        status="409",
+        **{f"token-{record.pk}": seen},
+    )
+
+    assert "1 record was skipped" in page.content.decode()
+    assert IdempotencyRecord.objects.get().state == State.UNCERTAIN
+
+
+def test_a_record_whose_owner_holds_the_lease_is_skipped() -> None:
+    record = stuck_record(
+        state=State.IN_PROGRESS, lease_expires_at=timezone.now() + timedelta(minutes=1)
+    )
+    run(staff("mark_failed"), "mark_failed", record, apply="1", status="409")
+    assert IdempotencyRecord.objects.get().state == State.IN_PROGRESS
+
+
+def test_release_of_a_claim_needs_only_confirmation() -> None:
+    record = stuck_record(state=State.CLAIMED)
+    client = staff("release")
+
+    assert "retry runs the operation" in run(client, "release", record).content.decode()
+    run(client, "release", record, apply="1")
+
+    assert not IdempotencyRecord.objects.exists()
+    assert "Released (was CLAIMED)" in LogEntry.objects.get().get_change_message()
+
+
+def test_release_past_the_claim_needs_the_explicit_warning_ticked() -> None:
+    record = stuck_record(state=State.UNCERTAIN)
+    client = staff("release")
+
+    page = run(client, "release", record, apply="1")
+    assert "EXECUTE THE OPERATION AGAIN" in page.content.decode()
+    assert IdempotencyRecord.objects.exists()
+
+    run(client, "release", record, apply="1", reexecute="on")
+    assert not IdempotencyRecord.objects.exists()
+
+
+def test_extend_retention_never_shortens() -> None:
+    near = RecordFactory(expires_at=timezone.now() + timedelta(hours=1))
+    far = RecordFactory(expires_at=timezone.now() + timedelta(days=30))
+    client = staff("extend")
+
+    client.post(
+        CHANGELIST,
+        {
+            "action": "extend_retention",
+            "_selected_action": [near.pk, far.pk],
+            "apply": "1",
+            "hours": "48",
+        },
+    )
+
+    near_after = IdempotencyRecord.objects.get(pk=near.pk).expires_at
+    assert near_after > timezone.now() + timedelta(hours=47)
+    assert IdempotencyRecord.objects.get(pk=far.pk).expires_at == far.expires_at
+    assert LogEntry.objects.count() == 2
+
+
+@pytest.fixture
+def reconciler() -> Iterator[None]:
+    operation = "POST admin-test"
+
+    @recovery.register_reconciler(operation)
+    def settle(record: IdempotencyRecord) -> recovery.ReconcilerOutcome:
+        return recovery.Completed(status=201, body={"settled": record.provider_key})
+
+    yield
+    del recovery._reconcilers[operation]
+
+
+def test_reconcile_now_runs_the_operations_reconciler(reconciler: None) -> None:
+    record = stuck_record(operation="POST admin-test", provider_key="pk_77")
+
+    page = run(staff("reconcile"), "reconcile_now", record)
+
+    assert "1 record was reconciled." in page.content.decode()
+    record.refresh_from_db()
+    assert record.state == State.COMPLETED
+    assert json.loads(bytes(record.response_body)) == {"settled": "pk_77"}
+    assert "completed" in LogEntry.objects.get().get_change_message()
