@@ -12,3 +12,9 @@ class IdempotencyConfig(AppConfig):
 
     def ready(self) -> None:
         from django_idempotency import checks  # noqa: F401  (registers the checks)
+
+        try:
+            import drf_spectacular  # noqa: F401
+        except ImportError:
+            return
+        from django_idempotency import openapi  # noqa: F401  (registers the extension)

@@ -224,25 +224,17 @@ def _url_callbacks(patterns: list[Any], prefix: str = "") -> Iterator[tuple[str,
 
 def _is_protected(view: Any) -> bool:
     """Whether a URL's callback runs an ``@idempotent`` handler for some method."""
-    from django_idempotency.decorators import IdempotentView
-    from django_idempotency.drf import IdempotentMixin
+    from django_idempotency.drf import protection_of
 
     view_class = getattr(view, "cls", getattr(view, "view_class", None))
     if not isinstance(view_class, type):
         return False
-    if issubclass(view_class, IdempotentMixin):
-        return True
     # A viewset routes methods to actions; other views to same-named handlers.
-    names = {"post", "put", "patch", "delete", *(getattr(view, "actions", None) or {}).values()}
-    for name in names:
-        handler = getattr(view_class, name, None)
-        if isinstance(handler, IdempotentView):
-            return True
-        # @api_view wraps the function in a closure of its own.
-        for cell in getattr(handler, "__closure__", None) or ():
-            if isinstance(cell.cell_contents, IdempotentView):
-                return True
-    return False
+    routes = {method: method for method in ("post", "put", "patch", "delete")}
+    routes.update(getattr(view, "actions", None) or {})
+    return any(
+        protection_of(view_class, handler, method) is not None for method, handler in routes.items()
+    )
 
 
 @register(Tags.urls)

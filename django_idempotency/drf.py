@@ -55,3 +55,28 @@ class IdempotentMixin:
                 ttl=view_class.idempotency_ttl,
             )
             setattr(self, method, IdempotentView(function, options).__get__(self))
+
+
+def protection_of(view_class: type, handler_name: str, method: str) -> Options | None:
+    """The options a view class protects a handler with, or None if it does not.
+
+    ``handler_name`` is the method's name (``"post"``) or, for a viewset, the
+    action's (``"create"``). Used by the system checks and the OpenAPI schema.
+    """
+    if method.upper() not in PROTECTED_METHODS:
+        return None
+    if issubclass(view_class, IdempotentMixin):
+        return Options(
+            fingerprint=view_class.idempotency_fingerprint,
+            operation=view_class.idempotency_operation,
+            required=view_class.idempotency_required,
+            ttl=view_class.idempotency_ttl,
+        )
+    handler = getattr(view_class, handler_name, None)
+    if isinstance(handler, IdempotentView):
+        return handler.options
+    # @api_view wraps the function in a closure of its own.
+    for cell in getattr(handler, "__closure__", None) or ():
+        if isinstance(cell.cell_contents, IdempotentView):
+            return cell.cell_contents.options
+    return None

@@ -101,6 +101,7 @@ def test_api_view_under_atomic_requests_is_warned_about(atomic_requests: None) -
     assert flagged == [
         "api-view/by-ref/<uuid:ref>",
         "api-view/charges",
+        "api-view/external",
         "api-view/fields",
         "api-view/optional",
         "api-view/probe",

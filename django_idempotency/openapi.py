@@ -1,0 +1,101 @@
+"""drf-spectacular integration: protected operations document themselves.
+
+Loaded by the AppConfig when drf-spectacular is installed. Every operation
+that ``@idempotent`` or ``IdempotentMixin`` protects gets the
+``Idempotency-Key`` header parameter (required or not, as configured) and
+the 400, 409 and 422 responses it can answer with, in DRF's error shape.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from drf_spectacular.extensions import OpenApiViewExtension
+from drf_spectacular.openapi import AutoSchema
+from drf_spectacular.plumbing import build_basic_type, build_object_type
+from drf_spectacular.types import OpenApiTypes
+from drf_spectacular.utils import OpenApiParameter
+
+from django_idempotency.conf import idempotency_settings
+from django_idempotency.drf import protection_of
+from django_idempotency.protection import Options
+
+_ERROR = build_object_type(
+    properties={
+        "detail": build_basic_type(OpenApiTypes.STR),
+        "code": build_basic_type(OpenApiTypes.STR),
+    },
+    required=["detail", "code"],
+)
+_ERRORS = {
+    "400": "Idempotency-Key missing (idempotency_key_missing) or malformed "
+    "(idempotency_key_invalid).",
+    "409": "A request with this Idempotency-Key is still in progress "
+    "(idempotency_request_in_progress); retry after Retry-After.",
+    "422": "This Idempotency-Key was used with a different request (idempotency_key_reused).",
+}
+
+
+class IdempotencySchemaMixin:
+    """Adds the header and the refusals to protected operations."""
+
+    view: Any
+    method: str
+
+    def _protection(self) -> Options | None:
+        handler = getattr(self.view, "action", None) or self.method.lower()
+        return protection_of(type(self.view), handler, self.method)
+
+    def get_override_parameters(self) -> list[Any]:
+        parameters = list(super().get_override_parameters())  # type: ignore[misc]
+        options = self._protection()
+        if options is not None:
+            conf = idempotency_settings
+            required = options.required if options.required is not None else conf.REQUIRED
+            parameters.append(
+                OpenApiParameter(
+                    name=conf.HEADER,
+                    type=OpenApiTypes.STR,
+                    location=OpenApiParameter.HEADER,
+                    required=required,
+                    description=(
+                        "A unique key for this operation (a UUID is a good choice). "
+                        "Retries with the same key and input get the original response, "
+                        "marked Idempotent-Replayed: true; the operation runs once. At most "
+                        f"{conf.KEY_MAX_LENGTH} visible ASCII characters."
+                    ),
+                )
+            )
+        return parameters
+
+    def _get_response_bodies(self, direction: Any = "response") -> dict[str, Any]:
+        responses: dict[str, Any] = super()._get_response_bodies(direction)  # type: ignore[misc]
+        if direction == "response" and self._protection() is not None:
+            for code, description in _ERRORS.items():
+                responses.setdefault(
+                    code,
+                    {
+                        "description": description,
+                        "content": {"application/json": {"schema": _ERROR}},
+                    },
+                )
+        return responses
+
+
+class IdempotentViewExtension(OpenApiViewExtension):  # type: ignore[no-untyped-call]
+    """Gives views with protected handlers a schema that knows about them."""
+
+    target_class = "rest_framework.views.APIView"
+    match_subclasses = True
+    # Any extension written for a specific view wins over this general one.
+    priority = -1
+
+    def view_replacement(self) -> Any:
+        view_class = self.target
+        schema = getattr(view_class, "schema", None)
+        if not isinstance(schema, AutoSchema) or isinstance(schema, IdempotencySchemaMixin):
+            return view_class
+        schema_class = type(
+            f"Idempotent{type(schema).__name__}", (IdempotencySchemaMixin, type(schema)), {}
+        )
+        return type(view_class.__name__, (view_class,), {"schema": schema_class()})
