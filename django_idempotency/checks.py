@@ -138,6 +138,25 @@ def _check_max_stored_body(value: Any) -> Iterator[CheckMessage]:
         )
 
 
+def _check_error_format(value: Any) -> Iterator[CheckMessage]:
+    if value not in ("drf", "problem"):
+        yield _error(
+            15,
+            f"IDEMPOTENCY['ERROR_FORMAT'] = {value!r} is not 'drf' or 'problem'.",
+            '\'drf\' raises refusals for your EXCEPTION_HANDLER ({"detail", "code"}); '
+            "'problem' answers with RFC 9457 application/problem+json.",
+        )
+
+
+def _check_problem_type_base(value: Any) -> Iterator[CheckMessage]:
+    if not isinstance(value, str):
+        yield _error(
+            16,
+            f"IDEMPOTENCY['PROBLEM_TYPE_BASE'] = {value!r} is not a string.",
+            "Give the URI that, followed by an error code, documents the error.",
+        )
+
+
 _CHECKS: Mapping[str, Callable[[Any], Iterator[CheckMessage]]] = {
     "HEADER": _check_header,
     "REQUIRED": _check_bool("REQUIRED", 3),
@@ -151,6 +170,8 @@ _CHECKS: Mapping[str, Callable[[Any], Iterator[CheckMessage]]] = {
     "FAIL_OPEN": _check_bool("FAIL_OPEN", 11),
     "STORED_HEADERS": _check_stored_headers,
     "MAX_STORED_BODY": _check_max_stored_body,
+    "ERROR_FORMAT": _check_error_format,
+    "PROBLEM_TYPE_BASE": _check_problem_type_base,
 }
 
 

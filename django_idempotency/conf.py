@@ -34,6 +34,8 @@ DEFAULTS: Mapping[str, Any] = {
     "FAIL_OPEN": False,
     "STORED_HEADERS": (),
     "MAX_STORED_BODY": 1024 * 1024,
+    "ERROR_FORMAT": "drf",
+    "PROBLEM_TYPE_BASE": "https://django-idempotency.readthedocs.io/en/latest/errors/#",
 }
 
 
@@ -118,6 +120,14 @@ class IdempotencySettings:
     @property
     def MAX_STORED_BODY(self) -> int:
         return cast(int, self._get("MAX_STORED_BODY"))
+
+    @property
+    def ERROR_FORMAT(self) -> Literal["drf", "problem"]:
+        return cast(Literal["drf", "problem"], self._get("ERROR_FORMAT"))
+
+    @property
+    def PROBLEM_TYPE_BASE(self) -> str:
+        return cast(str, self._get("PROBLEM_TYPE_BASE"))
 
 
 idempotency_settings = IdempotencySettings()

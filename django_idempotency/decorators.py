@@ -16,9 +16,10 @@ from rest_framework.exceptions import APIException
 from rest_framework.request import Request
 from rest_framework.views import APIView
 
-from django_idempotency.conf import as_timedelta
+from django_idempotency.conf import as_timedelta, idempotency_settings
 from django_idempotency.exceptions import IdempotencyRefusal
 from django_idempotency.fingerprint import FingerprintSpec
+from django_idempotency.problems import problem_response
 from django_idempotency.protection import Options, protect, run_unprotected
 from django_idempotency.scope import OperationSpec
 
@@ -113,13 +114,20 @@ class IdempotentView:
         if isinstance(request, Request):
             drf_view = instance if isinstance(instance, APIView) else request.parser_context["view"]
 
-            def call_drf() -> HttpResponseBase:
+            def run() -> HttpResponseBase:
                 return _call_drf(drf_view, request, call, view_args, kwargs)
+        else:
 
-            return protect(request, call_drf, self.options, view_args, kwargs)
+            def run() -> HttpResponseBase:
+                return _rendered(call())
+
         try:
-            return protect(request, lambda: _rendered(call()), self.options, view_args, kwargs)
+            return protect(request, run, self.options, view_args, kwargs)
         except IdempotencyRefusal as exc:
+            if idempotency_settings.ERROR_FORMAT == "problem":
+                return problem_response(exc)
+            if isinstance(request, Request):
+                raise  # for the project's EXCEPTION_HANDLER
             return _refusal_response(request, exc)
 
 

@@ -347,3 +347,21 @@ def test_keys_differing_only_in_case_are_different_keys(api: APIClient) -> None:
     assert "Idempotent-Replayed" not in lower
     assert upper.json()["id"] != lower.json()["id"]
     assert IdempotencyRecord.objects.count() == 2
+
+
+@pytest.mark.parametrize("url", [URL, "/plain/charges"])
+def test_problem_details_format(api: APIClient, settings: object, url: str) -> None:
+    settings.IDEMPOTENCY = {"ERROR_FORMAT": "problem"}  # type: ignore[attr-defined]
+    post(api, url, {"amount": 1}, "k")
+    IdempotencyRecord.objects.update(state=State.CLAIMED)
+
+    response = post(api, url, {"amount": 1}, "k")
+
+    assert response.status_code == 409
+    assert response["Content-Type"] == "application/problem+json"
+    assert response["Retry-After"] == "1"
+    problem = json.loads(response.content)
+    assert problem["type"].endswith("#idempotency_request_in_progress")
+    assert (problem["status"], problem["code"]) == (409, "idempotency_request_in_progress")
+    assert problem["title"] and problem["detail"]
+    assert post(api, url, {"amount": 1}, None)["Content-Type"] == "application/problem+json"

@@ -69,6 +69,8 @@ def test_a_complete_valid_configuration_passes() -> None:
         ({"STORED_HEADERS": ["ok", "not ok"]}, "E012"),
         ({"MAX_STORED_BODY": -1}, "E013"),
         ({"TTL": 60, "LEASE": 120}, "E014"),
+        ({"ERROR_FORMAT": "rfc7807"}, "E015"),
+        ({"PROBLEM_TYPE_BASE": None}, "E016"),
     ],
 )
 def test_invalid_value_is_reported_with_its_id(settings_value: Any, expected: str) -> None:
