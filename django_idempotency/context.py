@@ -5,7 +5,7 @@ from __future__ import annotations
 import hashlib
 import json
 
-from django_idempotency import store
+from django_idempotency import store, testing
 from django_idempotency.conf import idempotency_settings
 from django_idempotency.scope import Scope
 
@@ -70,6 +70,8 @@ class IdempotencyContext:
         """Commit IN_PROGRESS and the provider key; return the provider key."""
         store.begin_external(self._held, self.provider_key, lease=idempotency_settings.LEASE)
         self.external_begun = True
+        if testing.crash_requested():
+            raise testing.SimulatedCrash(self._held.scope)
         return self.provider_key
 
     def set_provider_operation(self, operation_id: str) -> None:

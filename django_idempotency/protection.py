@@ -37,6 +37,7 @@ from django_idempotency.keys import parse_key
 from django_idempotency.models import IdempotencyRecord
 from django_idempotency.responses import Outcome, StoredResponse, capture, outcome_of, replay
 from django_idempotency.scope import OperationSpec, Scope, resolve_operation, resolve_tenant
+from django_idempotency.testing import SimulatedCrash
 
 if TYPE_CHECKING:
     from django.http import HttpRequest, HttpResponseBase
@@ -233,6 +234,8 @@ def _run_owned(
     except StaleOwner:
         signals.notify(signals.request_in_flight, request, held.scope, state="taken over")
         raise RequestInProgress(retry_after=IN_FLIGHT_RETRY_AFTER) from None
+    except SimulatedCrash:
+        raise  # a "killed" process cleans nothing up (testing helper)
     except BaseException:
         _give_up(request, held, context, reason="exception")
         raise

@@ -414,3 +414,12 @@ def extend_retention(record_ids: list[int], *, until: datetime, using: str) -> i
         .filter(pk__in=record_ids, expires_at__lt=until)
         .update(expires_at=until, updated_at=timezone.now())
     )
+
+
+def expire_leases(*, using: str) -> int:
+    """End every unresolved record's lease now (``testing.expire_leases``)."""
+    return (
+        IdempotencyRecord.objects.using(using)
+        .filter(state__in=UNRESOLVED_STATES)
+        .update(lease_expires_at=timezone.now())
+    )

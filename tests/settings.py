@@ -44,6 +44,7 @@ MIDDLEWARE = [
 ]
 
 ROOT_URLCONF = "tests.testapp.urls"
+STATIC_URL = "/static/"
 
 TEMPLATES = [
     {

@@ -1,0 +1,180 @@
+"""Helpers for your own test suite.
+
+``assert_protected`` checks a view's contract with Django's test client;
+``fire_duplicates`` sends real concurrent duplicates at a live server (for
+example pytest-django's ``live_server``); ``simulate_crash_after_begin_external``
+and ``expire_leases`` let you test your reconcilers.
+"""
+
+from __future__ import annotations
+
+import json
+import threading
+import urllib.error
+import urllib.request
+import uuid
+from collections.abc import Iterator, Mapping
+from contextlib import contextmanager
+from dataclasses import dataclass, field
+from typing import Any
+
+from django_idempotency import store
+from django_idempotency.conf import idempotency_settings
+
+_crash = threading.local()
+
+
+class SimulatedCrash(BaseException):
+    """Raised where ``simulate_crash_after_begin_external`` makes the process "die".
+
+    A BaseException, so that no ``except Exception`` in the view catches it;
+    the package lets it pass without any cleanup, as a killed process would.
+    """
+
+
+def crash_requested() -> bool:
+    return bool(getattr(_crash, "armed", False))
+
+
+@contextmanager
+def simulate_crash_after_begin_external() -> Iterator[None]:
+    """Make the next ``begin_external()`` on this thread "kill the process".
+
+    The intent commits (IN_PROGRESS and the provider key), then
+    ``SimulatedCrash`` is raised: the view's transaction rolls back and the
+    record is left behind exactly as a worker dying mid-call leaves it.
+    Catch ``SimulatedCrash`` around the request, then ``expire_leases()``
+    and run ``recover_stale_records()`` to exercise your reconciler.
+    """
+    _crash.armed = True
+    try:
+        yield
+    finally:
+        _crash.armed = False
+
+
+def expire_leases() -> int:
+    """End every unresolved record's lease now, as if its owner were long gone."""
+    return store.expire_leases(using=idempotency_settings.DATABASE)
+
+
+def assert_protected(
+    client: Any, url: str, data: Mapping[str, Any], *, changed: Mapping[str, Any] | None = None
+) -> None:
+    """Assert that POSTing ``data`` to ``url`` is protected as the SPEC says.
+
+    ``client`` is a Django (or DRF) test client, authenticated as needed.
+    Checks: a missing key is refused with 400 (when keys are required); a
+    retry with the same key replays the first answer byte for byte; the same
+    key with ``changed`` input (default: ``data`` plus a field) is refused
+    with 422.
+    """
+    header = "HTTP_" + idempotency_settings.HEADER.upper().replace("-", "_")
+    key = f"assert-protected-{uuid.uuid4()}"
+    body = json.dumps(dict(data))
+
+    def send(payload: str, **extra: str) -> Any:
+        return client.post(url, payload, content_type="application/json", **extra)
+
+    if idempotency_settings.REQUIRED:
+        missing = send(body)
+        assert missing.status_code == 400, f"no key: expected 400, got {missing.status_code}"
+    first = send(body, **{header: key})
+    retry = send(body, **{header: key})
+    assert first.status_code < 500, f"first request failed with {first.status_code}"
+    assert retry.get("Idempotent-Replayed") == "true", "the retry was not a replay"
+    assert (retry.status_code, retry.content) == (first.status_code, first.content), (
+        "the replay differs from the original answer"
+    )
+    other = dict(changed) if changed is not None else {**data, "_assert_protected": 1}
+    mismatch = send(json.dumps(other), **{header: key})
+    assert mismatch.status_code == 422, f"changed input: expected 422, got {mismatch.status_code}"
+
+
+REFUSAL_CODES = frozenset(
+    {
+        "idempotency_key_missing",
+        "idempotency_key_invalid",
+        "idempotency_key_reused",
+        "idempotency_request_in_progress",
+        "idempotency_store_unavailable",
+    }
+)
+
+
+@dataclass
+class Duplicates:
+    """What ``fire_duplicates`` got back, one entry per request."""
+
+    statuses: list[int] = field(default_factory=list)
+    bodies: list[bytes] = field(default_factory=list)
+    replayed: list[bool] = field(default_factory=list)
+
+    @property
+    def refused(self) -> int:
+        """Answers refused by the idempotency layer (409 in progress, say)."""
+        return sum(_refusal_code(body) in REFUSAL_CODES for body in self.bodies)
+
+    @property
+    def executed(self) -> int:
+        """Answers that ran the view: neither replays nor refusals. Expect 1."""
+        return len(self.statuses) - sum(self.replayed) - self.refused
+
+
+def _refusal_code(body: bytes) -> object:
+    try:
+        parsed = json.loads(body)
+    except ValueError:
+        return None
+    return parsed.get("code") if isinstance(parsed, dict) else None
+
+
+def fire_duplicates(
+    url: str,
+    *,
+    count: int = 20,
+    body: Mapping[str, Any] | None = None,
+    key: str | None = None,
+    headers: Mapping[str, str] | None = None,
+    timeout: float = 30,
+) -> Duplicates:
+    """POST ``count`` identical requests at ``url`` at the same moment.
+
+    Real HTTP over real connections (one thread each, released together),
+    so run it against a live server backed by a real database. Returns
+    the statuses and bodies; ``executed`` should be 1.
+    """
+    key = key or f"duplicates-{uuid.uuid4()}"
+    payload = json.dumps(dict(body or {})).encode()
+    request_headers = {
+        "Content-Type": "application/json",
+        idempotency_settings.HEADER: key,
+        **(headers or {}),
+    }
+    barrier = threading.Barrier(count)
+    results: list[tuple[int, bytes, bool]] = []
+    lock = threading.Lock()
+
+    def send() -> None:
+        request = urllib.request.Request(url, payload, request_headers, method="POST")
+        barrier.wait()
+        try:
+            with urllib.request.urlopen(request, timeout=timeout) as response:
+                outcome = (response.status, response.read(), response.headers)
+        except urllib.error.HTTPError as error:
+            outcome = (error.code, error.read(), error.headers)
+        replayed = outcome[2].get("Idempotent-Replayed") == "true"
+        with lock:
+            results.append((outcome[0], outcome[1], replayed))
+
+    threads = [threading.Thread(target=send) for _ in range(count)]
+    for thread in threads:
+        thread.start()
+    for thread in threads:
+        thread.join()
+    duplicates = Duplicates()
+    for status, content, replayed in results:
+        duplicates.statuses.append(status)
+        duplicates.bodies.append(content)
+        duplicates.replayed.append(replayed)
+    return duplicates
