@@ -9,6 +9,7 @@ from datetime import timedelta
 from inspect import iscoroutinefunction
 from typing import Any, TypeVar, cast, overload
 
+from asgiref.sync import async_to_sync, sync_to_async
 from django.core.exceptions import ImproperlyConfigured, PermissionDenied
 from django.http import Http404, HttpRequest, HttpResponseBase
 from django.template.response import SimpleTemplateResponse
@@ -124,11 +125,43 @@ class IdempotentView:
         try:
             return protect(request, run, self.options, view_args, kwargs)
         except IdempotencyRefusal as exc:
-            if idempotency_settings.ERROR_FORMAT == "problem":
-                return problem_response(exc)
-            if isinstance(request, Request):
+            if isinstance(request, Request) and idempotency_settings.ERROR_FORMAT == "drf":
                 raise  # for the project's EXCEPTION_HANDLER
-            return _refusal_response(request, exc)
+            return _refused(request, exc)
+
+
+def _refused(request: HttpRequest, exc: IdempotencyRefusal) -> HttpResponseBase:
+    if idempotency_settings.ERROR_FORMAT == "problem":
+        return problem_response(exc)
+    return _refusal_response(request, exc)
+
+
+def _async_view(func: Callable[..., Any], options: Options) -> Callable[..., Any]:
+    """``@idempotent`` on an ``async def`` Django view.
+
+    The claim, the view and the completion run in one thread-sensitive sync
+    block: Django's transactions are not available to async code, and the
+    view's writes must share the completion's transaction. The view itself
+    still runs as a coroutine on the event loop (``async_to_sync``); its ORM
+    calls (``await Model.objects.acreate(...)``) come back to that same
+    thread, and so to the same connection and transaction.
+    """
+
+    @functools.wraps(func)
+    async def view(request: HttpRequest, *args: Any, **kwargs: Any) -> HttpResponseBase:
+        def call() -> HttpResponseBase:
+            return _rendered(async_to_sync(func)(request, *args, **kwargs))
+
+        def run() -> HttpResponseBase:
+            try:
+                return protect(request, call, options, args, kwargs)
+            except IdempotencyRefusal as exc:
+                return _refused(request, exc)
+
+        return await sync_to_async(run, thread_sensitive=True)()
+
+    view._non_atomic_requests = EVERY_DATABASE  # type: ignore[attr-defined]
+    return view
 
 
 def mark_views_non_atomic(view_class: type) -> None:
@@ -200,16 +233,14 @@ def idempotent(
     options = Options(fingerprint=fingerprint, operation=operation, required=required, ttl=ttl)
 
     def decorate(func: Callable[..., Any]) -> Any:
-        if iscoroutinefunction(func):
-            raise ImproperlyConfigured(
-                f"@idempotent does not support async views yet ({func.__qualname__})."
-            )
         if isinstance(fingerprint, str):
             raise ImproperlyConfigured(
                 "idempotent(fingerprint=...) takes a list of field names, not a string."
             )
         if ttl is not None and as_timedelta(ttl) <= timedelta(0):
             raise ImproperlyConfigured(f"idempotent(ttl={ttl!r}) must be a positive duration.")
+        if iscoroutinefunction(func):
+            return _async_view(func, options)
         return IdempotentView(func, options)
 
     return decorate(view) if view is not None else decorate

@@ -15,6 +15,7 @@ from typing import Any
 
 from django.db import transaction
 from django.http import HttpRequest, JsonResponse
+from django.views.decorators.csrf import csrf_exempt
 from rest_framework import generics, serializers, status, viewsets
 from rest_framework.decorators import action, api_view
 from rest_framework.exceptions import ValidationError
@@ -279,3 +280,21 @@ def api_view_external_call(request: Request) -> Response:
 def api_view_unprotected(request: Request) -> Response:
     charge, code = perform(request, request.data)
     return charge_response(charge, code)
+
+
+@csrf_exempt  # an API endpoint: clients send no CSRF token
+@idempotent
+async def async_plain_charges(request: HttpRequest) -> JsonResponse:
+    data = json.loads(request.body or b"{}")
+    if data.get("sleep"):
+        import asyncio
+
+        await asyncio.sleep(float(data["sleep"]))
+    charge = await Charge.objects.acreate(
+        tenant="async", amount=int(data.get("amount", 0)), note=str(data.get("note", ""))
+    )
+    if data.get("raise"):
+        raise ViewFailure("the async view failed after writing")
+    return JsonResponse(
+        {"id": charge.pk, "amount": charge.amount}, status=int(data.get("status", 201))
+    )
