@@ -115,7 +115,9 @@ def test_concurrent_duplicates_run_an_async_view_once(
         barrier = threading.Barrier(20)
         statuses: list[int] = []
 
-        def send(note: str = note) -> None:
+        def send(
+            note: str = note, barrier: threading.Barrier = barrier, statuses: list[int] = statuses
+        ) -> None:
             barrier.wait()
             statuses.append(post(url, {"amount": 1, "note": note, "sleep": 0.2}, note).status_code)
 
