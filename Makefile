@@ -3,7 +3,7 @@
 PYTHON ?= python3
 VENV ?= .venv
 
-.PHONY: demo test lint clean
+.PHONY: demo test lint dist-check clean
 
 $(VENV)/.installed: pyproject.toml
 	$(PYTHON) -m venv $(VENV)
@@ -24,3 +24,14 @@ lint: $(VENV)/.installed
 
 clean:
 	rm -rf $(VENV) build dist *.egg-info tests/*.sqlite3* testproject/*.sqlite3*
+
+# Build the wheel and sdist, install the wheel into a clean virtualenv and
+# run a smoke test there, from outside the repository.
+dist-check: $(VENV)/.installed
+	rm -rf dist /tmp/django-idempotency-dist-check
+	$(VENV)/bin/python -m pip install --quiet build
+	$(VENV)/bin/python -m build --outdir dist .
+	$(PYTHON) -m venv /tmp/django-idempotency-dist-check
+	/tmp/django-idempotency-dist-check/bin/python -m pip install --quiet dist/*.whl
+	cd /tmp && /tmp/django-idempotency-dist-check/bin/python $(CURDIR)/scripts/smoke_installed.py
+	$(VENV)/bin/python -c "import tarfile, glob; names = tarfile.open(glob.glob('dist/*.tar.gz')[0]).getnames(); assert any(n.endswith('admin_actions.py') for n in names) and any(n.endswith('change_list.html') for n in names), names"
