@@ -9,11 +9,12 @@ from __future__ import annotations
 import json
 import sys
 import tempfile
+from pathlib import Path
 
 import django
 from django.conf import settings
 
-database = tempfile.NamedTemporaryFile(suffix=".sqlite3", delete=False).name
+database = str(Path(tempfile.mkdtemp()) / "smoke.sqlite3")
 settings.configure(
     DEBUG=False,
     SECRET_KEY="smoke",
