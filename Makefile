@@ -3,7 +3,7 @@
 PYTHON ?= python3
 VENV ?= .venv
 
-.PHONY: demo test lint dist-check clean
+.PHONY: demo test lint docs dist-check matrix matrix-ci clean
 
 $(VENV)/.installed: pyproject.toml
 	$(PYTHON) -m venv $(VENV)
@@ -21,6 +21,26 @@ lint: $(VENV)/.installed
 	$(VENV)/bin/ruff check .
 	$(VENV)/bin/ruff format --check .
 	$(VENV)/bin/mypy django_idempotency
+
+# The documentation site (mkdocs.yml), warnings as errors.
+docs: $(VENV)/.installed
+	$(VENV)/bin/python -m pip install --quiet --editable ".[docs]"
+	$(VENV)/bin/mkdocs build --strict --site-dir site
+
+# The whole support matrix (tox.ini), and the representative cells CI runs
+# on top of `make test`: the newest Django on each newer Python and database.
+# pyenv's interpreters, when present, so that tox finds python3.12 and 3.13.
+PYENV_BINS := $(subst $(eval) ,:,$(wildcard $(HOME)/.pyenv/versions/3.1[123]*/bin))
+TOX := PATH="$(PYENV_BINS):$$PATH" $(VENV)/bin/tox
+
+matrix: $(VENV)/.installed
+	$(VENV)/bin/python -m pip install --quiet tox
+	$(TOX) run-parallel --parallel 2
+
+matrix-ci: $(VENV)/.installed
+	$(VENV)/bin/python -m pip install --quiet tox
+	$(TOX) run --skip-missing-interpreters false \
+		-e py312-django61-postgres,py313-django60-mariadb,py313-django61-sqlite
 
 clean:
 	rm -rf $(VENV) build dist *.egg-info tests/*.sqlite3* testproject/*.sqlite3*

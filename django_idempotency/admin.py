@@ -25,6 +25,7 @@ from django.utils.timesince import timesince
 from django.utils.translation import gettext_lazy as _
 
 from django_idempotency import admin_actions
+from django_idempotency.conf import idempotency_settings
 from django_idempotency.models import RESOLVED_STATES, IdempotencyRecord
 
 State = IdempotencyRecord.State
@@ -116,7 +117,9 @@ class OperationFilter(admin.SimpleListFilter):
     def lookups(self, request: HttpRequest, model_admin: Any) -> Any:
         # Only among the newest records: a DISTINCT over millions of rows on
         # every page load would cost more than the whole page.
-        recent = IdempotencyRecord.objects.order_by("-pk").values_list("operation", flat=True)
+        recent = (
+            model_admin.get_queryset(request).order_by("-pk").values_list("operation", flat=True)
+        )
         return [(name, name) for name in sorted(set(recent[:2000]))]
 
     def queryset(self, request: HttpRequest, queryset: QuerySet[Any]) -> QuerySet[Any]:
@@ -166,6 +169,9 @@ class IdempotencyRecordAdmin(admin.ModelAdmin):  # type: ignore[type-arg]
     ]
 
     # A log, not an editor.
+    def get_queryset(self, request: HttpRequest) -> QuerySet[IdempotencyRecord]:
+        return super().get_queryset(request).using(idempotency_settings.DATABASE)
+
     def has_add_permission(self, request: HttpRequest) -> bool:
         return False
 
@@ -240,7 +246,7 @@ class IdempotencyRecordAdmin(admin.ModelAdmin):  # type: ignore[type-arg]
         return format_html('<pre class="idempotency-body">{}</pre>', text)
 
     def changelist_view(self, request: HttpRequest, extra_context: Any = None) -> TemplateResponse:
-        records = IdempotencyRecord.objects.all()
+        records = self.get_queryset(request)
         counts = []
         for value, label in [*State.choices, ("stuck", _("stuck"))]:
             subset = records.filter(stuck()) if value == "stuck" else records.filter(state=value)

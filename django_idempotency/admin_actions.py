@@ -85,13 +85,22 @@ def _taken(
     conf = idempotency_settings
     taken = []
     for record in queryset:
-        seen = request.POST.get(f"token-{record.pk}")
-        if seen is not None:
-            record.fencing_token = int(seen)
+        # What the action page showed; without a page (Reconcile now), what
+        # was just read.
+        seen_token = request.POST.get(f"token-{record.pk}", str(record.fencing_token))
+        seen_state = request.POST.get(f"state-{record.pk}", record.state)
+        if not seen_token.isdigit():
+            continue
+        record.fencing_token = int(seen_token)
         held = store.take_over_for_operator(
-            record, operator=_operator(request), lease=conf.LEASE, using=conf.DATABASE
+            record,
+            seen_state=seen_state,
+            operator=_operator(request),
+            lease=conf.LEASE,
+            using=conf.DATABASE,
         )
         if held is not None:
+            record.state = seen_state
             taken.append((record, held))
     return taken
 
@@ -151,7 +160,7 @@ def reconcile_now(modeladmin: Any, request: HttpRequest, queryset: QuerySet[Any]
             recovery.settle(record, held, report)
         except StaleOwner:
             continue
-        outcome = next(name for name, count in vars(report).items() if count)
+        outcome = next((name for name, count in vars(report).items() if count), "nothing")
         modeladmin.log_change(request, record, f"Reconciled now: {outcome}.")
         done += 1
     _report(
@@ -285,19 +294,21 @@ def extend_retention(
             form=form,
         )
     until = timezone.now() + timedelta(hours=form.cleaned_data["hours"])
-    records = list(queryset)
-    store.extend_retention(
-        [record.pk for record in records], until=until, using=idempotency_settings.DATABASE
+    shorter = [record for record in queryset if record.expires_at < until]
+    extended = store.extend_retention(
+        [record.pk for record in shorter], until=until, using=idempotency_settings.DATABASE
     )
-    for record in records:
+    for record in shorter:
         modeladmin.log_change(request, record, f"Retention extended to {until:%Y-%m-%d %H:%M} UTC.")
-    _report(
-        modeladmin,
+    modeladmin.message_user(
         request,
-        len(records),
-        len(records),
-        "%(count)d record will be kept longer.",
-        "%(count)d records will be kept longer.",
+        ngettext(
+            "%(count)d record will be kept until %(until)s UTC.",
+            "%(count)d records will be kept until %(until)s UTC.",
+            extended,
+        )
+        % {"count": extended, "until": f"{until:%Y-%m-%d %H:%M}"},
+        messages.SUCCESS,
     )
     return None
 

@@ -60,13 +60,17 @@ def idempotent_task(
     *,
     operation: str | None = None,
     ttl: timedelta | float | None = None,
+    lease: timedelta | float | None = None,
 ) -> Callable[[Task], Task]:
     """Run the decorated task body once per key; duplicates return its result.
 
     ``key``: the name of the argument holding the message's id, or a callable
     taking the task's arguments and returning it. The body's database writes
     and the stored result commit in one transaction; the result must be
-    JSON-serialisable. Place it under Celery's decorator::
+    JSON-serialisable, and every run returns it as JSON gives it back (the
+    first run too). ``lease`` (default ``IDEMPOTENCY["LEASE"]``) must outlast
+    the body: a duplicate arriving after it takes the task over. Give it your
+    task's time limit. Place it under Celery's decorator::
 
         @shared_task(bind=True, acks_late=True, autoretry_for=(TaskInProgress,))
         @idempotent_task(key="event_id")
@@ -83,7 +87,8 @@ def idempotent_task(
             scope = Scope(TASK_TENANT, name, _key_of(key, func, args, kwargs))
             digest = fingerprint(_arguments(func, args, kwargs))
             retention = as_timedelta(ttl) if ttl is not None else conf.TTL
-            held = store.claim(scope, digest, ttl=retention, lease=conf.LEASE, using=database)
+            held_for = as_timedelta(lease) if lease is not None else conf.LEASE
+            held = store.claim(scope, digest, ttl=retention, lease=held_for, using=database)
             if held is None:
                 record = store.lookup(scope, using=database)
                 if record is not None and record.fingerprint != digest:
@@ -92,7 +97,7 @@ def idempotent_task(
                     logger.info("Duplicate message for %s: returning the stored result", scope)
                     return json.loads(bytes(record.response_body or b"null"))
                 if record is not None and record.state == store.State.CLAIMED:
-                    held = store.take_over(record, scope, lease=conf.LEASE, using=database)
+                    held = store.take_over(record, scope, lease=held_for, using=database)
                 if held is None:
                     raise TaskInProgress(f"{scope} is being handled by another worker")
             try:
@@ -107,7 +112,7 @@ def idempotent_task(
                 # Nothing committed: a redelivery (or a Celery retry) runs it again.
                 store.release(held)
                 raise
-            return result
+            return json.loads(body)
 
         return cast(Task, run_once)
 

@@ -5,6 +5,8 @@ from __future__ import annotations
 import hashlib
 import json
 
+from asgiref.sync import sync_to_async
+
 from django_idempotency import store, testing
 from django_idempotency.conf import idempotency_settings
 from django_idempotency.scope import Scope
@@ -84,3 +86,14 @@ class IdempotencyContext:
     def renew_lease(self) -> None:
         """Extend the lease by ``IDEMPOTENCY["LEASE"]``; call it in long views."""
         store.renew_lease(self._held, lease=idempotency_settings.LEASE)
+
+    # For ``async def`` views: the same writes, on the request's sync thread
+    # (where its transaction and connections live).
+    async def abegin_external(self) -> str:
+        return await sync_to_async(self.begin_external, thread_sensitive=True)()
+
+    async def aset_provider_operation(self, operation_id: str) -> None:
+        await sync_to_async(self.set_provider_operation, thread_sensitive=True)(operation_id)
+
+    async def arenew_lease(self) -> None:
+        await sync_to_async(self.renew_lease, thread_sensitive=True)()

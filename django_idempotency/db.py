@@ -5,8 +5,8 @@ transaction is still open: a crash during the external call must leave a
 committed IN_PROGRESS record behind, while the view's uncommitted writes
 vanish with the process. A connection cannot commit half of its
 transaction, so such writes go through a second connection to the same
-database, one per thread, opened on first use and closed with the request
-(or when it is no longer usable).
+database, one per thread, opened on first use and closed as soon as the protected
+view is done.
 
 SQLite has one writer at a time: a second connection would wait for the
 view's own transaction, forever. There the intent is written in the view's
@@ -17,9 +17,7 @@ or MySQL/MariaDB anyway.
 from __future__ import annotations
 
 import threading
-from typing import Any
 
-from django.core.signals import request_finished
 from django.db import connections
 
 _SUFFIX = "__idempotency_independent"
@@ -46,9 +44,10 @@ def commit_now_alias(alias: str) -> str:
     return independent
 
 
-def close_independent_connections(**kwargs: Any) -> None:
-    for independent in _opened.__dict__.get("aliases", ()):
-        connections[independent].close_if_unusable_or_obsolete()
-
-
-request_finished.connect(close_independent_connections, dispatch_uid="django_idempotency.db")
+def close_independent_connections() -> None:
+    """Close this thread's independent connections (after each protected run)."""
+    opened: set[str] = _opened.__dict__.get("aliases", set())
+    for independent in opened:
+        connections[independent].close()
+        del connections[independent]
+    opened.clear()

@@ -27,12 +27,24 @@ _ERROR = build_object_type(
     },
     required=["detail", "code"],
 )
+_PROBLEM = build_object_type(
+    properties={
+        "type": build_basic_type(OpenApiTypes.URI),
+        "title": build_basic_type(OpenApiTypes.STR),
+        "status": build_basic_type(OpenApiTypes.INT),
+        "detail": build_basic_type(OpenApiTypes.STR),
+        "code": build_basic_type(OpenApiTypes.STR),
+    },
+    required=["type", "title", "status", "detail", "code"],
+)
 _ERRORS = {
     "400": "Idempotency-Key missing (idempotency_key_missing) or malformed "
     "(idempotency_key_invalid).",
     "409": "A request with this Idempotency-Key is still in progress "
     "(idempotency_request_in_progress); retry after Retry-After.",
     "422": "This Idempotency-Key was used with a different request (idempotency_key_reused).",
+    "503": "The idempotency record store is unreachable (idempotency_store_unavailable); "
+    "the request was not run. Retry after Retry-After.",
 }
 
 
@@ -71,13 +83,13 @@ class IdempotencySchemaMixin:
     def _get_response_bodies(self, direction: Any = "response") -> dict[str, Any]:
         responses: dict[str, Any] = super()._get_response_bodies(direction)  # type: ignore[misc]
         if direction == "response" and self._protection() is not None:
+            problem = idempotency_settings.ERROR_FORMAT == "problem"
+            media_type = "application/problem+json" if problem else "application/json"
+            schema = _PROBLEM if problem else _ERROR
             for code, description in _ERRORS.items():
                 responses.setdefault(
                     code,
-                    {
-                        "description": description,
-                        "content": {"application/json": {"schema": _ERROR}},
-                    },
+                    {"description": description, "content": {media_type: {"schema": schema}}},
                 )
         return responses
 

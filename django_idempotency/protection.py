@@ -20,6 +20,7 @@ from django.utils import timezone
 from django_idempotency import signals, store
 from django_idempotency.conf import as_timedelta, idempotency_settings
 from django_idempotency.context import IdempotencyContext
+from django_idempotency.db import close_independent_connections
 from django_idempotency.exceptions import (
     InputUnreadable,
     KeyMissing,
@@ -239,6 +240,11 @@ def _run_owned(
     except BaseException:
         _give_up(request, held, context, reason="exception")
         raise
+    finally:
+        # The second connection begin_external() may have opened is this
+        # request's alone: close it now, not at request_finished, which may
+        # run on another thread (ASGI).
+        close_independent_connections()
     if outcome is Outcome.RELEASE:
         _give_up(request, held, context, reason=response.status_code)
     else:

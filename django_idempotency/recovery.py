@@ -148,21 +148,28 @@ def stale_records(*, limit: int) -> list[IdempotencyRecord]:
 
 
 def recover_stale_records(*, batch_size: int = 100) -> RecoveryReport:
-    """Take over up to ``batch_size`` stale records and settle each one.
+    """Take over and settle up to ``batch_size`` stale records, one at a time.
 
     CLAIMED records are released: their owner began no external call, and
     its local work rolled back with it. IN_PROGRESS and UNCERTAIN records
     go to their operation's reconciler; without one they stay UNCERTAIN,
     reported by a log line and the ``record_unreconciled`` signal. Nothing
     unresolved is ever deleted except by a reconciler's ``Release()``.
+
+    Each record is taken (with a fresh lease) just before it is settled; a
+    reconciler should finish within ``IDEMPOTENCY["LEASE"]``, or another
+    worker may take the record over and ask again (reconcilers look the
+    outcome up, so asking twice is harmless; the fencing token keeps the
+    slower answer from being stored).
     """
     conf = idempotency_settings
     report = RecoveryReport()
-    for record, held in store.take_over_stale(
-        limit=batch_size, lease=conf.LEASE, using=conf.DATABASE
-    ):
+    for _ in range(batch_size):
+        taken = store.take_over_next_stale(lease=conf.LEASE, using=conf.DATABASE)
+        if taken is None:
+            break
         try:
-            settle(record, held, report)
+            settle(*taken, report)
         except StaleOwner:
             report.stale += 1
     return report
@@ -191,6 +198,11 @@ def settle(record: IdempotencyRecord, held: store.Claim, report: RecoveryReport)
     try:
         with transaction.atomic(using=held.database):
             outcome = reconciler(record)
+            if not isinstance(outcome, (Completed, Failed, Retry, Release)):
+                raise TypeError(
+                    f"The reconciler of {record.operation!r} returned {outcome!r}; it must "
+                    "return Completed, Failed, Retry or Release."
+                )
             if isinstance(outcome, (Completed, Failed)):
                 state = Outcome.COMPLETED if isinstance(outcome, Completed) else Outcome.FAILED
                 store.complete(held, state, outcome.stored(), ttl=idempotency_settings.TTL)
@@ -209,9 +221,11 @@ def settle(record: IdempotencyRecord, held: store.Claim, report: RecoveryReport)
     elif isinstance(outcome, Failed):
         report.failed += 1
     elif isinstance(outcome, Release):
-        store.release(held, states=store.UNRESOLVED_STATES)
-        report.released += 1
-        signals.notify(signals.claim_released, None, held.scope, reason="reconciled")
+        if store.release(held, states=store.UNRESOLVED_STATES):
+            report.released += 1
+            signals.notify(signals.claim_released, None, held.scope, reason="reconciled")
+        else:
+            report.stale += 1
     else:
         store.postpone(held, timezone.now() + as_timedelta(outcome.after))
         report.retried += 1

@@ -17,6 +17,8 @@ from datetime import datetime, timedelta
 from typing import Any
 
 from django.db import IntegrityError, connections, transaction
+from django.db.models import F, Value
+from django.db.models.functions import Greatest
 from django.utils import timezone
 
 from django_idempotency.db import commit_now_alias
@@ -199,7 +201,8 @@ def complete(held: Claim, outcome: Outcome, response: StoredResponse, *, ttl: ti
         response_body=response.body,
         lease_owner="",
         lease_expires_at=None,
-        expires_at=now + ttl,
+        # An operator may have extended retention already: never shorten it.
+        expires_at=Greatest(F("expires_at"), Value(now + ttl)),
     )
 
 
@@ -313,41 +316,52 @@ def postpone(held: Claim, until: datetime) -> None:
     )
 
 
-def take_over_stale(
-    *, limit: int, lease: timedelta, using: str
-) -> list[tuple[IdempotencyRecord, Claim]]:
-    """Take unresolved records whose lease ran out, for recovery.
+def take_over_next_stale(*, lease: timedelta, using: str) -> tuple[IdempotencyRecord, Claim] | None:
+    """Take the unresolved record whose lease ran out longest ago, for recovery.
 
-    One short transaction: select a batch (SKIP LOCKED where the database
-    has it, so that several workers share the work), then bump each fencing
-    token and give it a fresh lease in this worker's name. Once committed,
-    the fresh lease keeps other workers away while the reconciler runs.
+    One record at a time, right before it is settled, so that its fresh
+    lease covers the reconciler's run rather than a whole batch's. The row
+    is locked while it is taken (SKIP LOCKED where the database has it, so
+    that concurrent workers pass over each other's), and the takeover is a
+    compare-and-set repeating every condition: a record another worker took
+    or resolved in between is never handled twice.
     """
-    now = timezone.now()
     connection = connections[using]
-    taken: list[tuple[IdempotencyRecord, Claim]] = []
-    with transaction.atomic(using=using):
-        stale = IdempotencyRecord.objects.using(using).filter(
-            state__in=UNRESOLVED_STATES, lease_expires_at__lte=now
-        )
-        if connection.features.has_select_for_update_skip_locked:
-            stale = stale.select_for_update(skip_locked=True)
-        owner = lease_owner()
-        for record in stale.order_by("lease_expires_at")[:limit]:
-            token = record.fencing_token + 1
-            IdempotencyRecord.objects.using(using).filter(
-                pk=record.pk, fencing_token=record.fencing_token
-            ).update(
-                fencing_token=token,
-                lease_owner=owner,
-                lease_expires_at=now + lease,
-                updated_at=now,
+    while True:
+        now = timezone.now()
+        with transaction.atomic(using=using):
+            stale = IdempotencyRecord.objects.using(using).filter(
+                state__in=UNRESOLVED_STATES, lease_expires_at__lte=now
             )
+            if connection.features.has_select_for_update_skip_locked:
+                stale = stale.select_for_update(skip_locked=True)
+            elif connection.features.has_select_for_update:
+                stale = stale.select_for_update()
+            record = stale.order_by("lease_expires_at").first()
+            if record is None:
+                return None
+            token = record.fencing_token + 1
+            owner = lease_owner()
+            taken = (
+                IdempotencyRecord.objects.using(using)
+                .filter(
+                    pk=record.pk,
+                    fencing_token=record.fencing_token,
+                    state__in=UNRESOLVED_STATES,
+                    lease_expires_at__lte=now,
+                )
+                .update(
+                    fencing_token=token,
+                    lease_owner=owner,
+                    lease_expires_at=now + lease,
+                    updated_at=now,
+                )
+            )
+        if taken:
             record.fencing_token, record.lease_owner = token, owner
             record.lease_expires_at = now + lease
             scope = Scope(record.tenant, record.operation, record.key)
-            taken.append((record, Claim(record.pk, token, scope, using)))
-    return taken
+            return record, Claim(record.pk, token, scope, using)
 
 
 def purge_expired_batch(*, limit: int, using: str) -> int:
@@ -380,24 +394,30 @@ def discard_expired(record: IdempotencyRecord, *, using: str) -> bool:
 
 
 def take_over_for_operator(
-    record: IdempotencyRecord, *, operator: str, lease: timedelta, using: str
+    record: IdempotencyRecord,
+    *,
+    seen_state: str,
+    operator: str,
+    lease: timedelta,
+    using: str,
 ) -> Claim | None:
     """Take a record for an operator's action, if it is as the operator saw it.
 
-    Compare-and-set on the fencing token the operator's page showed: a record
-    that changed since (taken over, resolved) is left alone. A record whose
-    owner still holds a live lease is left alone too: the owner is working.
+    Compare-and-set on the fencing token and the state the operator's page
+    showed: a record that changed since (taken over, resolved) is left alone.
+    So is a record whose lease somebody holds (its owner, or a recovery
+    worker reconciling it): they are working on it.
     """
     now = timezone.now()
     token = record.fencing_token + 1
     updated = (
         IdempotencyRecord.objects.using(using)
-        .filter(pk=record.pk, fencing_token=record.fencing_token)
-        .exclude(state__in=(State.CLAIMED, State.IN_PROGRESS), lease_expires_at__gt=now)
+        .filter(pk=record.pk, fencing_token=record.fencing_token, state=seen_state)
+        .exclude(lease_owner__gt="", lease_expires_at__gt=now)
         .update(
             fencing_token=token,
             lease_owner=f"operator:{operator}"[:255],
-            lease_expires_at=now + lease if not record.is_resolved else None,
+            lease_expires_at=now + lease if seen_state not in RESOLVED_STATES else None,
             updated_at=now,
         )
     )

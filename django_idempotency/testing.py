@@ -18,6 +18,9 @@ from contextlib import contextmanager
 from dataclasses import dataclass, field
 from typing import Any
 
+from django.core.exceptions import ImproperlyConfigured
+from django.db import connections
+
 from django_idempotency import store
 from django_idempotency.conf import idempotency_settings
 
@@ -45,7 +48,16 @@ def simulate_crash_after_begin_external() -> Iterator[None]:
     record is left behind exactly as a worker dying mid-call leaves it.
     Catch ``SimulatedCrash`` around the request, then ``expire_leases()``
     and run ``recover_stale_records()`` to exercise your reconciler.
+
+    Needs PostgreSQL or MySQL/MariaDB: on SQLite the intent is written
+    inside the view's transaction (one writer at a time), so a crash leaves
+    a CLAIMED record that recovery releases without asking the reconciler.
     """
+    if connections[idempotency_settings.DATABASE].vendor == "sqlite":
+        raise ImproperlyConfigured(
+            "simulate_crash_after_begin_external() needs PostgreSQL or MySQL/MariaDB: on "
+            "SQLite a crash leaves a CLAIMED record and no reconciler is asked."
+        )
     _crash.armed = True
     try:
         yield
@@ -59,7 +71,12 @@ def expire_leases() -> int:
 
 
 def assert_protected(
-    client: Any, url: str, data: Mapping[str, Any], *, changed: Mapping[str, Any] | None = None
+    client: Any,
+    url: str,
+    data: Mapping[str, Any],
+    *,
+    changed: Mapping[str, Any] | None = None,
+    required: bool | None = None,
 ) -> None:
     """Assert that POSTing ``data`` to ``url`` is protected as the SPEC says.
 
@@ -67,7 +84,9 @@ def assert_protected(
     Checks: a missing key is refused with 400 (when keys are required); a
     retry with the same key replays the first answer byte for byte; the same
     key with ``changed`` input (default: ``data`` plus a field) is refused
-    with 422.
+    with 422. Pass ``changed`` when the view fingerprints selected fields
+    only, and ``required`` when the view's ``required=`` differs from
+    ``IDEMPOTENCY["REQUIRED"]``.
     """
     header = "HTTP_" + idempotency_settings.HEADER.upper().replace("-", "_")
     key = f"assert-protected-{uuid.uuid4()}"
@@ -76,7 +95,7 @@ def assert_protected(
     def send(payload: str, **extra: str) -> Any:
         return client.post(url, payload, content_type="application/json", **extra)
 
-    if idempotency_settings.REQUIRED:
+    if required if required is not None else idempotency_settings.REQUIRED:
         missing = send(body)
         assert missing.status_code == 400, f"no key: expected 400, got {missing.status_code}"
     first = send(body, **{header: key})
@@ -117,8 +136,12 @@ class Duplicates:
 
     @property
     def executed(self) -> int:
-        """Answers that ran the view: neither replays nor refusals. Expect 1."""
-        return len(self.statuses) - sum(self.replayed) - self.refused
+        """Answers that ran the view to an outcome: not replays, refusals or 5xx.
+
+        Expect 1. (A 5xx released its claim and rolled its writes back.)
+        """
+        failed = sum(status >= 500 for status in self.statuses)
+        return len(self.statuses) - sum(self.replayed) - self.refused - failed
 
 
 def _refusal_code(body: bytes) -> object:

@@ -5,6 +5,7 @@ from typing import Any
 from django.core.management.base import BaseCommand, CommandParser
 
 from django_idempotency import eviction
+from django_idempotency.management.arguments import positive_int
 
 
 class Command(BaseCommand):
@@ -14,9 +15,9 @@ class Command(BaseCommand):
     )
 
     def add_arguments(self, parser: CommandParser) -> None:
-        parser.add_argument("--batch-size", type=int, default=1000, help="rows per DELETE")
+        parser.add_argument("--batch-size", type=positive_int, default=1000, help="rows per DELETE")
         parser.add_argument(
-            "--max-batches", type=int, default=None, help="stop after this many batches"
+            "--max-batches", type=positive_int, default=None, help="stop after this many batches"
         )
         parser.add_argument(
             "--dry-run", action="store_true", help="count what would be deleted, delete nothing"

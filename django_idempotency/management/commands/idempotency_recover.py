@@ -5,6 +5,7 @@ from typing import Any
 from django.core.management.base import BaseCommand, CommandParser
 
 from django_idempotency import recovery
+from django_idempotency.management.arguments import positive_int
 
 
 class Command(BaseCommand):
@@ -15,7 +16,7 @@ class Command(BaseCommand):
     )
 
     def add_arguments(self, parser: CommandParser) -> None:
-        parser.add_argument("--batch-size", type=int, default=100, help="records per run")
+        parser.add_argument("--batch-size", type=positive_int, default=100, help="records per run")
         parser.add_argument(
             "--dry-run", action="store_true", help="list what would be handled, change nothing"
         )
