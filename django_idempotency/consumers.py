@@ -8,6 +8,7 @@ comes from the message itself (an event id), not from the delivery.
 from __future__ import annotations
 
 import functools
+import hashlib
 import inspect
 import json
 import logging
@@ -16,11 +17,13 @@ from datetime import timedelta
 from typing import Any, TypeVar, cast
 
 from django.db import transaction
+from django.utils import timezone
 
 from django_idempotency import store
 from django_idempotency.conf import as_timedelta, idempotency_settings
 from django_idempotency.exceptions import IdempotencyError, StaleOwner
 from django_idempotency.fingerprint import fingerprint
+from django_idempotency.models import KEY_MAX_LENGTH
 from django_idempotency.responses import Outcome, StoredResponse
 from django_idempotency.scope import Scope
 
@@ -44,13 +47,19 @@ class TaskKeyReused(IdempotencyError):
 
 def _key_of(key: str | Callable[..., Any], func: Callable[..., Any], args: Any, kwargs: Any) -> str:
     if callable(key):
-        return str(key(*args, **kwargs))
-    bound = inspect.signature(func).bind(*args, **kwargs)
-    return str(bound.arguments[key])
+        value = str(key(*args, **kwargs))
+    else:
+        value = str(inspect.signature(func).bind(*args, **kwargs).arguments[key])
+    if len(value) > KEY_MAX_LENGTH:
+        # Message ids are not ours to limit: a long one is kept by its digest.
+        return "sha256:" + hashlib.sha256(value.encode("utf-8", "surrogatepass")).hexdigest()
+    return value
 
 
 def _arguments(func: Callable[..., Any], args: Any, kwargs: Any) -> Any:
     bound = inspect.signature(func).bind(*args, **kwargs)
+    # charge(e, 5) and charge(e, 5, fail=False) are the same call.
+    bound.apply_defaults()
     # A bound task's first argument is the Task itself, not input.
     return {name: value for name, value in bound.arguments.items() if name != "self"}
 
@@ -91,6 +100,16 @@ def idempotent_task(
             held = store.claim(scope, digest, ttl=retention, lease=held_for, using=database)
             if held is None:
                 record = store.lookup(scope, using=database)
+                if (
+                    record is not None
+                    and record.is_resolved
+                    and record.expires_at <= timezone.now()
+                    and store.discard_expired(record, using=database)
+                ):
+                    # Past retention the message is a new one (as an HTTP key is).
+                    held = store.claim(scope, digest, ttl=retention, lease=held_for, using=database)
+                    record = None if held else store.lookup(scope, using=database)
+            if held is None:
                 if record is not None and record.fingerprint != digest:
                     raise TaskKeyReused(f"{scope} was used with other arguments")
                 if record is not None and record.is_resolved:

@@ -27,7 +27,10 @@ class Command(BaseCommand):
         self, *args: Any, batch_size: int, max_batches: int | None, dry_run: bool, **options: Any
     ) -> None:
         if dry_run:
-            self.stdout.write(f"{eviction.expired_count()} expired record(s) would be deleted.")
+            count = eviction.expired_count()
+            if max_batches is not None:
+                count = min(count, batch_size * max_batches)
+            self.stdout.write(f"{count} expired record(s) would be deleted.")
             return
         report = eviction.purge_expired_records(batch_size=batch_size, max_batches=max_batches)
         self.stdout.write(

@@ -1,0 +1,388 @@
+"""``idempotent_task``: a redelivered or duplicated message runs its body once.
+
+In-process, on the real test database (``transaction=True``: every write
+really commits, as in a worker). The body's side effect is a ``Charge`` row;
+its note is the message's event id. The real-worker proof (duplicated
+messages, a worker SIGKILLed mid-task) is ``tests/live/test_celery_consumer.py``.
+"""
+
+from __future__ import annotations
+
+import threading
+import uuid
+from datetime import timedelta
+from typing import Any
+
+import pytest
+from celery import shared_task
+from django.db import connections
+from django.db.models import F
+from django.utils import timezone
+
+from django_idempotency.consumers import TASK_TENANT
+from django_idempotency.models import IdempotencyRecord
+from django_idempotency.tasks import TaskInProgress, TaskKeyReused, idempotent_task
+from tests.testapp.models import Charge
+
+pytestmark = pytest.mark.django_db(transaction=True)
+State = IdempotencyRecord.State
+
+OPERATION = "task tests.charge"
+#: What each body did, in order: (event id, amount). Cleared per test.
+executed: list[tuple[str, int]] = []
+
+
+class Boom(Exception):
+    pass
+
+
+@idempotent_task(key="event_id", operation=OPERATION)
+def charge(event_id: str, amount: int, fail: bool = False) -> dict[str, Any]:
+    executed.append((event_id, amount))
+    row = Charge.objects.create(tenant="task", amount=amount, note=event_id)
+    if fail:
+        raise Boom("after the write")
+    return {"charge": row.pk, "amount": amount, "event": event_id}
+
+
+@idempotent_task(key=lambda event, **_: event["id"])
+def charge_event(event: dict[str, Any]) -> int:
+    executed.append((event["id"], event["amount"]))
+    return Charge.objects.create(tenant="task", amount=event["amount"], note=event["id"]).pk
+
+
+@idempotent_task(key="event_id")
+def refund(event_id: str, amount: int) -> int:
+    executed.append((event_id, -amount))
+    return Charge.objects.create(tenant="task", amount=-amount, note=event_id).pk
+
+
+@idempotent_task(key="event_id", operation="task tests.unserialisable")
+def unserialisable(event_id: str) -> object:
+    Charge.objects.create(tenant="task", amount=1, note=event_id)
+    return object()
+
+
+@idempotent_task(key="event_id", operation="task tests.loses-its-lease")
+def loses_its_lease(event_id: str) -> int:
+    """Writes, then finds that another worker took its record over meanwhile."""
+    Charge.objects.create(tenant="task", amount=1, note=event_id)
+    IdempotencyRecord.objects.filter(tenant=TASK_TENANT, key=event_id).update(
+        fencing_token=F("fencing_token") + 1
+    )
+    return 1
+
+
+@shared_task(bind=True, name="tests.test_consumers.bound_charge")
+@idempotent_task(key="event_id", operation="task tests.bound")
+def bound_charge(self: Any, event_id: str, amount: int) -> dict[str, Any]:
+    executed.append((event_id, amount))
+    row = Charge.objects.create(tenant="task", amount=amount, note=event_id)
+    return {"charge": row.pk, "task_name": self.name}
+
+
+@pytest.fixture(autouse=True)
+def _clear_runs() -> None:
+    executed.clear()
+
+
+@pytest.fixture
+def event_id() -> str:
+    return f"evt-{uuid.uuid4().hex[:12]}"
+
+
+def record(key: str, operation: str = OPERATION) -> IdempotencyRecord:
+    return IdempotencyRecord.objects.get(tenant=TASK_TENANT, operation=operation, key=key)
+
+
+def charges(note: str) -> int:
+    return Charge.objects.filter(note=note).count()
+
+
+# -- duplicates ------------------------------------------------------------------------
+
+
+def test_a_duplicate_runs_the_body_once_and_returns_the_stored_result(event_id: str) -> None:
+    first = charge(event_id, 5)
+    duplicates = [charge(event_id, 5) for _ in range(4)]
+
+    assert executed == [(event_id, 5)]
+    assert charges(event_id) == 1
+    assert first == {"charge": Charge.objects.get(note=event_id).pk, "amount": 5, "event": event_id}
+    assert duplicates == [first] * 4
+    stored = record(event_id)
+    assert stored.state == State.COMPLETED
+    assert stored.lease_owner == "" and stored.lease_expires_at is None
+    assert ["Content-Type", "application/json"] in stored.response_headers
+
+
+def test_positional_and_keyword_arguments_are_the_same_message(event_id: str) -> None:
+    first = charge(event_id, 5)
+    assert charge(event_id=event_id, amount=5) == first
+    assert charge(amount=5, event_id=event_id) == first
+    assert charges(event_id) == 1
+
+
+def test_the_key_may_come_from_a_callable(event_id: str) -> None:
+    event = {"id": event_id, "amount": 3}
+    first = charge_event(event)
+    assert charge_event(dict(event)) == first
+    assert charges(event_id) == 1
+    assert IdempotencyRecord.objects.get(key=event_id).operation == (
+        f"task {__name__}.charge_event"
+    )
+
+
+def test_the_same_event_id_in_another_task_is_another_operation(event_id: str) -> None:
+    charge(event_id, 5)
+    refund(event_id, 5)
+    refund(event_id, 5)
+
+    assert executed == [(event_id, 5), (event_id, -5)]
+    assert sorted(
+        IdempotencyRecord.objects.filter(key=event_id).values_list("operation", flat=True)
+    ) == [
+        OPERATION,
+        f"task {__name__}.refund",
+    ]
+
+
+def test_a_bound_celery_task_ignores_self_and_dedupes_across_deliveries(event_id: str) -> None:
+    """``bind=True`` (as the docs recommend): the Task instance is not input."""
+    results = [bound_charge.apply(args=(event_id, 4)).get() for _ in range(3)]
+
+    assert executed == [(event_id, 4)]
+    assert results == [results[0]] * 3
+    assert results[0]["task_name"] == "tests.test_consumers.bound_charge"
+    assert record(event_id, "task tests.bound").state == State.COMPLETED
+
+
+def test_ttl_sets_the_retention_of_the_record(event_id: str) -> None:
+    @idempotent_task(key="event_id", operation="task tests.ttl", ttl=timedelta(minutes=7))
+    def short_lived(event_id: str) -> None:
+        return None
+
+    before = timezone.now()
+    assert short_lived(event_id) is None
+    assert short_lived(event_id) is None  # a stored null is replayed, not re-run
+    stored = record(event_id, "task tests.ttl")
+    assert (
+        before + timedelta(minutes=7) <= stored.expires_at <= timezone.now() + timedelta(minutes=7)
+    )
+
+
+# -- the body's writes and the completion commit together -------------------------------
+
+
+def test_a_body_that_raises_commits_nothing_and_releases_the_claim(event_id: str) -> None:
+    with pytest.raises(Boom):
+        charge(event_id, 5, fail=True)
+
+    assert charges(event_id) == 0
+    assert not IdempotencyRecord.objects.filter(key=event_id).exists()
+
+    # The redelivery (same event, now succeeding) really runs.
+    result = charge(event_id, 5)
+    assert charges(event_id) == 1
+    assert record(event_id).state == State.COMPLETED
+    assert charge(event_id, 5) == result
+    assert len(executed) == 2
+
+
+def test_a_result_that_cannot_be_stored_rolls_the_body_back(event_id: str) -> None:
+    """The completion is part of the body's transaction: if it cannot be written,
+    the body's writes go too, and the claim is released."""
+    with pytest.raises(TypeError):
+        unserialisable(event_id)
+
+    assert charges(event_id) == 0
+    assert not IdempotencyRecord.objects.filter(key=event_id).exists()
+
+
+def test_a_completion_refused_by_fencing_rolls_the_body_back(event_id: str) -> None:
+    """The record was taken over while the body ran: the completion matches no
+    row, and the body's writes roll back with it."""
+    with pytest.raises(TaskInProgress):
+        loses_its_lease(event_id)
+
+    assert charges(event_id) == 0
+    # The takeover happened inside the rolled-back transaction too: the claim
+    # is still the original one, unresolved.
+    assert record(event_id, "task tests.loses-its-lease").state == State.CLAIMED
+
+
+def test_the_completion_is_invisible_to_others_until_the_body_commits(event_id: str) -> None:
+    """While the body runs, another connection sees a CLAIMED record and no charge."""
+    seen: dict[str, Any] = {}
+
+    def look() -> None:
+        try:
+            seen["record"] = IdempotencyRecord.objects.get(key=event_id).state
+            seen["charges"] = charges(event_id)
+        finally:
+            connections.close_all()
+
+    @idempotent_task(key="event_id", operation="task tests.observed")
+    def observed(event_id: str) -> int:
+        row = Charge.objects.create(tenant="task", amount=1, note=event_id)
+        watcher = threading.Thread(target=look)
+        watcher.start()
+        watcher.join(10)
+        return row.pk
+
+    observed(event_id)
+    assert seen == {"record": State.CLAIMED, "charges": 0}
+    assert record(event_id, "task tests.observed").state == State.COMPLETED
+    assert charges(event_id) == 1
+
+
+# -- a key reused, a message in flight, an abandoned claim ---------------------------------
+
+
+def test_a_key_reused_with_other_arguments_is_refused(event_id: str) -> None:
+    charge(event_id, 5)
+
+    with pytest.raises(TaskKeyReused):
+        charge(event_id, 6)
+
+    assert executed == [(event_id, 5)]
+    assert list(Charge.objects.filter(note=event_id).values_list("amount", flat=True)) == [5]
+    assert record(event_id).state == State.COMPLETED
+
+
+def test_a_key_reused_while_in_flight_is_refused_as_reused(event_id: str) -> None:
+    make_in_flight(event_id, lease=timedelta(seconds=60))
+
+    with pytest.raises(TaskKeyReused):
+        charge(event_id, 6)
+
+
+def make_in_flight(event_id: str, *, lease: timedelta, state: str = State.CLAIMED) -> None:
+    """Run the message once, then turn its record back into a claim held by
+    another worker (lease ending ``lease`` from now) whose work never committed."""
+    charge(event_id, 5)
+    Charge.objects.filter(note=event_id).delete()
+    IdempotencyRecord.objects.filter(tenant=TASK_TENANT, key=event_id).update(
+        state=state,
+        lease_owner="other-worker:1:1",
+        lease_expires_at=timezone.now() + lease,
+        response_status=None,
+        response_body=None,
+        response_headers=[],
+    )
+    executed.clear()
+
+
+def test_an_in_flight_duplicate_raises_task_in_progress(event_id: str) -> None:
+    make_in_flight(event_id, lease=timedelta(seconds=60))
+    token = record(event_id).fencing_token
+
+    with pytest.raises(TaskInProgress):
+        charge(event_id, 5)
+
+    assert executed == []
+    assert charges(event_id) == 0
+    held = record(event_id)
+    assert (held.state, held.fencing_token, held.lease_owner) == (
+        State.CLAIMED,
+        token,
+        "other-worker:1:1",
+    )
+
+
+@pytest.mark.parametrize("state", [State.IN_PROGRESS, State.UNCERTAIN])
+def test_an_unresolved_record_past_its_lease_is_not_taken_over_by_a_task(
+    event_id: str, state: str
+) -> None:
+    """Only a CLAIMED record is safe to run again; the others are recovery's."""
+    make_in_flight(event_id, lease=-timedelta(seconds=1), state=state)
+
+    with pytest.raises(TaskInProgress):
+        charge(event_id, 5)
+
+    assert executed == []
+    assert record(event_id).state == state
+
+
+def test_an_abandoned_claim_is_taken_over_and_run_once(event_id: str) -> None:
+    make_in_flight(event_id, lease=-timedelta(seconds=1))
+    token = record(event_id).fencing_token
+
+    result = charge(event_id, 5)
+
+    assert executed == [(event_id, 5)]
+    assert charges(event_id) == 1
+    taken = record(event_id)
+    assert taken.state == State.COMPLETED
+    assert taken.fencing_token == token + 1
+    assert charge(event_id, 5) == result
+    assert len(executed) == 1
+
+
+@pytest.mark.postgres
+def test_a_duplicate_delivered_while_the_first_runs_is_in_progress(event_id: str) -> None:
+    """Two workers (threads, each with its own connection), one message: the
+    second delivery arrives while the first body runs and is refused, then
+    gets the stored result once the first has finished."""
+    started, finish = threading.Event(), threading.Event()
+    outcome: dict[str, Any] = {}
+
+    @idempotent_task(key="event_id", operation="task tests.slow")
+    def slow(event_id: str) -> int:
+        row = Charge.objects.create(tenant="task", amount=1, note=event_id)
+        started.set()
+        assert finish.wait(10)
+        return row.pk
+
+    def first() -> None:
+        try:
+            outcome["first"] = slow(event_id)
+        except BaseException as exc:  # reported below, never lost in a thread
+            outcome["first"] = exc
+        finally:
+            connections.close_all()
+
+    worker = threading.Thread(target=first)
+    worker.start()
+    try:
+        assert started.wait(10)
+        with pytest.raises(TaskInProgress):
+            slow(event_id)
+    finally:
+        finish.set()
+        worker.join(10)
+
+    assert isinstance(outcome["first"], int), outcome
+    assert slow(event_id) == outcome["first"]
+    assert charges(event_id) == 1
+
+
+def test_an_explicit_default_argument_is_the_same_message(event_id: str) -> None:
+    first = charge(event_id, 5)
+    assert charge(event_id, 5, fail=False) == first
+    assert executed == [(event_id, 5)]
+
+
+def test_a_message_past_retention_runs_again(event_id: str) -> None:
+    charge(event_id, 5)
+    IdempotencyRecord.objects.update(expires_at=timezone.now() - timedelta(seconds=1))
+
+    charge(event_id, 5)
+
+    assert executed == [(event_id, 5), (event_id, 5)]
+    assert charges(event_id) == 2
+
+
+@idempotent_task(key="event_id", operation="task tests.long-ids")
+def note_event(event_id: str) -> int:
+    executed.append((event_id, 0))
+    return Charge.objects.create(tenant="task", amount=0, note=event_id[:200]).pk
+
+
+def test_a_long_message_id_is_kept_by_its_digest() -> None:
+    long_id = "evt-" + "x" * 400
+    first = note_event(long_id)
+
+    assert note_event(long_id) == first
+    assert len(executed) == 1
+    assert IdempotencyRecord.objects.get().key.startswith("sha256:")

@@ -1,0 +1,183 @@
+"""Eviction: resolved records past ``expires_at`` are deleted, in bounded batches.
+
+``eviction.purge_expired_records`` (and the ``idempotency_purge`` command
+and the Celery task doing the same work) in-process, on the real test
+database. Unresolved records are never deleted, however old.
+"""
+
+from __future__ import annotations
+
+import re
+from datetime import datetime, timedelta
+from io import StringIO
+from typing import Any
+
+import pytest
+from django.core.management import call_command
+from django.utils import timezone
+
+from django_idempotency import eviction, tasks
+from django_idempotency.models import IdempotencyRecord
+from tests.factories import RecordFactory
+
+pytestmark = pytest.mark.django_db(transaction=True)
+State = IdempotencyRecord.State
+RESOLVED = [State.COMPLETED, State.FAILED]
+UNRESOLVED = [State.CLAIMED, State.IN_PROGRESS, State.UNCERTAIN]
+
+
+def ago(seconds: float) -> datetime:
+    return timezone.now() - timedelta(seconds=seconds)
+
+
+def expired(state: str = State.COMPLETED, seconds: float = 60, **fields: Any) -> IdempotencyRecord:
+    values: dict[str, Any] = {"state": state, "expires_at": ago(seconds)}
+    if state not in RESOLVED:
+        values.update(
+            lease_owner="dead-host:1:1",
+            lease_expires_at=ago(seconds),
+            response_status=None,
+            response_body=None,
+            response_headers=[],
+        )
+    values.update(fields)
+    return RecordFactory(**values)
+
+
+def remaining() -> set[int]:
+    return set(IdempotencyRecord.objects.values_list("pk", flat=True))
+
+
+def test_only_resolved_records_past_expiry_are_deleted() -> None:
+    gone = [expired(State.COMPLETED), expired(State.FAILED, response_status=402)]
+    kept = [
+        RecordFactory(state=State.COMPLETED, expires_at=timezone.now() + timedelta(seconds=30)),
+        RecordFactory(state=State.FAILED, expires_at=timezone.now() + timedelta(hours=1)),
+    ]
+    # Unresolved ones, even years past expiry and lease: recovery's business.
+    kept += [expired(state, seconds=3 * 365 * 86400) for state in UNRESOLVED]
+
+    report = eviction.purge_expired_records()
+
+    assert (report.deleted, report.batches) == (2, 1)
+    assert remaining() == {record.pk for record in kept}
+    assert not remaining() & {record.pk for record in gone}
+
+
+@pytest.mark.parametrize("state", UNRESOLVED)
+def test_an_unresolved_record_is_never_purged(state: str) -> None:
+    record = expired(state, seconds=86400)
+
+    assert eviction.purge_expired_records(batch_size=1).deleted == 0
+    assert eviction.expired_count() == 0
+    assert remaining() == {record.pk}
+
+
+def test_purging_nothing_is_a_no_op() -> None:
+    RecordFactory()  # not expired
+    report = eviction.purge_expired_records()
+    assert (report.deleted, report.batches) == (0, 0)
+    assert len(remaining()) == 1
+
+
+def test_batches_of_the_given_size_until_done() -> None:
+    for i in range(7):
+        expired(seconds=100 + i)
+
+    report = eviction.purge_expired_records(batch_size=3)
+
+    assert (report.deleted, report.batches) == (7, 3)  # 3 + 3 + 1
+    assert remaining() == set()
+    assert report.longest_batch >= 0
+
+
+def test_a_full_last_batch_is_followed_by_an_empty_check() -> None:
+    for _ in range(6):
+        expired()
+
+    report = eviction.purge_expired_records(batch_size=3)
+
+    assert (report.deleted, report.batches) == (6, 2)
+    assert remaining() == set()
+
+
+def test_max_batches_bounds_a_run_oldest_first() -> None:
+    records = [expired(seconds=1000 - i * 10) for i in range(7)]  # oldest first
+    unresolved = expired(State.UNCERTAIN, seconds=5000)
+
+    report = eviction.purge_expired_records(batch_size=2, max_batches=2)
+
+    assert (report.deleted, report.batches) == (4, 2)
+    assert remaining() == {record.pk for record in records[4:]} | {unresolved.pk}
+
+    report = eviction.purge_expired_records(batch_size=2, max_batches=2)
+    assert (report.deleted, report.batches) == (3, 2)
+    assert remaining() == {unresolved.pk}
+
+
+def test_expired_count_counts_what_a_purge_would_delete() -> None:
+    for state in RESOLVED:
+        expired(state)
+        expired(state)
+    for state in UNRESOLVED:
+        expired(state)
+    RecordFactory()
+
+    assert eviction.expired_count() == 4
+    assert eviction.purge_expired_records().deleted == 4
+
+
+# -- the management command and the Celery task ---------------------------------------
+
+
+def run_command(*args: str) -> str:
+    out = StringIO()
+    call_command("idempotency_purge", *args, stdout=out)
+    return out.getvalue().strip()
+
+
+@pytest.fixture
+def five_expired() -> list[IdempotencyRecord]:
+    records = [expired(seconds=500 - i) for i in range(5)]
+    RecordFactory()  # live
+    expired(State.UNCERTAIN)
+    return records
+
+
+def test_the_command_dry_run_counts_and_deletes_nothing(
+    five_expired: list[IdempotencyRecord],
+) -> None:
+    before = remaining()
+
+    assert run_command("--dry-run") == "5 expired record(s) would be deleted."
+    assert run_command("--dry-run", "--batch-size", "2") == "5 expired record(s) would be deleted."
+    assert remaining() == before
+
+
+def test_the_command_deletes_in_batches_and_prints_the_counts(
+    five_expired: list[IdempotencyRecord],
+) -> None:
+    output = run_command("--batch-size", "2")
+
+    match = re.fullmatch(
+        r"deleted 5 record\(s\) in 3 batch\(es\); longest batch \d+\.\d ms", output
+    )
+    assert match, output
+    assert len(remaining()) == 2
+
+
+def test_the_command_respects_max_batches(five_expired: list[IdempotencyRecord]) -> None:
+    output = run_command("--batch-size", "2", "--max-batches", "1")
+
+    assert output.startswith("deleted 2 record(s) in 1 batch(es);"), output
+    assert not remaining() & {record.pk for record in five_expired[:2]}
+    assert remaining() >= {record.pk for record in five_expired[2:]}
+
+
+def test_the_celery_task_does_the_same_work(five_expired: list[IdempotencyRecord]) -> None:
+    result = tasks.purge_expired_records.apply(kwargs={"batch_size": 2, "max_batches": 2}).get()
+
+    assert (result["deleted"], result["batches"]) == (4, 2)
+    assert isinstance(result["longest_batch"], float)
+    assert tasks.purge_expired_records.apply().get()["deleted"] == 1
+    assert len(remaining()) == 2
