@@ -61,7 +61,7 @@ def _check_key_max_length(value: Any) -> Iterator[CheckMessage]:
             4,
             f"IDEMPOTENCY['KEY_MAX_LENGTH'] = {value!r} is not an integer from 1 to "
             f"{KEY_MAX_LENGTH}.",
-            f"The key column holds {KEY_MAX_LENGTH} characters; the IETF draft and Stripe use 255.",
+            f"The key column holds {KEY_MAX_LENGTH} characters; Stripe documents 255.",
         )
 
 

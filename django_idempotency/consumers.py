@@ -19,30 +19,20 @@ from typing import Any, TypeVar, cast
 from django.db import transaction
 from django.utils import timezone
 
-from django_idempotency import store
 from django_idempotency.conf import as_timedelta, idempotency_settings
-from django_idempotency.exceptions import IdempotencyError, StaleOwner
+from django_idempotency.exceptions import StaleOwner, TaskInProgress, TaskKeyReused
 from django_idempotency.fingerprint import fingerprint
-from django_idempotency.models import KEY_MAX_LENGTH
 from django_idempotency.responses import Outcome, StoredResponse
-from django_idempotency.scope import Scope
+
+# Not the models' own constant: this module is imported from settings files
+# (through tasks.py), before the app registry is ready.
+KEY_MAX_LENGTH = 255
 
 logger = logging.getLogger("django_idempotency")
 Task = TypeVar("Task", bound=Callable[..., Any])
 
 #: The tenant of task records: tasks act for the system, not for a client.
 TASK_TENANT = "task"
-
-
-class TaskInProgress(IdempotencyError):
-    """The same message is being handled by another worker right now.
-
-    Let Celery retry it later: ``autoretry_for=(TaskInProgress,)``.
-    """
-
-
-class TaskKeyReused(IdempotencyError):
-    """A message reused a key with different arguments: a producer bug."""
 
 
 def _key_of(key: str | Callable[..., Any], func: Callable[..., Any], args: Any, kwargs: Any) -> str:
@@ -91,6 +81,9 @@ def idempotent_task(
 
         @functools.wraps(func)
         def run_once(*args: Any, **kwargs: Any) -> Any:
+            from django_idempotency import store
+            from django_idempotency.scope import Scope
+
             conf = idempotency_settings
             database = conf.DATABASE
             scope = Scope(TASK_TENANT, name, _key_of(key, func, args, kwargs))

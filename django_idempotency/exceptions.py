@@ -83,5 +83,16 @@ class StoreUnavailable(IdempotencyRefusal):
     )
 
 
+class TaskInProgress(IdempotencyError):
+    """The same message is being handled by another worker right now.
+
+    Let Celery retry it later: ``autoretry_for=(TaskInProgress,)``.
+    """
+
+
+class TaskKeyReused(IdempotencyError):
+    """A message reused a key with different arguments: a producer bug."""
+
+
 class StaleOwner(IdempotencyError):
     """An owner's write found the record's fencing token moved on: it lost the lease."""

@@ -34,6 +34,12 @@ def parse_key(raw: str, max_length: int) -> str:
         if not isinstance(parsed, str) or params:
             raise KeyInvalid("A quoted Idempotency-Key must be a plain string.")
         value = parsed
+    elif "," in value:
+        # Servers join a header sent twice with commas: two keys, not one.
+        raise KeyInvalid(
+            "The Idempotency-Key header holds a comma: send the header once, with one "
+            'key (quote it, "...", if the key itself contains a comma).'
+        )
     if not value:
         raise KeyInvalid("The Idempotency-Key header is empty.")
     if len(value) > max_length:

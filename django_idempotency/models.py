@@ -8,7 +8,7 @@ from django.utils.translation import gettext_lazy as _
 #: character: (128 + 255 + 255) * 4 = 2552.
 TENANT_MAX_LENGTH = 128
 OPERATION_MAX_LENGTH = 255
-KEY_MAX_LENGTH = 255
+KEY_MAX_LENGTH = 255  # also in consumers.py, which cannot import this module early
 
 
 class IdempotencyRecord(models.Model):

@@ -1,7 +1,8 @@
 """Celery tasks for recovery and eviction, a ready beat schedule, and
 ``idempotent_task`` for deduplicating consumers.
 
-Merge the schedule into yours::
+Merge the schedule into yours, in settings (this module imports no models,
+so it can be imported before Django is set up)::
 
     from django_idempotency.tasks import BEAT_SCHEDULE
     CELERY_BEAT_SCHEDULE = {**BEAT_SCHEDULE, ...}
@@ -21,8 +22,8 @@ except ImportError as exc:  # pragma: no cover - depends on the installed extras
         'django_idempotency.tasks needs Celery: pip install "django-idempotency[celery]"'
     ) from exc
 
-from django_idempotency import eviction, recovery
-from django_idempotency.consumers import TaskInProgress, TaskKeyReused, idempotent_task
+from django_idempotency.consumers import idempotent_task
+from django_idempotency.exceptions import TaskInProgress, TaskKeyReused
 
 __all__ = [
     "BEAT_SCHEDULE",
@@ -37,12 +38,16 @@ __all__ = [
 @shared_task(name="django_idempotency.tasks.recover_stale_records", ignore_result=False)
 def recover_stale_records(batch_size: int = 100) -> dict[str, int]:
     """Settle up to ``batch_size`` records whose owner's lease ran out."""
+    from django_idempotency import recovery
+
     return asdict(recovery.recover_stale_records(batch_size=batch_size))
 
 
 @shared_task(name="django_idempotency.tasks.purge_expired_records", ignore_result=False)
 def purge_expired_records(batch_size: int = 1000, max_batches: int = 100) -> dict[str, Any]:
     """Delete resolved records past retention, at most ``max_batches`` batches a run."""
+    from django_idempotency import eviction
+
     return asdict(eviction.purge_expired_records(batch_size=batch_size, max_batches=max_batches))
 
 

@@ -14,7 +14,8 @@ from django_idempotency.keys import parse_key
         ('"8e03978e-40d5"', "8e03978e-40d5"),
         ('"with\\"quote"', 'with"quote'),
         ("  padded  ", "padded"),
-        ("!#$%&'()*+,-./:;<=>?@[]^_`{|}~", "!#$%&'()*+,-./:;<=>?@[]^_`{|}~"),
+        ("!#$%&'()*+-./:;<=>?@[]^_`{|}~", "!#$%&'()*+-./:;<=>?@[]^_`{|}~"),
+        ('"with,comma"', "with,comma"),
     ],
 )
 def test_valid_keys(raw: str, key: str) -> None:
@@ -23,7 +24,20 @@ def test_valid_keys(raw: str, key: str) -> None:
 
 @pytest.mark.parametrize(
     "raw",
-    ["", '""', "a b", "\x00", "é", '"a";param=1', '"open', '"a" trailing', "x" * 11],
+    [
+        "",
+        '""',
+        "a b",
+        "\x00",
+        "é",
+        '"a";param=1',
+        '"open',
+        '"a" trailing',
+        "x" * 11,
+        "k1,k2",
+        "k1, k2",
+        '"k1", "k2"',
+    ],
 )
 def test_invalid_keys(raw: str) -> None:
     with pytest.raises(KeyInvalid) as refusal:

@@ -23,8 +23,12 @@ def test_no_model_change_lacks_a_migration() -> None:
 
 
 def test_importing_the_package_before_django_setup_works() -> None:
+    # tasks.py too: settings files import BEAT_SCHEDULE from it.
     code = (
-        "import django_idempotency, django_idempotency.conf;print(django_idempotency.__version__)"
+        "import django_idempotency, django_idempotency.conf;"
+        "from django_idempotency.tasks import BEAT_SCHEDULE, idempotent_task;"
+        "assert BEAT_SCHEDULE;"
+        "print(django_idempotency.__version__)"
     )
     env = {key: value for key, value in os.environ.items() if key != "DJANGO_SETTINGS_MODULE"}
     result = subprocess.run(
