@@ -10,7 +10,7 @@ Records whose owner still holds a live lease are skipped as well.
 from __future__ import annotations
 
 import json
-from collections.abc import Callable
+from collections.abc import Callable, Iterable
 from datetime import timedelta
 from typing import Any
 
@@ -79,7 +79,7 @@ def _operator(request: HttpRequest) -> str:
 
 
 def _taken(
-    request: HttpRequest, queryset: QuerySet[IdempotencyRecord]
+    request: HttpRequest, queryset: Iterable[IdempotencyRecord]
 ) -> list[tuple[IdempotencyRecord, store.Claim]]:
     """Take over each selected record still as the operator saw it."""
     conf = idempotency_settings
@@ -136,25 +136,23 @@ def _report(
     )
     skipped = selected - done
     if skipped:
-        modeladmin.message_user(
-            request,
-            ngettext(
-                "%(count)d record was skipped: it changed since you looked, or its owner "
-                "still holds the lease.",
-                "%(count)d records were skipped: they changed since you looked, or their "
-                "owner still holds the lease.",
-                skipped,
-            )
-            % {"count": skipped},
-            messages.WARNING,
-        )
+        modeladmin.message_user(request, _skipped_message(skipped), messages.WARNING)
+
+
+def _skipped_message(count: int) -> str:
+    return ngettext(
+        "%(count)d record was skipped: it changed since you looked, or somebody holds its lease.",
+        "%(count)d records were skipped: they changed since you looked, or somebody holds "
+        "their lease.",
+        count,
+    ) % {"count": count}
 
 
 @admin.action(permissions=["reconcile"], description=_("Reconcile now"))
 def reconcile_now(modeladmin: Any, request: HttpRequest, queryset: QuerySet[Any]) -> None:
-    unresolved = queryset.filter(state__in=store.UNRESOLVED_STATES)
-    done = 0
-    for record, held in _taken(request, unresolved):
+    selected = list(queryset.filter(state__in=store.UNRESOLVED_STATES))
+    settled = pending = 0
+    for record, held in _taken(request, selected):
         report = recovery.RecoveryReport()
         try:
             recovery.settle(record, held, report)
@@ -162,15 +160,36 @@ def reconcile_now(modeladmin: Any, request: HttpRequest, queryset: QuerySet[Any]
             continue
         outcome = next((name for name, count in vars(report).items() if count), "nothing")
         modeladmin.log_change(request, record, f"Reconciled now: {outcome}.")
-        done += 1
-    _report(
-        modeladmin,
+        if report.completed or report.failed or report.released:
+            settled += 1
+        else:
+            pending += 1
+    modeladmin.message_user(
         request,
-        done,
-        queryset.count(),
-        "%(count)d record was reconciled.",
-        "%(count)d records were reconciled.",
+        ngettext(
+            "%(count)d record was settled by its reconciler.",
+            "%(count)d records were settled by their reconciler.",
+            settled,
+        )
+        % {"count": settled},
+        messages.SUCCESS,
     )
+    if pending:
+        modeladmin.message_user(
+            request,
+            ngettext(
+                "%(count)d record stays unresolved: no reconciler is registered for its "
+                "operation, or it asked to retry later.",
+                "%(count)d records stay unresolved: no reconciler is registered for their "
+                "operation, or it asked to retry later.",
+                pending,
+            )
+            % {"count": pending},
+            messages.WARNING,
+        )
+    skipped = len(selected) - settled - pending
+    if skipped:
+        modeladmin.message_user(request, _skipped_message(skipped), messages.WARNING)
 
 
 def _resolve_action(

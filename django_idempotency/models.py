@@ -59,6 +59,20 @@ class IdempotencyRecord(models.Model):
             ),
             # Eviction and the admin's "expiring soon": range scans on expiry.
             models.Index(fields=["expires_at"], name="django_idempotency_expiry"),
+            # The admin: its operation filter (newest first) and exact search.
+            models.Index(fields=["operation", "id"], name="idempotency_operation"),
+            models.Index(fields=["key"], name="idempotency_key"),
+            # Most records never call out: index only those that did.
+            models.Index(
+                fields=["provider_key"],
+                name="idempotency_provider_key",
+                condition=~models.Q(provider_key=""),
+            ),
+            models.Index(
+                fields=["provider_operation_id"],
+                name="idempotency_provider_op",
+                condition=~models.Q(provider_operation_id=""),
+            ),
         ]
         # One per resolving admin action, so each can be granted on its own.
         permissions = [

@@ -283,9 +283,17 @@ def reconciler() -> Iterator[None]:
 def test_reconcile_now_runs_the_operations_reconciler(reconciler: None) -> None:
     record = stuck_record(operation="POST admin-test", provider_key="pk_77")
 
-    page = run(staff("reconcile"), "reconcile_now", record)
+    # Posted from the stuck filter, as an operator would: the record leaves
+    # that list as it is settled.
+    page = staff("reconcile").post(
+        CHANGELIST + "?state=stuck",
+        {"action": "reconcile_now", "_selected_action": [record.pk]},
+        follow=True,
+    )
 
-    assert "1 record was reconciled." in page.content.decode()
+    text = page.content.decode()
+    assert "1 record was settled by its reconciler." in text
+    assert "skipped" not in text
     record.refresh_from_db()
     assert record.state == State.COMPLETED
     assert json.loads(bytes(record.response_body)) == {"settled": "pk_77"}
@@ -325,3 +333,35 @@ def test_a_tampered_token_is_skipped_not_a_500() -> None:
     )
     assert page.status_code == 200
     assert IdempotencyRecord.objects.get().state == State.UNCERTAIN
+
+
+def test_reconcile_now_without_a_reconciler_says_the_record_stays_unresolved() -> None:
+    record = stuck_record(operation="POST nobody-reconciles-this")
+    text = run(staff("reconcile"), "reconcile_now", record).content.decode()
+
+    assert "0 records were settled" in text
+    assert "1 record stays unresolved" in text
+    assert IdempotencyRecord.objects.get().state == State.UNCERTAIN
+
+
+def test_search_is_exact_and_case_sensitive() -> None:
+    record = RecordFactory(key="Order-ABC")
+    client = staff()
+
+    def found(term: str) -> bool:
+        results = client.get(CHANGELIST, {"q": term}).context["cl"].result_list
+        return record.pk in {r.pk for r in results}
+
+    assert found("Order-ABC")
+    assert not found("order-abc")
+    assert not found("Order")
+
+
+def test_the_date_hierarchy_links_the_range_of_expiry_dates() -> None:
+    RecordFactory(expires_at=timezone.now() + timedelta(days=40))
+    RecordFactory(expires_at=timezone.now() + timedelta(days=400))
+    text = staff().get(CHANGELIST).content.decode()
+
+    this_year = timezone.now().year
+    for year in {this_year + 1, (timezone.now() + timedelta(days=40)).year}:
+        assert f"expires_at__year={year}" in text
