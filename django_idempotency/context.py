@@ -4,20 +4,27 @@ from __future__ import annotations
 
 import hashlib
 import json
+from datetime import timedelta
 
 from asgiref.sync import sync_to_async
 
 from django_idempotency import store, testing
-from django_idempotency.conf import idempotency_settings
+from django_idempotency.conf import as_timedelta, idempotency_settings
 from django_idempotency.scope import Scope
 
 
 def derive_provider_key(scope: Scope) -> str:
     """A key for the downstream provider, derived only from the scoped key.
 
-    Deterministic, so a restarted process or a reconciler derives the same
-    one; hashed, so it fits any provider's key limits and reveals nothing of
-    the tenant or the client's key.
+    Deterministic, so a restarted process, a retry after a released claim,
+    or a reconciler derives the same one, and the provider deduplicates
+    every attempt at the operation, even one that outlived its lease. The
+    price: a client key reused after ``expires_at`` (a new operation for us)
+    reaches the provider under the old provider key, which answers with the
+    old operation's result; a view should check that the provider's answer
+    belongs to the request (the demo compares the order id). Hashed, so it
+    fits any provider's key limits and reveals nothing of the tenant or the
+    client's key.
     """
     material = json.dumps([scope.tenant, scope.operation, scope.key])
     return hashlib.sha256(material.encode("ascii")).hexdigest()
@@ -68,9 +75,15 @@ class IdempotencyContext:
     def provider_key(self) -> str:
         return derive_provider_key(self._held.scope)
 
-    def begin_external(self) -> str:
-        """Commit IN_PROGRESS and the provider key; return the provider key."""
-        store.begin_external(self._held, self.provider_key, lease=idempotency_settings.LEASE)
+    def begin_external(self, *, lease: timedelta | float | None = None) -> str:
+        """Commit IN_PROGRESS and the provider key; return the provider key.
+
+        ``lease`` (default ``IDEMPOTENCY["LEASE"]``) must outlast the external
+        call, timeouts included: once it runs out, recovery may take the
+        record over and ask the provider while the call is still under way.
+        """
+        held_for = as_timedelta(lease) if lease is not None else idempotency_settings.LEASE
+        store.begin_external(self._held, self.provider_key, lease=held_for)
         self.external_begun = True
         if testing.crash_requested():
             raise testing.SimulatedCrash(self._held.scope)
@@ -89,8 +102,8 @@ class IdempotencyContext:
 
     # For ``async def`` views: the same writes, on the request's sync thread
     # (where its transaction and connections live).
-    async def abegin_external(self) -> str:
-        return await sync_to_async(self.begin_external, thread_sensitive=True)()
+    async def abegin_external(self, *, lease: timedelta | float | None = None) -> str:
+        return await sync_to_async(self.begin_external, thread_sensitive=True)(lease=lease)
 
     async def aset_provider_operation(self, operation_id: str) -> None:
         await sync_to_async(self.set_provider_operation, thread_sensitive=True)(operation_id)

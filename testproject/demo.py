@@ -7,11 +7,14 @@ Run from the repository root::
 
 It recreates a throw-away SQLite database (``testproject/demo.sqlite3``,
 never your ``DATABASE_URL``), migrates it, seeds the demo users, starts the
-test project under gunicorn (3 processes x 4 threads) on a free port and
-plays a client against it: a double click, a lost response, a reused key,
-two tenants, the domain guard and refunds. Every expectation is checked;
-the exit status is 0 when all of them hold, 1 when one fails, 2 when the
-server could not be set up. The server is always stopped at the end.
+payment provider simulator (its own process and ledger,
+``testproject/demo-provider.sqlite3``) and the test project under gunicorn
+(3 processes x 4 threads) on free ports, and plays a client against them: a
+double click, a lost response, a reused key, two tenants, the domain guard,
+refunds, a provider that charged but never answered (settled by recovery)
+and a declined card. Every expectation is checked; the exit status is 0
+when all of them hold, 1 when one fails, 2 when the servers could not be
+set up. The servers are always stopped at the end.
 """
 
 from __future__ import annotations
@@ -61,6 +64,8 @@ from payments.demo_data import DEMO_TOKENS  # noqa: E402
 CONCURRENT_CLICKS = 10
 REQUEST_TIMEOUT = 30
 STARTUP_TIMEOUT = 30
+#: How long the API waits for the provider (PAYMENTS_PROVIDER_TIMEOUT).
+PROVIDER_TIMEOUT = 2
 SHOWN_HEADERS = ("Idempotency-Key", "Idempotent-Replayed", "Location", "Retry-After")
 
 
@@ -141,12 +146,16 @@ class Client:
         key: str | None = None,
         body: Any = None,
         show: bool = True,
+        extra_headers: Mapping[str, str] | None = None,
     ) -> requests.Response:
         headers = {"Authorization": f"Token {DEMO_TOKENS[user]}", "Accept": "application/json"}
         if key is not None:
             headers["Idempotency-Key"] = key
+        headers.update(extra_headers or {})
         if show:
             show_request(user, method, path, key, body)
+            for name, value in (extra_headers or {}).items():
+                say(f"   {name}: {value}")
         try:
             # A new connection per request, like separate clicks or retries.
             response = requests.request(
@@ -410,6 +419,115 @@ def refunds(client: Client, payment: dict[str, Any]) -> None:
     )
 
 
+def provider_charges(provider_url: str, order_id: str) -> list[dict[str, Any]]:
+    """The provider's charges for one of alice's orders, from its own ledger."""
+    try:
+        response = requests.get(f"{provider_url}/ledger", timeout=REQUEST_TIMEOUT)
+        response.raise_for_status()
+    except requests.RequestException as exc:
+        raise ExpectationFailed(f"the provider's ledger could not be read: {exc}") from exc
+    return [
+        charge
+        for charge in response.json()["charges"]
+        if charge["metadata"].get("order_id") == order_id
+    ]
+
+
+def provider_timeout(client: Client, provider_url: str, env: Mapping[str, str]) -> None:
+    heading("h. The provider charged the card, but its answer never came")
+    say("The provider is told to charge, then go silent (X-Simulate, passed through by the")
+    say(f"demo's settings); the API gives up after its {PROVIDER_TIMEOUT} s timeout. Did the")
+    say("card get charged? The API cannot know, so it must not guess.")
+    key = new_key("provider-timeout")
+    body = {"order_id": "ORD-4001", "amount": 1999, "currency": "EUR"}
+    first = client.request(
+        "alice",
+        "POST",
+        "/v1/payments",
+        key=key,
+        body=body,
+        extra_headers={"X-Simulate": "charge-then-timeout", "X-Simulate-Delay": "5"},
+    )
+    check(
+        first.status_code == 502 and code_of(first) == "payment_provider_unavailable",
+        "502 payment_provider_unavailable: the outcome is unknown",
+        f"{first.status_code} {first.text}",
+    )
+    charges = provider_charges(provider_url, "ORD-4001")
+    check(len(charges) == 1, "the provider's ledger shows the charge", f"{charges}")
+    check(
+        not client.payments_for_order("alice", "ORD-4001"),
+        "the API has no payment for ORD-4001 yet",
+    )
+    say()
+    say("The client retries with the same key, at once:")
+    busy = client.request("alice", "POST", "/v1/payments", key=key, body=body)
+    check(
+        busy.status_code == 409 and code_of(busy) == "idempotency_request_in_progress",
+        "409 idempotency_request_in_progress: the record is UNCERTAIN, nothing runs twice",
+        f"{busy.status_code} {busy.text}",
+    )
+    say()
+    say("Recovery runs (Celery beat does every minute; cron users run the command):")
+    say("$ manage.py idempotency_recover")
+    report = manage(env, "idempotency_recover")
+    say(f"   {report.strip()}")
+    check(
+        "completed 1" in report,
+        "the reconciler found the charge by the provider key and completed the payment",
+        report,
+    )
+    say()
+    say("The client's next retry gets the settled outcome:")
+    settled = client.request("alice", "POST", "/v1/payments", key=key, body=body)
+    check(
+        settled.status_code == 201 and is_replay(settled),
+        "a replayed 201 with the payment the reconciler recorded",
+        f"{settled.status_code} {settled.headers} {settled.text}",
+    )
+    payments = client.payments_for_order("alice", "ORD-4001")
+    check(
+        len(payments) == 1 and payments[0]["id"] == settled.json()["id"],
+        "exactly one payment for ORD-4001, the one in the answer",
+        f"{payments}",
+    )
+    check(
+        settled.headers.get("Location") == f"/v1/payments/{payments[0]['id']}",
+        "the answer's Location names it",
+    )
+    charges = provider_charges(provider_url, "ORD-4001")
+    check(len(charges) == 1, "and still exactly one charge at the provider", f"{charges}")
+
+
+def declined_card(client: Client, provider_url: str) -> None:
+    heading("i. A declined card")
+    key = new_key("declined")
+    body = {"order_id": "ORD-4002", "amount": 500, "currency": "EUR"}
+    first = client.request(
+        "alice",
+        "POST",
+        "/v1/payments",
+        key=key,
+        body=body,
+        extra_headers={"X-Simulate": "decline"},
+    )
+    check(
+        first.status_code == 402 and code_of(first) == "card_declined",
+        "402 card_declined",
+        f"{first.status_code} {first.text}",
+    )
+    say("The retry (the card would go through now) gets the same decline: it is this")
+    say("key's definitive outcome, stored as FAILED. A new attempt needs a new key.")
+    retry = client.request("alice", "POST", "/v1/payments", key=key, body=body)
+    check(
+        retry.status_code == 402 and is_replay(retry) and retry.content == first.content,
+        "a replayed 402, the same bytes",
+        f"{retry.status_code} {retry.text}",
+    )
+    check(not provider_charges(provider_url, "ORD-4002"), "no charge at the provider")
+    check(not client.payments_for_order("alice", "ORD-4002"), "no payment for ORD-4002")
+
+
 def missing_key(client: Client) -> None:
     heading("g. No Idempotency-Key at all")
     body = {"order_id": "ORD-3001", "amount": 100, "currency": "EUR"}
@@ -437,12 +555,16 @@ def free_port() -> int:
         return port
 
 
-def server_env(database: Path) -> dict[str, str]:
+def server_env(database: Path, provider_url: str) -> dict[str, str]:
     env = dict(os.environ)
     # Only the child processes see these: never the user's DATABASE_URL.
     env["DATABASE_URL"] = f"sqlite:///{database}"
     env["DJANGO_SETTINGS_MODULE"] = "testproject.settings"
     env["PYTHONUNBUFFERED"] = "1"
+    env["PAYMENTS_PROVIDER_URL"] = provider_url
+    env["PAYMENTS_PROVIDER_TIMEOUT"] = str(PROVIDER_TIMEOUT)
+    env["PAYMENTS_PROVIDER_SIMULATION"] = "1"  # X-Simulate reaches the simulator
+    env.pop("PAYMENTS_CRASH_HOOKS", None)
     return env
 
 
@@ -451,7 +573,7 @@ def reset_database(database: Path) -> None:
         Path(f"{database}{suffix}").unlink(missing_ok=True)
 
 
-def manage(env: Mapping[str, str], *args: str) -> None:
+def manage(env: Mapping[str, str], *args: str) -> str:
     command = [sys.executable, str(HERE / "manage.py"), *args]
     result = subprocess.run(
         command, env=dict(env), cwd=REPO, capture_output=True, text=True, timeout=120
@@ -461,6 +583,52 @@ def manage(env: Mapping[str, str], *args: str) -> None:
             f"`manage.py {' '.join(args)}` failed ({result.returncode}):\n"
             f"{result.stdout}{result.stderr}"
         )
+    return result.stdout
+
+
+@contextmanager
+def provider(ledger: Path, log_path: Path) -> Iterator[str]:
+    """The payment provider simulator, its own process with its own ledger file."""
+    reset_database(ledger)
+    port = free_port()
+    command = [
+        sys.executable,
+        str(HERE / "provider" / "server.py"),
+        "--port",
+        str(port),
+        "--ledger",
+        str(ledger),
+    ]
+    say(f"Starting the payment provider simulator: {' '.join(command[1:])}")
+    with log_path.open("w") as log:
+        process = subprocess.Popen(
+            command,
+            cwd=REPO,
+            stdout=log,
+            stderr=subprocess.STDOUT,
+            stdin=subprocess.DEVNULL,
+            start_new_session=True,
+        )
+    url = f"http://127.0.0.1:{port}"
+    try:
+        deadline = time.monotonic() + STARTUP_TIMEOUT
+        while True:
+            if process.poll() is not None:
+                raise SetupFailed(
+                    f"the provider exited with {process.returncode}:\n{log_tail(log_path)}"
+                )
+            try:
+                if requests.get(f"{url}/health", timeout=1).status_code == 200:
+                    break
+            except requests.RequestException:
+                pass
+            if time.monotonic() > deadline:
+                raise SetupFailed(f"the provider did not answer within {STARTUP_TIMEOUT} s")
+            time.sleep(0.05)
+        say(f"Provider up at {url} (pid {process.pid}); its log: {log_path}")
+        yield url
+    finally:
+        stop(process, "Provider")
 
 
 def log_tail(log_path: Path, lines: int = 40) -> str:
@@ -528,7 +696,7 @@ def gunicorn(env: Mapping[str, str], log_path: Path) -> Iterator[str]:
         stop(process)
 
 
-def stop(process: subprocess.Popen[bytes]) -> None:
+def stop(process: subprocess.Popen[bytes], name: str = "Server") -> None:
     if process.poll() is None:
         process.terminate()  # gunicorn's graceful shutdown
         try:
@@ -536,7 +704,7 @@ def stop(process: subprocess.Popen[bytes]) -> None:
         except subprocess.TimeoutExpired:
             os.killpg(process.pid, signal.SIGKILL)  # the session started above
             process.wait(timeout=10)
-    say(f"Server stopped (exit status {process.returncode}).")
+    say(f"{name} stopped (exit status {process.returncode}).")
 
 
 # -- main -------------------------------------------------------------------------
@@ -553,33 +721,39 @@ def main(argv: list[str] | None = None) -> int:
     options = parser.parse_args(argv)
     database: Path = options.database_file.resolve()
     log_path = database.with_name(database.stem + "-server.log")
+    ledger = database.with_name(database.stem + "-provider.sqlite3")
+    provider_log = database.with_name(database.stem + "-provider.log")
 
     def on_sigterm(signum: int, frame: Any) -> None:
         raise SystemExit(128 + signum)
 
     signal.signal(signal.SIGTERM, on_sigterm)
     started = time.monotonic()
-    env = server_env(database)
     try:
-        say(f"Recreating the demo database {database}")
-        reset_database(database)
-        manage(env, "migrate", "--noinput")
-        manage(env, "seed_demo")
-        say("Migrated; seeded the users alice and bob (fixed tokens) and admin/admin.")
-        with gunicorn(env, log_path) as base_url:
-            client = Client(base_url)
-            double_click(client)
-            key, payment = lost_response(client)
-            reused_key(client, key, payment)
-            two_tenants(client)
-            domain_guard(client)
-            refunds(client, payment)
-            missing_key(client)
+        with provider(ledger, provider_log) as provider_url:
+            env = server_env(database, provider_url)
+            say(f"Recreating the demo database {database}")
+            reset_database(database)
+            manage(env, "migrate", "--noinput")
+            manage(env, "seed_demo")
+            say("Migrated; seeded the users alice and bob (fixed tokens) and admin/admin.")
+            with gunicorn(env, log_path) as base_url:
+                client = Client(base_url)
+                double_click(client)
+                key, payment = lost_response(client)
+                reused_key(client, key, payment)
+                two_tenants(client)
+                domain_guard(client)
+                refunds(client, payment)
+                missing_key(client)
+                provider_timeout(client, provider_url, env)
+                declined_card(client, provider_url)
     except ExpectationFailed as exc:
         say()
         say(f"FAILED: {exc}")
         say(f"({len(check.passed)} expectations held before this one.)")
         say(f"(the server log is {log_path}; its end:)\n{log_tail(log_path)}")
+        say(f"(the provider's log is {provider_log}; its end:)\n{log_tail(provider_log, 10)}")
         return 1
     except SetupFailed as exc:
         say()
@@ -598,6 +772,9 @@ def main(argv: list[str] | None = None) -> int:
     say("  e. a fresh key for a paid order hit the domain guard (409 order_already_paid)")
     say("  f. refunds ran once per key; a refused refund (400) was replayed")
     say("  g. a missing key was refused with 400")
+    say("  h. a charge whose answer was lost: 502, then 409 until recovery asked the provider,")
+    say("     then the replayed 201; one charge, one payment")
+    say("  i. a declined card: a 402 stored and replayed, nothing charged")
     return 0
 
 

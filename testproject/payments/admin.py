@@ -12,10 +12,19 @@ class RefundInline(admin.TabularInline):
 
 @admin.register(Payment)
 class PaymentAdmin(admin.ModelAdmin):
-    list_display = ["id", "owner", "order_id", "amount", "currency", "status", "created_at"]
+    list_display = [
+        "id",
+        "owner",
+        "order_id",
+        "amount",
+        "currency",
+        "status",
+        "provider_charge_id",
+        "created_at",
+    ]
     list_filter = ["status", "currency", "owner"]
-    search_fields = ["order_id"]
-    readonly_fields = ["created_at"]
+    search_fields = ["order_id", "provider_charge_id"]
+    readonly_fields = ["provider_charge_id", "created_at"]
     inlines = [RefundInline]
 
 

@@ -22,6 +22,12 @@ class Payment(models.Model):
     amount = models.PositiveBigIntegerField(help_text="In minor units, e.g. cents.")
     currency = models.CharField(max_length=3)
     status = models.CharField(max_length=32, choices=Status.choices, default=Status.SUCCEEDED)
+    provider_charge_id = models.CharField(
+        max_length=64,
+        blank=True,
+        default="",
+        help_text="The payment provider's id of the charge that paid this order.",
+    )
     created_at = models.DateTimeField(default=timezone.now)
 
     class Meta:

@@ -8,15 +8,22 @@
 
 The tenant is the authenticated user (the package's default resolver gives
 ``"user:<pk>"``), so one user's keys never replay another user's answers.
+
+Creating a payment charges the card through the payment provider
+(``provider_client``; the simulator in ``testproject/provider``) with the
+context API: the intent commits before the call, the charge id as soon as
+it is known, the Payment together with the stored answer. A request that
+dies in between is settled by ``payments.reconcilers.settle_payment``.
 """
 
 from __future__ import annotations
 
 from typing import Any
 
+from django.conf import settings
+from django.contrib.auth import get_user_model
 from django.db import IntegrityError, transaction
 from django.db.models import QuerySet, Sum
-from django.urls import reverse
 from rest_framework import mixins, status, viewsets
 from rest_framework.decorators import action
 from rest_framework.exceptions import APIException, ValidationError
@@ -25,7 +32,9 @@ from rest_framework.request import Request
 from rest_framework.response import Response
 
 from django_idempotency import idempotent
+from payments import crash_hooks, provider_client
 from payments.models import Payment
+from payments.rendering import order_already_paid_detail, payment_data, payment_location
 from payments.serializers import PaymentSerializer, RefundSerializer
 
 
@@ -38,10 +47,39 @@ class OrderAlreadyPaid(APIException):
 
     def __init__(self, order_id: str) -> None:
         # Same body shape as django-idempotency's refusals: {"detail", "code"}.
+        super().__init__(order_already_paid_detail(order_id), self.default_code)
+
+
+class ProviderUnavailable(APIException):
+    """The provider did not answer (or failed): the charge's fate is unknown."""
+
+    status_code = status.HTTP_502_BAD_GATEWAY
+    default_code = "payment_provider_unavailable"
+    default_detail = (
+        "The payment provider did not confirm the charge. Retry with the same "
+        "Idempotency-Key: you get 409 until the payment is settled, then its outcome."
+    )
+
+    def __init__(self) -> None:
         super().__init__(
-            {"detail": f"Order {order_id!r} has already been paid.", "code": self.default_code},
-            self.default_code,
+            {"detail": str(self.default_detail), "code": self.default_code}, self.default_code
         )
+
+
+def simulation_of(request: Request) -> dict[str, str | None]:
+    """The provider simulator's failure mode this request asks for, if allowed.
+
+    Only with ``PAYMENTS_PROVIDER_SIMULATION`` on (the demo and the live
+    tests): ``X-Simulate`` and ``X-Simulate-Delay`` are passed to the
+    provider. Headers are not part of the request fingerprint, so a retry
+    without them is the same request.
+    """
+    if not getattr(settings, "PAYMENTS_PROVIDER_SIMULATION", False):
+        return {}
+    return {
+        "simulate": request.headers.get("X-Simulate"),
+        "simulate_delay": request.headers.get("X-Simulate-Delay"),
+    }
 
 
 class PaymentViewSet(
@@ -67,21 +105,87 @@ class PaymentViewSet(
     def create(self, request: Request, *args: Any, **kwargs: Any) -> Response:
         serializer = self.get_serializer(data=request.data)
         serializer.is_valid(raise_exception=True)  # 400, stored and replayed
-        order_id = serializer.validated_data["order_id"]
+        data = serializer.validated_data
+        order_id = data["order_id"]
+        # One payment per order, checked before any money moves. Locking the
+        # owner's row serialises their payments, so the check holds until
+        # this transaction commits (SQLite serialises writers anyway).
+        get_user_model().objects.select_for_update().get(pk=request.user.pk)
+        if Payment.objects.filter(owner=request.user, order_id=order_id).exists():
+            # A 409 is "retryable" for django-idempotency: the claim is
+            # released and nothing is stored for this key.
+            raise OrderAlreadyPaid(order_id)
+
+        # 1. The intent (IN_PROGRESS + provider key) commits before the call.
+        provider_key = request.idempotency.begin_external()  # type: ignore[attr-defined]
+        crash_hooks.checkpoint(request, "after-begin-external")
+        try:
+            charge = provider_client.create_charge(
+                provider_key,
+                data["amount"],
+                data["currency"],
+                # What the reconciler needs to rebuild this Payment should
+                # the process die before it commits.
+                metadata={
+                    "owner_id": request.user.pk,
+                    "order_id": order_id,
+                    "amount": data["amount"],
+                    "currency": data["currency"],
+                },
+                **simulation_of(request),
+            )
+        except provider_client.PaymentDeclined as exc:
+            # Definitive, and nothing was charged: a 402 stored as FAILED.
+            return Response(
+                {"detail": str(exc), "code": exc.code}, status=status.HTTP_402_PAYMENT_REQUIRED
+            )
+        except provider_client.ProviderRejected as exc:
+            # The provider refused the request itself and charged nothing.
+            return Response(
+                {"detail": f"The payment provider refused the charge ({exc}).", "code": exc.code},
+                status=status.HTTP_422_UNPROCESSABLE_ENTITY,
+            )
+        except provider_client.ProviderError as exc:
+            # Unknown whether the card was charged: 502, and the record
+            # stays UNCERTAIN (409 to retries) until the reconciler has
+            # asked the provider.
+            raise ProviderUnavailable() from exc
+        if (charge.metadata.get("owner_id"), charge.metadata.get("order_id")) != (
+            request.user.pk,
+            order_id,
+        ):
+            # The provider answered with a charge it made for another order
+            # under this provider key: nothing was charged for this one.
+            return Response(
+                {
+                    "detail": f"The payment provider answered charge {charge.id}, which "
+                    "pays another order. Nothing was charged; use a new Idempotency-Key.",
+                    "code": "provider_key_conflict",
+                },
+                status=status.HTTP_422_UNPROCESSABLE_ENTITY,
+            )
+        crash_hooks.checkpoint(request, "after-provider-charge")
+        # 2. The provider's id commits as soon as it is known.
+        request.idempotency.set_provider_operation(charge.id)  # type: ignore[attr-defined]
+
+        # 3. The Payment and the stored 201 commit together.
         try:
             # A savepoint, so that the constraint violation leaves the
             # request's transaction usable.
             with transaction.atomic():
-                payment = serializer.save(owner=request.user)
+                payment = serializer.save(owner=request.user, provider_charge_id=charge.id)
         except IntegrityError:
             if not Payment.objects.filter(owner=request.user, order_id=order_id).exists():
                 raise
-            # A 409 is "retryable" for django-idempotency: the claim is
-            # released and nothing is stored for this key.
+            # Only if something bypassed the lock above. After the charge,
+            # the 409 leaves the record UNCERTAIN; the reconciler answers it
+            # (409 order_already_paid, FAILED). A real integration would
+            # refund the charge.
             raise OrderAlreadyPaid(order_id) from None
-        location = reverse("payment-detail", kwargs={"pk": payment.pk})
+        crash_hooks.checkpoint(request, "after-payment-write")
+        body = payment_data(payment)
         return Response(
-            serializer.data, status=status.HTTP_201_CREATED, headers={"Location": location}
+            body, status=status.HTTP_201_CREATED, headers={"Location": payment_location(payment)}
         )
 
     @action(detail=True, methods=["post"], url_path="refunds")

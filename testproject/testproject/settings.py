@@ -12,6 +12,8 @@ from pathlib import Path
 
 import dj_database_url
 
+from django_idempotency.tasks import BEAT_SCHEDULE
+
 BASE_DIR = Path(__file__).resolve().parent.parent
 
 SECRET_KEY = os.environ.get(
@@ -62,8 +64,9 @@ TEMPLATES = [
 ]
 
 DATABASES = {
-    "default": dj_database_url.config(
-        default=f"sqlite:///{BASE_DIR / 'db.sqlite3'}", conn_max_age=0
+    # An empty DATABASE_URL means the default too.
+    "default": dj_database_url.parse(
+        os.environ.get("DATABASE_URL") or f"sqlite:///{BASE_DIR / 'db.sqlite3'}"
     ),
 }
 if DATABASES["default"]["ENGINE"] == "django.db.backends.sqlite3":
@@ -103,16 +106,36 @@ REST_FRAMEWORK = {
 
 # Every key at its default, spelled out so the demo shows what can be tuned.
 # The tenant is the authenticated user ("user:<pk>"): one user's keys can
-# never replay another user's responses.
+# never replay another user's responses. IDEMPOTENCY_LEASE (seconds) in the
+# environment shortens the lease, as the crash tests do.
 IDEMPOTENCY = {
     "HEADER": "Idempotency-Key",
     "REQUIRED": True,
     "TTL": 24 * 60 * 60,
-    "LEASE": 2 * 60,
+    "LEASE": float(os.environ.get("IDEMPOTENCY_LEASE", 2 * 60)),
     "TENANT": "django_idempotency.scope.default_tenant",
     "IN_FLIGHT": "conflict",
     "FAIL_OPEN": False,
 }
+
+# The payment provider (the simulator: python testproject/provider/server.py).
+PAYMENTS_PROVIDER_URL = os.environ.get("PAYMENTS_PROVIDER_URL", "http://127.0.0.1:8765")
+PAYMENTS_PROVIDER_TIMEOUT = float(os.environ.get("PAYMENTS_PROVIDER_TIMEOUT", 10))
+# Pass a client's X-Simulate / X-Simulate-Delay headers on to the simulator,
+# so the demo and the tests can make it fail on purpose. Never in production.
+PAYMENTS_PROVIDER_SIMULATION = os.environ.get("PAYMENTS_PROVIDER_SIMULATION", "") == "1"
+
+# Celery (testproject/celery.py): `celery -A testproject worker` from testproject/.
+CELERY_BROKER_URL = os.environ.get("CELERY_BROKER_URL", "redis://127.0.0.1:6379/0")
+CELERY_RESULT_BACKEND = os.environ.get("CELERY_RESULT_BACKEND", CELERY_BROKER_URL)
+CELERY_TASK_DEFAULT_QUEUE = os.environ.get("CELERY_TASK_DEFAULT_QUEUE", "celery")
+# At-least-once delivery for tasks: acknowledged after they ran, redelivered
+# when a worker dies mid-task (idempotent_task makes that safe).
+CELERY_TASK_ACKS_LATE = True
+CELERY_TASK_REJECT_ON_WORKER_LOST = True
+CELERY_WORKER_PREFETCH_MULTIPLIER = 1
+# django-idempotency's recovery (every minute) and eviction (every ten minutes).
+CELERY_BEAT_SCHEDULE = {**BEAT_SCHEDULE}
 
 LOGGING = {
     "version": 1,

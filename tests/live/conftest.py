@@ -4,6 +4,7 @@ from collections.abc import Iterator
 
 import pytest
 
+from tests.live.processes import LazyPaymentsStack, summary_lines
 from tests.live.server import LazyLiveServer
 
 
@@ -19,3 +20,24 @@ def live() -> Iterator[LazyLiveServer]:
         yield lazy
     finally:
         lazy.close()
+
+
+@pytest.fixture(scope="module")
+def payments() -> Iterator[LazyPaymentsStack]:
+    """The demo project's payments API with its provider and a Celery worker.
+
+    One stack per test module (``tests.live.processes.payments_stack``),
+    started by the first ``payments.get()`` inside a test.
+    """
+    lazy = LazyPaymentsStack()
+    try:
+        yield lazy
+    finally:
+        lazy.close()
+
+
+def pytest_terminal_summary(terminalreporter: pytest.TerminalReporter) -> None:
+    if summary_lines:
+        terminalreporter.section("live tests: results")
+        for line in summary_lines:
+            terminalreporter.write_line(line)

@@ -6,7 +6,9 @@
    given by ``IDEMPOTENCY_TEST_POSTGRES_URL``,
 2. runs ``python -m django migrate --settings tests.settings`` into it,
 3. starts ``gunicorn tests.live.wsgi:application`` (4 sync workers, one
-   thread each) on a free local port with ``DATABASE_URL`` pointing at it,
+   thread each) on a free local port with ``DATABASE_URL`` pointing at it
+   (or another ``Project``: ``PAYMENTS_PROJECT`` serves the demo project's
+   payments API, for the crash tests),
 4. waits until every worker has booted and the server answers, and yields a
    ``LiveServer`` (base URL, queries on the live database, the server log),
 5. on exit stops gunicorn and drops the database (``WITH (FORCE)``).
@@ -59,6 +61,37 @@ KEEP_LOGS_ENV = "IDEMPOTENCY_LIVE_KEEP_LOGS"
 ACCESS_LOG_FORMAT = (
     'access pid=%(p)s "%(r)s" %(s)s %(B)sB %(M)sms '
     "key=%({idempotency-key}i)s replayed=%({idempotent-replayed}o)s"
+)
+
+
+@dataclass(frozen=True)
+class Project:
+    """What a live gunicorn serves: settings, WSGI app, import path, readiness probe."""
+
+    settings: str
+    app: str
+    #: Directories prepended to PYTHONPATH (the demo project lives in testproject/).
+    pythonpath: tuple[Path, ...] = ()
+    #: A GET that answers once the app is loaded, and the statuses that mean so.
+    ready_path: str = "/"
+    ready_statuses: tuple[int, ...] = (200,)
+
+
+#: The test suite's views (tests.testapp) with the live hooks (tests.live.hooks).
+TESTS_PROJECT = Project(
+    settings="tests.settings",
+    app=DEFAULT_APP,
+    ready_path="/api-view/charges",
+    ready_statuses=(200,),
+)
+#: The demo project (testproject/): the payments API, its reconciler and, with
+#: PAYMENTS_CRASH_HOOKS=1, its crash points.
+PAYMENTS_PROJECT = Project(
+    settings="testproject.settings",
+    app="testproject.wsgi:application",
+    pythonpath=(REPO_ROOT / "testproject",),
+    ready_path="/v1/payments",
+    ready_statuses=(401,),  # token authentication: anonymous is refused
 )
 
 
@@ -150,23 +183,28 @@ class LiveDatabase:
 
 
 class LiveServer:
-    """gunicorn serving ``tests.live.wsgi`` with ``DATABASE_URL`` set to ``database``."""
+    """gunicorn serving ``project`` (``tests.live.wsgi`` by default) on ``database``."""
 
     def __init__(
         self,
         database: LiveDatabase,
         workers: int = WORKERS,
-        app: str = DEFAULT_APP,
+        app: str | None = None,
         extra_env: Mapping[str, str] | None = None,
+        project: Project = TESTS_PROJECT,
+        extra_args: Sequence[str] = (),
+        log_dir: Path | None = None,
     ) -> None:
         self.database = database
         self.workers = workers
-        self.app = app
+        self.project = project
+        self.app = app or project.app
         self.extra_env = dict(extra_env or {})
+        self.extra_args = list(extra_args)
         self.port = free_port()
         self.url = f"http://127.0.0.1:{self.port}"
         self.run_id = uuid.uuid4().hex[:8]
-        self.log_dir = Path(tempfile.mkdtemp(prefix="idem-live-"))
+        self.log_dir = log_dir or Path(tempfile.mkdtemp(prefix="idem-live-"))
         self.log_path = self.log_dir / "gunicorn.log"
         self.process: subprocess.Popen[bytes] | None = None
         self._log_file: Any = None
@@ -176,14 +214,22 @@ class LiveServer:
     def environment(self) -> dict[str, str]:
         env = dict(os.environ)
         env["DATABASE_URL"] = self.database.url
-        env["DJANGO_SETTINGS_MODULE"] = "tests.settings"
+        env["DJANGO_SETTINGS_MODULE"] = self.project.settings
         env["PYTHONUNBUFFERED"] = "1"
+        if self.project.pythonpath:
+            paths = [str(path) for path in self.project.pythonpath]
+            env["PYTHONPATH"] = os.pathsep.join([*paths, env.get("PYTHONPATH", "")]).rstrip(
+                os.pathsep
+            )
         env.update(self.extra_env)
         return env
 
     def migrate(self) -> None:
-        command = [sys.executable, "-m", "django", "migrate", "--settings", "tests.settings"]
-        command.append("--noinput")
+        self.manage("migrate", "--noinput")
+
+    def manage(self, *args: str) -> str:
+        """``django-admin <args>`` on the live database with the project's settings."""
+        command = [sys.executable, "-m", "django", *args, "--settings", self.project.settings]
         result = subprocess.run(
             command,
             cwd=REPO_ROOT,
@@ -197,9 +243,10 @@ class LiveServer:
             log.write(f"$ {' '.join(command)}\n{result.stdout}{result.stderr}\n")
         if result.returncode != 0:
             raise RuntimeError(
-                f"migrate into {self.database.name} failed ({result.returncode}):\n"
+                f"{args[0]} on {self.database.name} failed ({result.returncode}):\n"
                 f"{result.stdout}\n{result.stderr}"
             )
+        return result.stdout
 
     def start(self) -> None:
         command = [
@@ -212,6 +259,7 @@ class LiveServer:
             "--no-control-socket",
             "--access-logfile", "-", "--access-logformat", ACCESS_LOG_FORMAT,
             "--error-logfile", "-",
+            *self.extra_args,
         ]  # fmt: skip
         self._log_file = self.log_path.open("ab")
         self._log_file.write(f"$ {' '.join(command)}\n".encode())
@@ -240,9 +288,9 @@ class LiveServer:
             booted = len(re.findall(r"Booting worker with pid", self.log_text()))
             if not answered:
                 with contextlib.suppress(requests.RequestException):
-                    response = requests.get(f"{self.url}/api-view/charges", timeout=2)
+                    response = requests.get(self.url + self.project.ready_path, timeout=2)
                     response.close()
-                    answered = response.status_code == 200
+                    answered = response.status_code in self.project.ready_statuses
             if answered and booted >= self.workers:
                 self._warm_up()
                 return
@@ -260,7 +308,8 @@ class LiveServer:
         """
         for _ in range(2):
             fire_together(
-                [Call(f"{self.url}/api-view/charges", None, {}, method="GET")] * (self.workers * 3),
+                [Call(self.url + self.project.ready_path, None, {}, method="GET")]
+                * (self.workers * 3),
                 timeout=10,
             )
 
@@ -331,12 +380,21 @@ class LiveServer:
 def live_server(
     server_url: str | None = None,
     workers: int = WORKERS,
-    app: str = DEFAULT_APP,
+    app: str | None = None,
     extra_env: Mapping[str, str] | None = None,
+    project: Project = TESTS_PROJECT,
+    extra_args: Sequence[str] = (),
 ) -> Iterator[LiveServer]:
     """A migrated fresh database and gunicorn in front of it; both gone afterwards."""
     with LiveDatabase(server_url) as database:
-        server = LiveServer(database, workers=workers, app=app, extra_env=extra_env)
+        server = LiveServer(
+            database,
+            workers=workers,
+            app=app,
+            extra_env=extra_env,
+            project=project,
+            extra_args=extra_args,
+        )
         ok = False
         try:
             server.migrate()

@@ -13,6 +13,10 @@ import pytest
 
 POSTGRES_URL_ENV = "IDEMPOTENCY_TEST_POSTGRES_URL"
 DEFAULT_POSTGRES_URL = "postgres://postgres@127.0.0.1:5432/test"
+REDIS_URL_ENV = "IDEMPOTENCY_TEST_REDIS_URL"
+#: A database number of its own, away from db 0 (the demo project's default
+#: broker); the live tests also give each run its own queue name.
+DEFAULT_REDIS_URL = "redis://127.0.0.1:6379/11"
 REQUIRE_SERVICES_ENV = "IDEMPOTENCY_REQUIRE_SERVICES"
 
 
@@ -32,6 +36,11 @@ def services_required() -> bool:
     return os.environ.get(REQUIRE_SERVICES_ENV) == "1"
 
 
+def redis_url() -> str:
+    """The Redis database the live Celery tests use as broker and result backend."""
+    return os.environ.get(REDIS_URL_ENV) or DEFAULT_REDIS_URL
+
+
 def unavailable(service: str, reason: str) -> None:
     """Skip (locally) or fail (``IDEMPOTENCY_REQUIRE_SERVICES=1``) the running test."""
     if services_required():
@@ -39,8 +48,9 @@ def unavailable(service: str, reason: str) -> None:
             f"{service} is required ({REQUIRE_SERVICES_ENV}=1) but unavailable: {reason}",
             pytrace=False,
         )
+    variable = REDIS_URL_ENV if service == "Redis" else POSTGRES_URL_ENV
     pytest.skip(
-        f"{service} unavailable ({reason}); set {POSTGRES_URL_ENV} to a reachable server, "
+        f"{service} unavailable ({reason}); set {variable} to a reachable server, "
         f"or {REQUIRE_SERVICES_ENV}=1 to make this a failure"
     )
 
@@ -61,6 +71,27 @@ def require_postgres() -> str:
         problem = " ".join(str(exc).split()) or type(exc).__name__
     if problem is not None:  # outside the except block: no chained traceback
         unavailable("PostgreSQL", f"cannot connect to {_redacted(url)}: {problem}")
+    return url
+
+
+def require_redis() -> str:
+    """Return the Redis URL if the server answers PING; else skip or fail the test."""
+    url = redis_url()
+    problem = None
+    try:
+        import redis
+
+        client = redis.Redis.from_url(url, socket_connect_timeout=3, socket_timeout=3)
+        try:
+            client.ping()
+        finally:
+            client.close()
+    except ImportError as exc:  # pragma: no cover - the celery extra installs it
+        problem = f"the redis client is not installed: {exc}"
+    except Exception as exc:  # any failure means "not reachable"
+        problem = " ".join(str(exc).split()) or type(exc).__name__
+    if problem is not None:
+        unavailable("Redis", f"cannot use {_redacted(url)}: {problem}")
     return url
 
 

@@ -1,0 +1,1 @@
+"""A payment provider simulator, run as its own process (see ``server.py``)."""
