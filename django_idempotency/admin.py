@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import contextlib
 import json
+from contextvars import ContextVar
 from datetime import timedelta
 from typing import Any, cast
 
@@ -25,11 +26,12 @@ from django.utils.html import format_html, format_html_join
 from django.utils.timesince import timesince
 from django.utils.translation import gettext_lazy as _
 
-from django_idempotency import admin_actions
+from django_idempotency import admin_actions, sealing
 from django_idempotency.conf import idempotency_settings
 from django_idempotency.models import RESOLVED_STATES, IdempotencyRecord
 
 State = IdempotencyRecord.State
+_may_decrypt: ContextVar[bool] = ContextVar("django_idempotency_may_decrypt", default=False)
 UNRESOLVED = (State.CLAIMED, State.IN_PROGRESS, State.UNCERTAIN)
 #: Counts above this are not worth an exact COUNT(*) on a large table.
 COUNT_CAP = 10_000
@@ -249,26 +251,57 @@ class IdempotencyRecordAdmin(admin.ModelAdmin):  # type: ignore[type-arg]
             format_html_join("", "<tr><th>{}</th><td>{}</td></tr>", rows),
         )
 
+    def _stored(self, record: IdempotencyRecord) -> tuple[list[list[str]], bytes | None] | str:
+        """The stored headers and body, decrypted for those allowed to see them."""
+        if not sealing.is_sealed(record.response_body):
+            body = record.response_body
+            return record.response_headers, None if body is None else bytes(body)
+        if not _may_decrypt.get():
+            return str(_("(encrypted: you lack the permission to view it)"))
+        try:
+            return sealing.unseal(record.response_headers, record.response_body)
+        except sealing.UnreadableRecord as exc:
+            return str(_("(encrypted: %(reason)s)") % {"reason": exc})
+
     @admin.display(description=_("headers"))
     def headers(self, record: IdempotencyRecord) -> Any:
-        if not record.response_headers:
+        stored = self._stored(record)
+        if isinstance(stored, str):
+            return stored
+        if not stored[0]:
             return "-"
         return format_html(
             "<table>{}</table>",
-            format_html_join(
-                "", "<tr><th>{}</th><td>{}</td></tr>", (tuple(h) for h in record.response_headers)
-            ),
+            format_html_join("", "<tr><th>{}</th><td>{}</td></tr>", (tuple(h) for h in stored[0])),
         )
 
     @admin.display(description=_("body"))
     def body(self, record: IdempotencyRecord) -> Any:
-        if record.response_body is None:
+        stored = self._stored(record)
+        if isinstance(stored, str):
+            return stored
+        raw = stored[1]
+        if raw is None:
             return "-" if not record.is_resolved else _("(not stored: too large or streamed)")
-        raw = bytes(record.response_body)
         text = raw.decode("utf-8", errors="replace")
         with contextlib.suppress(ValueError):
             text = json.dumps(json.loads(raw), indent=2, ensure_ascii=False, sort_keys=True)
         return format_html('<pre class="idempotency-body">{}</pre>', text)
+
+    def change_view(
+        self, request: HttpRequest, object_id: str, form_url: str = "", extra_context: Any = None
+    ) -> Any:
+        # The display methods get no request: tell them, for this render only,
+        # whether the user may see decrypted responses.
+        allowed = self._has(request, "view_decrypted")
+        token = _may_decrypt.set(allowed)
+        try:
+            response = super().change_view(request, object_id, form_url, extra_context)
+            if hasattr(response, "render"):
+                response.render()
+            return response
+        finally:
+            _may_decrypt.reset(token)
 
     def changelist_view(self, request: HttpRequest, extra_context: Any = None) -> TemplateResponse:
         records = self.get_queryset(request)

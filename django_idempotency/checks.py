@@ -157,6 +157,61 @@ def _check_problem_type_base(value: Any) -> Iterator[CheckMessage]:
         )
 
 
+def _check_redact(value: Any) -> Iterator[CheckMessage]:
+    if value is None:
+        return
+    if isinstance(value, str):
+        try:
+            import_callable(value, "REDACT")
+        except ImproperlyConfigured as exc:
+            yield _error(17, str(exc), "Give a callable (or its dotted path), or None.")
+    elif not callable(value):
+        yield _error(
+            17,
+            f"IDEMPOTENCY['REDACT'] = {value!r} is not callable.",
+            "Give a callable taking the StoredResponse to store and returning what to keep.",
+        )
+
+
+def _check_encryption_keys(value: Any) -> Iterator[CheckMessage]:
+    if isinstance(value, str) or not isinstance(value, (list, tuple)):
+        yield _error(
+            18,
+            f"IDEMPOTENCY['ENCRYPTION_KEYS'] = {value!r} is not a list of Fernet keys.",
+            "Give a list, newest key first: ['<Fernet.generate_key()>', ...], or [].",
+        )
+        return
+    if not value:
+        return
+    try:
+        from cryptography.fernet import Fernet
+    except ImportError:
+        yield _error(
+            18,
+            "IDEMPOTENCY['ENCRYPTION_KEYS'] is set but cryptography is not installed.",
+            'pip install "django-idempotency[encryption]"',
+        )
+        return
+    for index, key in enumerate(value):
+        try:
+            Fernet(key)
+        except (ValueError, TypeError):
+            yield _error(
+                18,
+                f"IDEMPOTENCY['ENCRYPTION_KEYS'][{index}] is not a Fernet key.",
+                "Generate one with cryptography.fernet.Fernet.generate_key().",
+            )
+
+
+def _check_max_fingerprinted_body(value: Any) -> Iterator[CheckMessage]:
+    if isinstance(value, bool) or not isinstance(value, int) or value < 1:
+        yield _error(
+            19,
+            f"IDEMPOTENCY['MAX_FINGERPRINTED_BODY'] = {value!r} is not a positive number of bytes.",
+            "Protected requests with a larger body are refused with 413.",
+        )
+
+
 _CHECKS: Mapping[str, Callable[[Any], Iterator[CheckMessage]]] = {
     "HEADER": _check_header,
     "REQUIRED": _check_bool("REQUIRED", 3),
@@ -172,6 +227,9 @@ _CHECKS: Mapping[str, Callable[[Any], Iterator[CheckMessage]]] = {
     "MAX_STORED_BODY": _check_max_stored_body,
     "ERROR_FORMAT": _check_error_format,
     "PROBLEM_TYPE_BASE": _check_problem_type_base,
+    "REDACT": _check_redact,
+    "ENCRYPTION_KEYS": _check_encryption_keys,
+    "MAX_FINGERPRINTED_BODY": _check_max_fingerprinted_body,
 }
 
 

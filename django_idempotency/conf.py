@@ -19,6 +19,8 @@ from django.utils.module_loading import import_string
 if TYPE_CHECKING:
     from django.http import HttpRequest
 
+    from django_idempotency.responses import StoredResponse
+
 TenantResolver = Callable[["HttpRequest"], str]
 
 DEFAULTS: Mapping[str, Any] = {
@@ -35,6 +37,9 @@ DEFAULTS: Mapping[str, Any] = {
     "STORED_HEADERS": (),
     "MAX_STORED_BODY": 1024 * 1024,
     "ERROR_FORMAT": "drf",
+    "REDACT": None,
+    "ENCRYPTION_KEYS": (),
+    "MAX_FINGERPRINTED_BODY": 2_621_440,
     "PROBLEM_TYPE_BASE": "https://django-idempotency.readthedocs.io/en/latest/errors/#",
 }
 
@@ -120,6 +125,21 @@ class IdempotencySettings:
     @property
     def MAX_STORED_BODY(self) -> int:
         return cast(int, self._get("MAX_STORED_BODY"))
+
+    @property
+    def REDACT(self) -> Callable[[StoredResponse], StoredResponse] | None:
+        value = self._get("REDACT")
+        if isinstance(value, str):
+            return import_callable(value, "REDACT")
+        return cast("Callable[[StoredResponse], StoredResponse] | None", value)
+
+    @property
+    def ENCRYPTION_KEYS(self) -> tuple[str, ...]:
+        return tuple(self._get("ENCRYPTION_KEYS"))
+
+    @property
+    def MAX_FINGERPRINTED_BODY(self) -> int:
+        return cast(int, self._get("MAX_FINGERPRINTED_BODY"))
 
     @property
     def ERROR_FORMAT(self) -> Literal["drf", "problem"]:

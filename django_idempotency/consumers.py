@@ -23,6 +23,7 @@ from django_idempotency.conf import as_timedelta, idempotency_settings
 from django_idempotency.exceptions import StaleOwner, TaskInProgress, TaskKeyReused
 from django_idempotency.fingerprint import fingerprint
 from django_idempotency.responses import Outcome, StoredResponse
+from django_idempotency.sealing import unseal
 
 # Not the models' own constant: this module is imported from settings files
 # (through tasks.py), before the app registry is ready.
@@ -107,7 +108,8 @@ def idempotent_task(
                     raise TaskKeyReused(f"{scope} was used with other arguments")
                 if record is not None and record.is_resolved:
                     logger.info("Duplicate message for %s: returning the stored result", scope)
-                    return json.loads(bytes(record.response_body or b"null"))
+                    _, stored_body = unseal(record.response_headers, record.response_body)
+                    return json.loads(stored_body or b"null")
                 if record is not None and record.state == store.State.CLAIMED:
                     held = store.take_over(record, scope, lease=held_for, using=database)
                 if held is None:

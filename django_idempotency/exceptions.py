@@ -56,6 +56,15 @@ class InputUnreadable(IdempotencyRefusal):
     default_detail = _("The request body holds a number out of range (such as 1e999).")
 
 
+class BodyTooLarge(IdempotencyRefusal):
+    status_code = status.HTTP_413_REQUEST_ENTITY_TOO_LARGE
+    default_code = "idempotency_body_too_large"
+    default_detail = _(
+        "The request body is larger than an idempotent request may be "
+        '(IDEMPOTENCY["MAX_FINGERPRINTED_BODY"]).'
+    )
+
+
 class KeyReused(IdempotencyRefusal):
     status_code = status.HTTP_422_UNPROCESSABLE_ENTITY
     default_code = "idempotency_key_reused"

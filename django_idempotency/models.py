@@ -81,6 +81,10 @@ class IdempotencyRecord(models.Model):
             ("mark_completed_idempotencyrecord", _("Can mark idempotency records completed")),
             ("release_idempotencyrecord", _("Can release idempotency records")),
             ("extend_idempotencyrecord", _("Can extend the retention of idempotency records")),
+            (
+                "view_decrypted_idempotencyrecord",
+                _("Can view the decrypted stored responses of idempotency records"),
+            ),
         ]
 
     def __str__(self) -> str:

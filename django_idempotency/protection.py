@@ -22,6 +22,7 @@ from django_idempotency.conf import as_timedelta, idempotency_settings
 from django_idempotency.context import IdempotencyContext
 from django_idempotency.db import close_independent_connections
 from django_idempotency.exceptions import (
+    BodyTooLarge,
     InputUnreadable,
     KeyMissing,
     KeyReused,
@@ -38,6 +39,7 @@ from django_idempotency.keys import parse_key
 from django_idempotency.models import IdempotencyRecord
 from django_idempotency.responses import Outcome, StoredResponse, capture, outcome_of, replay
 from django_idempotency.scope import OperationSpec, Scope, resolve_operation, resolve_tenant
+from django_idempotency.sealing import UnreadableRecord, unseal
 from django_idempotency.testing import SimulatedCrash
 
 if TYPE_CHECKING:
@@ -123,6 +125,11 @@ def protect(
         operation=resolve_operation(request, options.operation),
         key=parse_key(raw_key, conf.KEY_MAX_LENGTH),
     )
+    if _declared_length(request) > conf.MAX_FINGERPRINTED_BODY:
+        raise BodyTooLarge(
+            f"The request body is larger than the {conf.MAX_FINGERPRINTED_BODY} bytes an "
+            "idempotent request may have."
+        )
     try:
         fingerprint = request_fingerprint(request, options.fingerprint, view_args, view_kwargs)
     except (NonCanonicalValue, RecursionError) as exc:
@@ -130,6 +137,16 @@ def protect(
     response = _claim_or_answer(request, scope, fingerprint, view, options)
     response[conf.HEADER] = raw_key
     return response
+
+
+def _declared_length(request: HttpRequest) -> int:
+    """The body's length, as declared; 0 for multipart (uploads are hashed as streams)."""
+    if (request.content_type or "").startswith("multipart/"):
+        return 0
+    try:
+        return int(request.META.get("CONTENT_LENGTH") or 0)
+    except ValueError:
+        return 0
 
 
 def _claim_or_answer(
@@ -168,12 +185,13 @@ def _claim_or_answer(
             signals.notify(signals.key_reused, request, scope)
             raise KeyReused()
         elif record.is_resolved:
+            try:
+                headers, body = unseal(record.response_headers, record.response_body)
+            except UnreadableRecord as exc:
+                logger.error("Cannot replay record %s (%s): %s", record.pk, scope, exc)
+                raise StoreUnavailable(retry_after=UNAVAILABLE_RETRY_AFTER) from exc
             signals.notify(signals.response_replayed, request, scope, status=record.response_status)
-            return replay(
-                record.response_status or 200,
-                record.response_headers,
-                None if record.response_body is None else bytes(record.response_body),
-            )
+            return replay(record.response_status or 200, headers, body)
         elif waiting and time.monotonic() < deadline:
             time.sleep(min(poll, max(deadline - time.monotonic(), 0)))
             poll = min(poll * 2, _LAST_POLL)

@@ -26,6 +26,7 @@ from django_idempotency.exceptions import StaleOwner
 from django_idempotency.models import RESOLVED_STATES, IdempotencyRecord
 from django_idempotency.responses import Outcome, StoredResponse
 from django_idempotency.scope import Scope
+from django_idempotency.sealing import is_sealed, reseal, seal
 
 logger = logging.getLogger("django_idempotency")
 
@@ -188,8 +189,12 @@ def lookup(scope: Scope, *, using: str) -> IdempotencyRecord | None:
 
 
 def complete(held: Claim, outcome: Outcome, response: StoredResponse, *, ttl: timedelta) -> None:
-    """Store the outcome; run inside the view's transaction so both commit together."""
+    """Store the outcome; run inside the view's transaction so both commit together.
+
+    What is written passes ``sealing.seal``: the REDACT hook, then encryption.
+    """
     now = timezone.now()
+    response = seal(response)
     _owner_update(
         held,
         "completion",
@@ -443,3 +448,27 @@ def expire_leases(*, using: str) -> int:
         .filter(state__in=UNRESOLVED_STATES)
         .update(lease_expires_at=timezone.now())
     )
+
+
+def reseal_batch(*, after: int, limit: int, using: str) -> tuple[int, int]:
+    """Re-encrypt sealed responses past primary key ``after`` with the newest key.
+
+    Returns (the last primary key looked at, records rewritten); compare-and-set
+    on the fencing token, so a record changed meanwhile is left alone.
+    """
+    rows = list(
+        IdempotencyRecord.objects.using(using)
+        .filter(pk__gt=after, response_body__isnull=False)
+        .order_by("pk")
+        .values_list("pk", "fencing_token", "response_body")[:limit]
+    )
+    rewritten = 0
+    for pk, token, body in rows:
+        if not is_sealed(body):
+            continue
+        rewritten += (
+            IdempotencyRecord.objects.using(using)
+            .filter(pk=pk, fencing_token=token)
+            .update(response_body=reseal(body))
+        )
+    return (rows[-1][0] if rows else after), rewritten

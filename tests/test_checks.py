@@ -71,6 +71,11 @@ def test_a_complete_valid_configuration_passes() -> None:
         ({"TTL": 60, "LEASE": 120}, "E014"),
         ({"ERROR_FORMAT": "rfc7807"}, "E015"),
         ({"PROBLEM_TYPE_BASE": None}, "E016"),
+        ({"REDACT": "no.such.hook"}, "E017"),
+        ({"REDACT": 42}, "E017"),
+        ({"ENCRYPTION_KEYS": "one-key"}, "E018"),
+        ({"ENCRYPTION_KEYS": ["not a fernet key"]}, "E018"),
+        ({"MAX_FINGERPRINTED_BODY": 0}, "E019"),
     ],
 )
 def test_invalid_value_is_reported_with_its_id(settings_value: Any, expected: str) -> None:
