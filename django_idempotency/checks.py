@@ -227,6 +227,7 @@ _CHECKS: Mapping[str, Callable[[Any], Iterator[CheckMessage]]] = {
     "MAX_STORED_BODY": _check_max_stored_body,
     "ERROR_FORMAT": _check_error_format,
     "PROBLEM_TYPE_BASE": _check_problem_type_base,
+    "SINGLE_TRANSACTION": _check_bool("SINGLE_TRANSACTION", 20),
     "REDACT": _check_redact,
     "ENCRYPTION_KEYS": _check_encryption_keys,
     "MAX_FINGERPRINTED_BODY": _check_max_fingerprinted_body,

@@ -36,6 +36,7 @@ DEFAULTS: Mapping[str, Any] = {
     "FAIL_OPEN": False,
     "STORED_HEADERS": (),
     "MAX_STORED_BODY": 1024 * 1024,
+    "SINGLE_TRANSACTION": False,
     "ERROR_FORMAT": "drf",
     "REDACT": None,
     "ENCRYPTION_KEYS": (),
@@ -140,6 +141,10 @@ class IdempotencySettings:
     @property
     def MAX_FINGERPRINTED_BODY(self) -> int:
         return cast(int, self._get("MAX_FINGERPRINTED_BODY"))
+
+    @property
+    def SINGLE_TRANSACTION(self) -> bool:
+        return bool(self._get("SINGLE_TRANSACTION"))
 
     @property
     def ERROR_FORMAT(self) -> Literal["drf", "problem"]:

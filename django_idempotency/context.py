@@ -7,6 +7,7 @@ import json
 from datetime import timedelta
 
 from asgiref.sync import sync_to_async
+from django.core.exceptions import ImproperlyConfigured
 
 from django_idempotency import store, testing
 from django_idempotency.conf import as_timedelta, idempotency_settings
@@ -46,8 +47,9 @@ class IdempotencyContext:
     instead of being released: the call may have happened.
     """
 
-    def __init__(self, held: store.Claim) -> None:
+    def __init__(self, held: store.Claim, *, single_transaction: bool = False) -> None:
         self._held = held
+        self._single_transaction = single_transaction
         self.external_begun = False
         self.provider_operation_id = ""
 
@@ -82,6 +84,11 @@ class IdempotencyContext:
         call, timeouts included: once it runs out, recovery may take the
         record over and ask the provider while the call is still under way.
         """
+        if self._single_transaction:
+            raise ImproperlyConfigured(
+                "begin_external() cannot be used with single_transaction=True: the claim "
+                "commits only with the view, so the intent could not commit before the call."
+            )
         held_for = as_timedelta(lease) if lease is not None else idempotency_settings.LEASE
         store.begin_external(self._held, self.provider_key, lease=held_for)
         self.external_begun = True

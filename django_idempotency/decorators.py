@@ -205,6 +205,7 @@ def idempotent(
     operation: OperationSpec = None,
     required: bool | None = None,
     ttl: timedelta | float | None = None,
+    single_transaction: bool | None = None,
 ) -> Callable[[ViewFunc], ViewFunc]: ...
 
 
@@ -215,6 +216,7 @@ def idempotent(
     operation: OperationSpec = None,
     required: bool | None = None,
     ttl: timedelta | float | None = None,
+    single_transaction: bool | None = None,
 ) -> Any:
     """Run the decorated view once per ``Idempotency-Key`` and replay its outcome.
 
@@ -228,9 +230,17 @@ def idempotent(
     (default: method plus URL route pattern), or a callable taking the
     request. ``required``: whether a missing key is refused (default
     ``IDEMPOTENCY["REQUIRED"]``). ``ttl``: retention as seconds or a
-    timedelta (default ``IDEMPOTENCY["TTL"]``).
+    timedelta (default ``IDEMPOTENCY["TTL"]``). ``single_transaction``: on
+    PostgreSQL, claim in the view's own transaction (one commit; for views
+    that make no external call; default ``IDEMPOTENCY["SINGLE_TRANSACTION"]``).
     """
-    options = Options(fingerprint=fingerprint, operation=operation, required=required, ttl=ttl)
+    options = Options(
+        fingerprint=fingerprint,
+        operation=operation,
+        required=required,
+        ttl=ttl,
+        single_transaction=single_transaction,
+    )
 
     def decorate(func: Callable[..., Any]) -> Any:
         if isinstance(fingerprint, str):

@@ -25,6 +25,7 @@ class IdempotentMixin:
     idempotency_operation: ClassVar[OperationSpec] = None
     idempotency_required: ClassVar[bool | None] = None
     idempotency_ttl: ClassVar[timedelta | float | None] = None
+    idempotency_single_transaction: ClassVar[bool | None] = None
 
     def __init_subclass__(cls, **kwargs: Any) -> None:
         super().__init_subclass__(**kwargs)
@@ -53,6 +54,7 @@ class IdempotentMixin:
                 operation=view_class.idempotency_operation,
                 required=view_class.idempotency_required,
                 ttl=view_class.idempotency_ttl,
+                single_transaction=view_class.idempotency_single_transaction,
             )
             setattr(self, method, IdempotentView(function, options).__get__(self))
 
@@ -71,6 +73,7 @@ def protection_of(view_class: type, handler_name: str, method: str) -> Options |
             operation=view_class.idempotency_operation,
             required=view_class.idempotency_required,
             ttl=view_class.idempotency_ttl,
+            single_transaction=view_class.idempotency_single_transaction,
         )
     handler = getattr(view_class, handler_name, None)
     if isinstance(handler, IdempotentView):

@@ -60,6 +60,8 @@ _MAX_RECLAIMS = 3
 #: The "wait" mode polls the record, backing off from the first interval
 #: to the last (seconds).
 _FIRST_POLL = 0.05
+#: PostgreSQL's SQLSTATE for lock_timeout running out.
+_LOCK_NOT_AVAILABLE = "55P03"
 _LAST_POLL = 0.5
 
 
@@ -71,6 +73,7 @@ class Options:
     operation: OperationSpec = None
     required: bool | None = None
     ttl: timedelta | float | None = None
+    single_transaction: bool | None = None
 
 
 @contextmanager
@@ -134,7 +137,14 @@ def protect(
         fingerprint = request_fingerprint(request, options.fingerprint, view_args, view_kwargs)
     except (NonCanonicalValue, RecursionError) as exc:
         raise InputUnreadable() from exc
-    response = _claim_or_answer(request, scope, fingerprint, view, options)
+    single = options.single_transaction
+    if single is None:
+        single = conf.SINGLE_TRANSACTION
+    connection = connections[conf.DATABASE]
+    if single and connection.vendor == "postgresql" and not connection.in_atomic_block:
+        response = _claim_in_one_transaction(request, scope, fingerprint, view, options)
+    else:
+        response = _claim_or_answer(request, scope, fingerprint, view, options)
     response[conf.HEADER] = raw_key
     return response
 
@@ -181,17 +191,8 @@ def _claim_or_answer(
             retries += 1
             if retries <= _MAX_RECLAIMS:
                 continue
-        elif record.fingerprint != fingerprint:
-            signals.notify(signals.key_reused, request, scope)
-            raise KeyReused()
-        elif record.is_resolved:
-            try:
-                headers, body = unseal(record.response_headers, record.response_body)
-            except UnreadableRecord as exc:
-                logger.error("Cannot replay record %s (%s): %s", record.pk, scope, exc)
-                raise StoreUnavailable(retry_after=UNAVAILABLE_RETRY_AFTER) from exc
-            signals.notify(signals.response_replayed, request, scope, status=record.response_status)
-            return replay(record.response_status or 200, headers, body)
+        elif record.fingerprint != fingerprint or record.is_resolved:
+            return _answer(request, scope, fingerprint, record)
         elif waiting and time.monotonic() < deadline:
             time.sleep(min(poll, max(deadline - time.monotonic(), 0)))
             poll = min(poll * 2, _LAST_POLL)
@@ -199,6 +200,98 @@ def _claim_or_answer(
         state = "unknown" if record is None else record.state
         signals.notify(signals.request_in_flight, request, scope, state=state)
         raise RequestInProgress(retry_after=IN_FLIGHT_RETRY_AFTER)
+
+
+def _answer(
+    request: HttpRequest, scope: Scope, fingerprint: str, record: IdempotencyRecord
+) -> HttpResponseBase:
+    """The answer a settled record gives: 422 for other input, else its replay."""
+    if record.fingerprint != fingerprint:
+        signals.notify(signals.key_reused, request, scope)
+        raise KeyReused()
+    try:
+        headers, body = unseal(record.response_headers, record.response_body)
+    except UnreadableRecord as exc:
+        logger.error("Cannot replay record %s (%s): %s", record.pk, scope, exc)
+        raise StoreUnavailable(retry_after=UNAVAILABLE_RETRY_AFTER) from exc
+    signals.notify(signals.response_replayed, request, scope, status=record.response_status)
+    return replay(record.response_status or 200, headers, body)
+
+
+def _claim_in_one_transaction(
+    request: HttpRequest,
+    scope: Scope,
+    fingerprint: str,
+    view: Callable[[], HttpResponseBase],
+    options: Options,
+) -> HttpResponseBase:
+    """Claim, view and completion in ONE transaction (PostgreSQL, no external calls).
+
+    One commit instead of two. A concurrent duplicate's INSERT waits on the
+    unique index until this transaction ends (bounded by ``lock_timeout`` =
+    IN_FLIGHT_WAIT, then 409), and then replays the committed outcome; a
+    crash, an exception or a retryable status rolls the claim back with the
+    view's writes, so the retry runs.
+    """
+    conf = idempotency_settings
+    database = conf.DATABASE
+    ttl = as_timedelta(options.ttl) if options.ttl is not None else conf.TTL
+    timeout_ms = max(1, round(conf.IN_FLIGHT_WAIT.total_seconds() * 1000))
+    try:
+        with transaction.atomic(using=database):
+            with connections[database].cursor() as cursor:
+                # An int we computed: SET takes no bind parameters.
+                cursor.execute(f"SET LOCAL lock_timeout = {timeout_ms}")
+            held = store.claim(scope, fingerprint, ttl=ttl, lease=conf.LEASE, using=database)
+            if held is not None:
+                return _run_in_the_claims_transaction(request, held, view, ttl)
+            record = store.lookup(scope, using=database)
+    except OperationalError as exc:
+        if getattr(exc.__cause__, "sqlstate", None) != _LOCK_NOT_AVAILABLE:
+            return _store_unavailable(request, scope, view, exc)
+        signals.notify(signals.request_in_flight, request, scope, state="waited")
+        raise RequestInProgress(retry_after=IN_FLIGHT_RETRY_AFTER) from None
+    except InterfaceError as exc:
+        return _store_unavailable(request, scope, view, exc)
+    settled = record is not None and (record.fingerprint != fingerprint or record.is_resolved)
+    if record is not None and settled and not _expired(record):
+        return _answer(request, scope, fingerprint, record)
+    # Held by a request of the two-commit kind, expired or just released:
+    # the general path handles all of these.
+    return _claim_or_answer(request, scope, fingerprint, view, options)
+
+
+def _run_in_the_claims_transaction(
+    request: HttpRequest, held: store.Claim, view: Callable[[], HttpResponseBase], ttl: timedelta
+) -> HttpResponseBase:
+    conf = idempotency_settings
+    request.idempotency = IdempotencyContext(held, single_transaction=True)  # type: ignore[attr-defined]
+    signals.notify(signals.request_claimed, request, held.scope, fencing_token=held.fencing_token)
+    try:
+        with view_transactions() as opened:  # other ATOMIC_REQUESTS databases
+            response = view()
+            outcome = outcome_of(response.status_code)
+            if outcome is Outcome.RELEASE or transaction.get_rollback(using=held.database):
+                # Roll everything back, the claim included: the retry runs.
+                for alias in [held.database, *opened]:
+                    transaction.set_rollback(True, using=alias)
+            else:
+                stored = capture(response, conf.STORED_HEADERS, conf.MAX_STORED_BODY)
+                store.complete(held, outcome, stored, ttl=ttl)
+    except BaseException:
+        signals.notify(signals.claim_released, request, held.scope, reason="exception")
+        raise
+    if outcome is Outcome.RELEASE:
+        signals.notify(signals.claim_released, request, held.scope, reason=response.status_code)
+    else:
+        signals.notify(
+            signals.response_stored,
+            request,
+            held.scope,
+            state=outcome.value,
+            status=response.status_code,
+        )
+    return response
 
 
 def _expired(record: IdempotencyRecord) -> bool:

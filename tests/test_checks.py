@@ -76,6 +76,7 @@ def test_a_complete_valid_configuration_passes() -> None:
         ({"ENCRYPTION_KEYS": "one-key"}, "E018"),
         ({"ENCRYPTION_KEYS": ["not a fernet key"]}, "E018"),
         ({"MAX_FINGERPRINTED_BODY": 0}, "E019"),
+        ({"SINGLE_TRANSACTION": "yes"}, "E020"),
     ],
 )
 def test_invalid_value_is_reported_with_its_id(settings_value: Any, expected: str) -> None:
@@ -112,6 +113,7 @@ def test_api_view_under_atomic_requests_is_warned_about(atomic_requests: None) -
         "api-view/fields",
         "api-view/optional",
         "api-view/probe",
+        "api-view/single",
         "cbv/own-dispatch",
     ]
 

@@ -24,6 +24,7 @@ urlpatterns = [
     path("probe", views.TransactionProbeView.as_view()),
     path("api-view/external", views.api_view_external_call),
     path("api-view/unprotected", views.api_view_unprotected),
+    path("api-view/single", views.api_view_single_transaction),
     path("api-view/probe", views.api_view_probe),
     path("api-view/probe-exempt", views.api_view_probe_exempt),
     path("", include(router.urls)),

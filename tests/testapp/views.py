@@ -298,3 +298,22 @@ async def async_plain_charges(request: HttpRequest) -> JsonResponse:
     return JsonResponse(
         {"id": charge.pk, "amount": charge.amount}, status=int(data.get("status", 201))
     )
+
+
+@api_view(["POST"])
+@idempotent(single_transaction=True)
+def api_view_single_transaction(request: Request) -> Response:
+    """Claim, view and completion in one transaction (on PostgreSQL).
+
+    ``die``: SIGKILL this process mid-view, where the live tests allow it
+    (TESTAPP_ALLOW_SIGKILL=1 in the server's environment).
+    """
+    import os
+    import signal
+
+    charge, code = perform(request, {**request.data, "note": request.data.get("note", "single")})
+    if request.data.get("die") and os.environ.get("TESTAPP_ALLOW_SIGKILL") == "1":
+        os.kill(os.getpid(), signal.SIGKILL)
+    if request.data.get("begin_external"):
+        request.idempotency.begin_external()  # type: ignore[attr-defined]
+    return charge_response(charge, code)
