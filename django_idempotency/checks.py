@@ -14,7 +14,7 @@ from django.conf import settings
 from django.core.checks import CheckMessage, Error, Tags, Warning, register
 from django.core.exceptions import ImproperlyConfigured
 
-from django_idempotency.conf import DEFAULTS, as_timedelta, import_callable
+from django_idempotency.conf import DEFAULTS, as_timedelta, idempotency_settings, import_callable
 from django_idempotency.models import KEY_MAX_LENGTH
 
 _HEADER_NAME = re.compile(r"^[!#$%&'*+\-.^_`|~0-9A-Za-z]+$")
@@ -319,9 +319,12 @@ def _is_protected(view: Any) -> bool:
 
 @register(Tags.urls)
 def check_atomic_requests(app_configs: Any = None, **kwargs: Any) -> list[CheckMessage]:
-    atomic = [alias for alias, db in settings.DATABASES.items() if db.get("ATOMIC_REQUESTS")]
-    if not atomic:
+    # Only the records' database matters: the claim commits on its own
+    # unless that database's request transaction is already open.
+    records = idempotency_settings.DATABASE
+    if not settings.DATABASES.get(records, {}).get("ATOMIC_REQUESTS"):
         return []
+    atomic = [records]
     from django.urls import get_resolver
 
     messages: list[CheckMessage] = []

@@ -346,6 +346,14 @@ def _run_owned(
     except StaleOwner:
         signals.notify(signals.request_in_flight, request, held.scope, state="taken over")
         raise RequestInProgress(retry_after=IN_FLIGHT_RETRY_AFTER) from None
+    except UNREACHABLE_ERRORS as exc:
+        # The store went away while the view ran: its writes rolled back, the
+        # release below most likely fails too, and the record then waits for
+        # its lease to end. Say so, rather than a bare 500.
+        _give_up(request, held, context, reason="store unavailable")
+        logger.error("Idempotency store lost during %s (%s); answering 503.", held.scope, exc)
+        lease_seconds = max(1, round(idempotency_settings.LEASE.total_seconds()))
+        raise StoreUnavailable(retry_after=lease_seconds) from exc
     except SimulatedCrash:
         raise  # a "killed" process cleans nothing up (testing helper)
     except BaseException:
@@ -383,7 +391,7 @@ def _give_up(
             provider_key=context.provider_key,
             provider_operation_id=context.provider_operation_id,
         )
-    except (StaleOwner, DatabaseError):
+    except (StaleOwner, DatabaseError, InterfaceError):
         # Taken over meanwhile, or the store is gone: either way recovery
         # finds the record unresolved once its lease runs out.
         logger.exception("Could not mark %s uncertain", held.scope)
@@ -399,7 +407,7 @@ def _give_up(
 def _release(request: HttpRequest, held: store.Claim, *, reason: object) -> None:
     try:
         released = store.release(held)
-    except (StaleOwner, DatabaseError):
+    except (StaleOwner, DatabaseError, InterfaceError):
         # The record stays CLAIMED; recovery releases it once its lease ends.
         logger.exception("Could not release the claim on %s", held.scope)
         return
