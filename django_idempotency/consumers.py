@@ -41,8 +41,9 @@ def _key_of(key: str | Callable[..., Any], func: Callable[..., Any], args: Any, 
         value = str(key(*args, **kwargs))
     else:
         value = str(inspect.signature(func).bind(*args, **kwargs).arguments[key])
-    if len(value) > KEY_MAX_LENGTH:
-        # Message ids are not ours to limit: a long one is kept by its digest.
+    if len(value) > KEY_MAX_LENGTH or value.startswith("sha256:"):
+        # Message ids are not ours to limit: a long one is kept by its digest
+        # (and one that looks like a digest is digested too, never confused).
         return "sha256:" + hashlib.sha256(value.encode("utf-8", "surrogatepass")).hexdigest()
     return value
 

@@ -173,6 +173,10 @@ def _parsed_body(request: HttpRequest) -> Any:
         "application/x-www-form-urlencoded",
         "multipart/form-data",
     ):
+        if _body_fits_in_memory(request):
+            # Read (and cache) the raw body first: Django parses the form
+            # from it, and the view may still read request.body after us.
+            request.body  # noqa: B018
         return {"form": request.POST, "files": request.FILES}
     return request.body
 
@@ -182,6 +186,17 @@ def _url_value(value: Any) -> Any:
     if value is None or isinstance(value, (str, int, float, Decimal)):
         return value
     return str(value)
+
+
+def _body_fits_in_memory(request: HttpRequest) -> bool:
+    from django.conf import settings
+
+    limit = settings.DATA_UPLOAD_MAX_MEMORY_SIZE
+    try:
+        length = int(request.META.get("CONTENT_LENGTH") or 0)
+    except ValueError:
+        return False
+    return limit is None or length <= limit
 
 
 def _reject_constant(name: str) -> Any:

@@ -87,9 +87,14 @@ class IdempotencySchemaMixin:
             media_type = "application/problem+json" if problem else "application/json"
             schema = _PROBLEM if problem else _ERROR
             for code, description in _ERRORS.items():
+                if code == "400" and not problem:
+                    # The view's own 400s (validation errors) share the status.
+                    body = {**_ERROR, "required": [], "additionalProperties": True}
+                else:
+                    body = schema
                 responses.setdefault(
                     code,
-                    {"description": description, "content": {media_type: {"schema": schema}}},
+                    {"description": description, "content": {media_type: {"schema": body}}},
                 )
         return responses
 

@@ -17,6 +17,9 @@ if TYPE_CHECKING:
 
 OperationSpec = None | str | Callable[["HttpRequest"], str]
 
+#: Stored tenants that are digests of the real one start with this.
+DIGEST_PREFIX = "sha256:"
+
 
 @dataclass(frozen=True)
 class Scope:
@@ -85,8 +88,14 @@ def resolve_tenant(request: HttpRequest, resolver: Callable[[HttpRequest], str])
         raise ImproperlyConfigured(
             f"IDEMPOTENCY['TENANT'] returned {tenant!r}; it must return a string."
         )
-    if len(tenant) > TENANT_MAX_LENGTH:
+    if len(tenant) > TENANT_MAX_LENGTH or tenant.startswith(DIGEST_PREFIX):
         # Tenants may come from the client (a header, a subdomain): a long
-        # one is stored by its digest rather than refused.
-        return "sha256:" + hashlib.sha256(tenant.encode("utf-8", "surrogatepass")).hexdigest()
+        # one is stored by its digest rather than refused. A tenant that
+        # merely looks like a digest is digested too, so that it can never
+        # be mistaken for the long tenant whose digest it spells.
+        return digest(tenant)
     return tenant
+
+
+def digest(text: str) -> str:
+    return DIGEST_PREFIX + hashlib.sha256(text.encode("utf-8", "surrogatepass")).hexdigest()

@@ -14,12 +14,19 @@ def binary_scope_on_mysql(apps: StateApps, schema_editor: BaseDatabaseSchemaEdit
     """
     if schema_editor.connection.vendor != "mysql":
         return
+    # NO PAD collations: the binary PAD SPACE ones would still equate
+    # "acme" and "acme " (trailing spaces ignored).
+    collation = (
+        "utf8mb4_nopad_bin"
+        if getattr(schema_editor.connection, "mysql_is_mariadb", False)
+        else "utf8mb4_0900_bin"
+    )
     quote = schema_editor.quote_name
     table = quote("django_idempotency_record")
     for column, length in (("tenant", 128), ("operation", 255), ("key", 255)):
         schema_editor.execute(
             f"ALTER TABLE {table} MODIFY {quote(column)} VARCHAR({length}) "
-            "CHARACTER SET utf8mb4 COLLATE utf8mb4_bin NOT NULL"
+            f"CHARACTER SET utf8mb4 COLLATE {collation} NOT NULL"
         )
 
 

@@ -31,6 +31,9 @@ INSTALLED_APPS = [
     "django.contrib.staticfiles",
     "rest_framework",
     "rest_framework.authtoken",
+    # The OpenAPI schema at /v1/schema; django-idempotency's extension adds the
+    # Idempotency-Key header and its refusals to the protected operations.
+    "drf_spectacular",
     "django_idempotency",
     "payments",
 ]
@@ -102,6 +105,14 @@ REST_FRAMEWORK = {
         "rest_framework.authentication.SessionAuthentication",
     ],
     "DEFAULT_PERMISSION_CLASSES": ["rest_framework.permissions.IsAuthenticated"],
+    "DEFAULT_SCHEMA_CLASS": "drf_spectacular.openapi.AutoSchema",
+}
+SPECTACULAR_SETTINGS = {
+    "TITLE": "Payments demo API",
+    "DESCRIPTION": "The django-idempotency demo: payments and refunds, safe to retry.",
+    "VERSION": "1",
+    # The schema describes the payments API, not the schema endpoint itself.
+    "SERVE_INCLUDE_SCHEMA": False,
 }
 
 # Every key at its default, spelled out so the demo shows what can be tuned.

@@ -1,7 +1,9 @@
 from django.contrib import admin
 from django.urls import include, path
+from drf_spectacular.views import SpectacularAPIView
 
 urlpatterns = [
     path("admin/", admin.site.urls),
+    path("v1/schema", SpectacularAPIView.as_view(), name="schema"),
     path("v1/", include("payments.urls")),
 ]
