@@ -1,0 +1,253 @@
+#!/usr/bin/env python3
+"""Where a protected request's time goes: per-request breakdown and a pyinstrument profile.
+
+    .venv/bin/python benchmarks/profile_requests.py [--requests 2000] [--html DIR]
+
+Runs the benchmark project (benchmarks/benchproject) in this process on a
+fresh PostgreSQL database, through Django's WSGI handler (no web server, no
+network hop to a client), one request at a time:
+
+1. for each endpoint of benchmarks/http.py (unprotected, protected first
+   execution, protected replay, floor, floor replay, and the first execution
+   under ``single_transaction=True``): ``--requests``
+   requests after a warm-up, reporting the median wall time per request,
+   how much of it was spent inside database calls (``execute`` and the
+   commits, measured with an execute wrapper and a commit hook), the
+   statements per request, and the Python time that remains;
+2. profiles ``--requests`` protected first executions and as many replays
+   with pyinstrument (``pip install pyinstrument``) and prints the call trees
+   (and writes HTML reports to ``--html``);
+3. counts the calls of a few functions per request (settings reads,
+   fingerprints, JSON encodes, savepoints) with a deterministic tracer;
+4. drops the database.
+"""
+
+from __future__ import annotations
+
+import sys
+from pathlib import Path
+
+_HERE = Path(__file__).resolve().parent
+sys.path[:] = [entry for entry in sys.path if Path(entry or ".").resolve() != _HERE]
+sys.path.insert(0, str(_HERE.parent))
+
+import argparse  # noqa: E402
+import cProfile  # noqa: E402
+import io  # noqa: E402
+import os  # noqa: E402
+import pstats  # noqa: E402
+import statistics  # noqa: E402
+import time  # noqa: E402
+import uuid  # noqa: E402
+from collections.abc import Callable, Iterator  # noqa: E402
+from contextlib import contextmanager  # noqa: E402
+from typing import Any  # noqa: E402
+
+from benchmarks.benchlib import (  # noqa: E402
+    BENCH_SETTINGS,
+    Database,
+    machine,
+    migrate,
+    postgres_url,
+)
+
+BODY = b'{"amount": 1250, "currency": "EUR"}'
+
+
+class DatabaseTimer:
+    """Wall time spent in the database driver: statements, and commits/rollbacks."""
+
+    def __init__(self) -> None:
+        self.seconds = 0.0
+        self.statements = 0
+
+    def __call__(
+        self, execute: Callable[..., Any], sql: str, params: Any, many: bool, context: Any
+    ) -> Any:
+        started = time.perf_counter()
+        try:
+            return execute(sql, params, many, context)
+        finally:
+            self.seconds += time.perf_counter() - started
+            self.statements += 1
+
+
+@contextmanager
+def timed_commits(connection: Any, timer: DatabaseTimer) -> Iterator[None]:
+    """Count commit/rollback and BEGIN round trips as database time too."""
+    original_commit = connection._commit
+    original_rollback = connection._rollback
+
+    def commit() -> Any:
+        started = time.perf_counter()
+        try:
+            return original_commit()
+        finally:
+            timer.seconds += time.perf_counter() - started
+
+    def rollback() -> Any:
+        started = time.perf_counter()
+        try:
+            return original_rollback()
+        finally:
+            timer.seconds += time.perf_counter() - started
+
+    connection._commit, connection._rollback = commit, rollback
+    try:
+        yield
+    finally:
+        connection._commit, connection._rollback = original_commit, original_rollback
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--requests", type=int, default=2000)
+    parser.add_argument("--html", type=Path, help="write pyinstrument HTML reports here")
+    args = parser.parse_args(argv)
+
+    with Database(postgres_url(), "idem_bench_profile") as database:
+        migrate(database)
+        os.environ["DATABASE_URL"] = database.url
+        os.environ["DJANGO_SETTINGS_MODULE"] = BENCH_SETTINGS
+        try:
+            run(args)
+        finally:
+            from django.db import connections
+
+            connections.close_all()
+    return 0
+
+
+def run(args: argparse.Namespace) -> None:
+    import django
+
+    django.setup()
+    from django.core.handlers.wsgi import WSGIHandler
+    from django.db import connection
+    from django.test.client import RequestFactory
+
+    handler = WSGIHandler()
+    factory = RequestFactory()
+    run_id = uuid.uuid4().hex[:8]
+    counter = iter(range(10**9))
+
+    def environ(path: str, key: str | None) -> dict[str, Any]:
+        extra = {} if key is None else {"HTTP_IDEMPOTENCY_KEY": key}
+        request = factory.post(path, BODY, content_type="application/json", **extra)
+        return dict(request.environ)
+
+    def call(path: str, key: str | None) -> int:
+        captured: list[str] = []
+
+        def start_response(status: str, headers: Any, exc_info: Any = None) -> None:
+            captured.append(status)
+
+        result = handler(environ(path, key), start_response)
+        b"".join(result)
+        result.close()
+        return int(captured[0].split()[0])
+
+    endpoints: list[tuple[str, Callable[[], int]]] = [
+        ("unprotected", lambda: call("/unprotected", None)),
+        ("protected", lambda: call("/protected", f"{run_id}-p-{next(counter)}")),
+        ("protected replay", lambda: call("/protected", f"{run_id}-replay")),
+        ("floor", lambda: call("/floor", f"{run_id}-f-{next(counter)}")),
+        ("floor replay", lambda: call("/floor", f"{run_id}-replay")),
+        ("single transaction", lambda: call("/protected-single", f"{run_id}-s-{next(counter)}")),
+    ]
+    info = machine()
+    print(
+        f"{info['cpus']} x {info['cpu']}, Python {info['python']}, commit {info['commit']}; "
+        f"in-process WSGI, one request at a time, {args.requests} requests per endpoint\n"
+    )
+    print(
+        f"{'endpoint':<20}{'wall ms':>9}{'in database ms':>16}{'rest ms':>9}"
+        f"{'CPU ms (this process)':>23}{'statements':>11}"
+    )
+    for name, send in endpoints:
+        for _ in range(200):
+            status = send()
+            assert status == 201, (name, status)
+        walls: list[float] = []
+        cpus: list[float] = []
+        in_db: list[float] = []
+        statements: list[int] = []
+        for _ in range(args.requests):
+            timer = DatabaseTimer()
+            with connection.execute_wrapper(timer), timed_commits(connection, timer):
+                cpu_started = time.process_time()
+                started = time.perf_counter()
+                status = send()
+                walls.append(time.perf_counter() - started)
+                cpus.append(time.process_time() - cpu_started)
+            assert status == 201, (name, status)
+            in_db.append(timer.seconds)
+            statements.append(timer.statements)
+        wall = statistics.median(walls) * 1000
+        db = statistics.median(in_db) * 1000
+        cpu = statistics.fmean(cpus) * 1000
+        print(
+            f"{name:<20}{wall:9.3f}{db:16.3f}{wall - db:9.3f}{cpu:23.3f}"
+            f"{statistics.median(statements):11.0f}"
+        )
+
+    from pyinstrument import Profiler
+
+    for name, send in endpoints[1:3]:
+        profiler = Profiler(interval=0.0002)
+        profiler.start()
+        for _ in range(args.requests):
+            send()
+        profiler.stop()
+        print(f"\n===== pyinstrument: {args.requests} x {name} =====")
+        print(profiler.output_text(unicode=False, color=False, short_mode=False))
+        if args.html:
+            args.html.mkdir(parents=True, exist_ok=True)
+            (args.html / f"{name.replace(' ', '_')}.html").write_text(profiler.output_html())
+
+    # CPU time by function (cProfile with a CPU clock: what other processes on
+    # the machine do changes nothing), and how often the hot helpers run.
+    for name, send in endpoints[1:3]:
+        profile = cProfile.Profile(time.process_time)
+        n = args.requests
+        profile.enable()
+        for _ in range(n):
+            send()
+        profile.disable()
+        stream = io.StringIO()
+        stats = pstats.Stats(profile, stream=stream)
+        print(f"\n===== CPU time by function: {name} (cProfile, {n} requests) =====")
+        stats.sort_stats("cumulative").print_stats(r"django_idempotency|benchapp", 30)
+        print("\n".join(stream.getvalue().splitlines()[6:]))
+        print(f"===== calls per request: {name} (cProfile, {n} requests) =====")
+        wanted = (
+            ("conf.py", "_get"),
+            ("conf.py", "user_settings"),
+            ("fingerprint.py", "request_fingerprint"),
+            ("fingerprint.py", "_encode"),
+            ("__init__.py", "dumps"),
+            ("sealing.py", "seal"),
+            ("sealing.py", "unseal"),
+            ("transaction.py", "__enter__"),
+            ("base.py", "savepoint"),
+            ("utils.py", "execute"),
+            ("signals.py", "notify"),
+            ("dispatcher.py", "send_robust"),
+            ("query.py", "first"),
+            ("compiler.py", "as_sql"),
+            ("compiler.py", "execute_sql"),
+        )
+        for (filename, _line, function), row in sorted(stats.stats.items()):  # type: ignore[attr-defined]
+            for wanted_file, wanted_function in wanted:
+                if filename.endswith(wanted_file) and function == wanted_function:
+                    calls = row[1]
+                    cumulative = row[3]
+                    short = "/".join(Path(filename).parts[-2:])
+                    print(
+                        f"  {short}:{function:<22} {calls / n:6.1f} calls/request "
+                        f"{cumulative / n * 1e6:8.1f} us/request (cumulative, under cProfile)"
+                    )
+
+
+if __name__ == "__main__":
+    sys.exit(main())
