@@ -237,14 +237,14 @@ def run(args: argparse.Namespace) -> None:
             ("compiler.py", "as_sql"),
             ("compiler.py", "execute_sql"),
         )
-        for (filename, _line, function), row in sorted(stats.stats.items()):  # type: ignore[attr-defined]
+        for (filename, line, function), row in sorted(stats.stats.items()):  # type: ignore[attr-defined]
             for wanted_file, wanted_function in wanted:
                 if filename.endswith(wanted_file) and function == wanted_function:
                     calls = row[1]
                     cumulative = row[3]
-                    short = "/".join(Path(filename).parts[-2:])
+                    where = f"{'/'.join(Path(filename).parts[-2:])}:{line}({function})"
                     print(
-                        f"  {short}:{function:<22} {calls / n:6.1f} calls/request "
+                        f"  {where:<48} {calls / n:6.1f} calls/request "
                         f"{cumulative / n * 1e6:8.1f} us/request (cumulative, under cProfile)"
                     )
 
