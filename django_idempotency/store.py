@@ -181,11 +181,11 @@ def take_over(
 
 
 def lookup(scope: Scope, *, using: str) -> IdempotencyRecord | None:
-    return (
-        IdempotencyRecord.objects.using(using)
-        .filter(tenant=scope.tenant, operation=scope.operation, key=scope.key)
-        .first()
-    )
+    # Not .first(): its ORDER BY id adds a sort to a unique-index lookup.
+    found = IdempotencyRecord.objects.using(using).filter(
+        tenant=scope.tenant, operation=scope.operation, key=scope.key
+    )[:1]
+    return next(iter(found), None)
 
 
 def complete(held: Claim, outcome: Outcome, response: StoredResponse, *, ttl: timedelta) -> None:
