@@ -43,6 +43,8 @@ _ERRORS = {
     "409": "A request with this Idempotency-Key is still in progress "
     "(idempotency_request_in_progress); retry after Retry-After.",
     "422": "This Idempotency-Key was used with a different request (idempotency_key_reused).",
+    "413": "The request body is larger than an idempotent request may be "
+    "(idempotency_body_too_large).",
     "503": "The idempotency record store is unreachable (idempotency_store_unavailable); "
     "the request was not run. Retry after Retry-After.",
 }
