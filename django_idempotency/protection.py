@@ -284,13 +284,7 @@ def _run_in_the_claims_transaction(
     if outcome is Outcome.RELEASE:
         signals.notify(signals.claim_released, request, held.scope, reason=response.status_code)
     else:
-        signals.notify(
-            signals.response_stored,
-            request,
-            held.scope,
-            state=outcome.value,
-            status=response.status_code,
-        )
+        _stored(request, held, outcome, response.status_code)
     return response
 
 
@@ -367,14 +361,12 @@ def _run_owned(
     if outcome is Outcome.RELEASE:
         _give_up(request, held, context, reason=response.status_code)
     else:
-        signals.notify(
-            signals.response_stored,
-            request,
-            held.scope,
-            state=outcome.value,
-            status=response.status_code,
-        )
+        _stored(request, held, outcome, response.status_code)
     return response
+
+
+def _stored(request: HttpRequest, held: store.Claim, outcome: Outcome, status: int) -> None:
+    signals.notify(signals.response_stored, request, held.scope, state=outcome.value, status=status)
 
 
 def _give_up(
