@@ -1,8 +1,12 @@
 """The ``IDEMPOTENCY`` settings dict, read through a typed object.
 
-Every attribute is read from ``django.conf.settings`` on each access, so
-``override_settings`` works in tests. Values are validated by the system
-checks in ``checks.py``; here they are only normalised.
+Each attribute is resolved (defaults filled in, durations made timedeltas,
+dotted paths imported) on first access and kept until ``settings.IDEMPOTENCY``
+changes: Django sends ``setting_changed`` for ``override_settings`` and the
+pytest-django ``settings`` fixture, and that clears what was kept. (Mutating
+the dict in place at run time is not seen; nothing should.) Values are
+validated by the system checks in ``checks.py``; here they are only
+normalised.
 """
 
 from __future__ import annotations
@@ -10,10 +14,11 @@ from __future__ import annotations
 from collections.abc import Callable, Mapping
 from datetime import timedelta
 from functools import lru_cache
-from typing import TYPE_CHECKING, Any, Literal, cast
+from typing import TYPE_CHECKING, Any, Generic, Literal, TypeVar, cast
 
 from django.conf import settings as django_settings
 from django.core.exceptions import ImproperlyConfigured
+from django.core.signals import setting_changed
 from django.utils.module_loading import import_string
 
 if TYPE_CHECKING:
@@ -22,6 +27,7 @@ if TYPE_CHECKING:
     from django_idempotency.responses import StoredResponse
 
 TenantResolver = Callable[["HttpRequest"], str]
+T = TypeVar("T")
 
 DEFAULTS: Mapping[str, Any] = {
     "HEADER": "Idempotency-Key",
@@ -65,10 +71,34 @@ def import_callable(path: str, setting: str) -> Callable[..., Any]:
     return cast(Callable[..., Any], imported)
 
 
+class _resolved(Generic[T]):  # lower case: a decorator, like @property
+    """A read-only property computed once per value of ``settings.IDEMPOTENCY``.
+
+    Every protected request reads about fifteen settings; resolving each one
+    anew (dict lookups with defaults, timedelta conversions, imports) was a
+    measurable share of the request path.
+    """
+
+    def __init__(self, compute: Callable[[IdempotencySettings], T]) -> None:
+        self.compute = compute
+        self.name = compute.__name__
+        self.__doc__ = compute.__doc__
+
+    def __get__(self, instance: IdempotencySettings, owner: type | None = None) -> T:
+        try:
+            return cast(T, instance.resolved[self.name])
+        except KeyError:
+            value = instance.resolved[self.name] = self.compute(instance)
+            return value
+
+
 class IdempotencySettings:
     """Typed access to ``settings.IDEMPOTENCY`` with the documented defaults."""
 
-    @property
+    def __init__(self) -> None:
+        self.resolved: dict[str, Any] = {}
+
+    @property  # always read anew: the system checks use it
     def user_settings(self) -> Mapping[str, Any]:
         value = getattr(django_settings, "IDEMPOTENCY", {})
         return value if isinstance(value, Mapping) else {}
@@ -76,83 +106,91 @@ class IdempotencySettings:
     def _get(self, name: str) -> Any:
         return self.user_settings.get(name, DEFAULTS[name])
 
-    @property
+    @_resolved
     def HEADER(self) -> str:
         return cast(str, self._get("HEADER"))
 
-    @property
+    @_resolved
     def REQUIRED(self) -> bool:
         return bool(self._get("REQUIRED"))
 
-    @property
+    @_resolved
     def KEY_MAX_LENGTH(self) -> int:
         return cast(int, self._get("KEY_MAX_LENGTH"))
 
-    @property
+    @_resolved
     def TTL(self) -> timedelta:
         return as_timedelta(self._get("TTL"))
 
-    @property
+    @_resolved
     def LEASE(self) -> timedelta:
         return as_timedelta(self._get("LEASE"))
 
-    @property
+    @_resolved
     def TENANT(self) -> TenantResolver:
         value = self._get("TENANT")
         if isinstance(value, str):
             return import_callable(value, "TENANT")
         return cast(TenantResolver, value)
 
-    @property
+    @_resolved
     def DATABASE(self) -> str:
         return cast(str, self._get("DATABASE"))
 
-    @property
+    @_resolved
     def IN_FLIGHT(self) -> Literal["conflict", "wait"]:
         return cast(Literal["conflict", "wait"], self._get("IN_FLIGHT"))
 
-    @property
+    @_resolved
     def IN_FLIGHT_WAIT(self) -> timedelta:
         return as_timedelta(self._get("IN_FLIGHT_WAIT"))
 
-    @property
+    @_resolved
     def FAIL_OPEN(self) -> bool:
         return bool(self._get("FAIL_OPEN"))
 
-    @property
+    @_resolved
     def STORED_HEADERS(self) -> tuple[str, ...]:
         return tuple(self._get("STORED_HEADERS"))
 
-    @property
+    @_resolved
     def MAX_STORED_BODY(self) -> int:
         return cast(int, self._get("MAX_STORED_BODY"))
 
-    @property
+    @_resolved
     def REDACT(self) -> Callable[[StoredResponse], StoredResponse] | None:
         value = self._get("REDACT")
         if isinstance(value, str):
             return import_callable(value, "REDACT")
         return cast("Callable[[StoredResponse], StoredResponse] | None", value)
 
-    @property
+    @_resolved
     def ENCRYPTION_KEYS(self) -> tuple[str, ...]:
         return tuple(self._get("ENCRYPTION_KEYS"))
 
-    @property
+    @_resolved
     def MAX_FINGERPRINTED_BODY(self) -> int:
         return cast(int, self._get("MAX_FINGERPRINTED_BODY"))
 
-    @property
+    @_resolved
     def SINGLE_TRANSACTION(self) -> bool:
         return bool(self._get("SINGLE_TRANSACTION"))
 
-    @property
+    @_resolved
     def ERROR_FORMAT(self) -> Literal["drf", "problem"]:
         return cast(Literal["drf", "problem"], self._get("ERROR_FORMAT"))
 
-    @property
+    @_resolved
     def PROBLEM_TYPE_BASE(self) -> str:
         return cast(str, self._get("PROBLEM_TYPE_BASE"))
 
 
 idempotency_settings = IdempotencySettings()
+
+
+def _forget_resolved(*, setting: str, **kwargs: Any) -> None:
+    if setting == "IDEMPOTENCY":
+        idempotency_settings.resolved.clear()
+
+
+setting_changed.connect(_forget_resolved, dispatch_uid="django_idempotency.conf")

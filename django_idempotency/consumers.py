@@ -92,18 +92,19 @@ def idempotent_task(
             digest = fingerprint(_arguments(func, args, kwargs))
             retention = as_timedelta(ttl) if ttl is not None else conf.TTL
             held_for = as_timedelta(lease) if lease is not None else conf.LEASE
-            held = store.claim(scope, digest, ttl=retention, lease=held_for, using=database)
-            if held is None:
-                record = store.lookup(scope, using=database)
-                if (
-                    record is not None
-                    and record.is_resolved
-                    and record.expires_at <= timezone.now()
-                    and store.discard_expired(record, using=database)
-                ):
-                    # Past retention the message is a new one (as an HTTP key is).
-                    held = store.claim(scope, digest, ttl=retention, lease=held_for, using=database)
-                    record = None if held else store.lookup(scope, using=database)
+            held, record = store.claim_or_find(
+                scope, digest, ttl=retention, lease=held_for, using=database
+            )
+            if (
+                record is not None
+                and record.is_resolved
+                and record.expires_at <= timezone.now()
+                and store.discard_expired(record, using=database)
+            ):
+                # Past retention the message is a new one (as an HTTP key is).
+                held, record = store.claim_or_find(
+                    scope, digest, ttl=retention, lease=held_for, using=database
+                )
             if held is None:
                 if record is not None and record.fingerprint != digest:
                     raise TaskKeyReused(f"{scope} was used with other arguments")

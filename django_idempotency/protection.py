@@ -175,8 +175,9 @@ def _claim_or_answer(
     retries = 0
     while True:
         try:
-            held = store.claim(scope, fingerprint, ttl=ttl, lease=conf.LEASE, using=database)
-            record = None if held else store.lookup(scope, using=database)
+            held, record = store.claim_or_find(
+                scope, fingerprint, ttl=ttl, lease=conf.LEASE, using=database
+            )
             if record is not None and _abandoned(record, fingerprint):
                 held = store.take_over(record, scope, lease=conf.LEASE, using=database)
             if record is not None and _expired(record):
@@ -236,13 +237,16 @@ def _claim_in_one_transaction(
     conf = idempotency_settings
     database = conf.DATABASE
     ttl = as_timedelta(options.ttl) if options.ttl is not None else conf.TTL
-    timeout_ms = max(1, round(conf.IN_FLIGHT_WAIT.total_seconds() * 1000))
     try:
         with transaction.atomic(using=database):
-            with connections[database].cursor() as cursor:
-                # An int we computed: SET takes no bind parameters.
-                cursor.execute(f"SET LOCAL lock_timeout = {timeout_ms}")
-            held = store.claim(scope, fingerprint, ttl=ttl, lease=conf.LEASE, using=database)
+            held = store.claim(
+                scope,
+                fingerprint,
+                ttl=ttl,
+                lease=conf.LEASE,
+                using=database,
+                wait_at_most=conf.IN_FLIGHT_WAIT,
+            )
             if held is not None:
                 return _run_in_the_claims_transaction(request, held, view, ttl)
             record = store.lookup(scope, using=database)

@@ -11,14 +11,11 @@ import logging
 import os
 import socket
 import threading
-from collections.abc import Callable
 from dataclasses import dataclass
 from datetime import datetime, timedelta
 from typing import Any
 
 from django.db import IntegrityError, connections, transaction
-from django.db.models import F, Value
-from django.db.models.functions import Greatest
 from django.utils import timezone
 
 from django_idempotency.db import commit_now_alias
@@ -27,6 +24,7 @@ from django_idempotency.models import RESOLVED_STATES, IdempotencyRecord
 from django_idempotency.responses import Outcome, StoredResponse
 from django_idempotency.scope import Scope
 from django_idempotency.sealing import is_sealed, reseal, seal
+from django_idempotency.statements import record_from_row, statements_for
 
 logger = logging.getLogger("django_idempotency")
 
@@ -58,38 +56,14 @@ def lease_owner() -> str:
     return f"{_HOST}:{os.getpid()}:{threading.get_ident()}"[:255]
 
 
-_CLAIM_COLUMNS = (
-    "tenant",
-    "operation",
-    "key",
-    "fingerprint",
-    "state",
-    "lease_owner",
-    "lease_expires_at",
-    "created_at",
-    "updated_at",
-    "expires_at",
-    # Constant on insert, spelled in the SQL below.
-    "fencing_token",
-    "provider_key",
-    "provider_operation_id",
-    "response_headers",
-)
-
-
-def _claim_sql(quote: Callable[[str], str]) -> str:
-    table = quote(IdempotencyRecord._meta.db_table)
-    columns = ", ".join(quote(name) for name in _CLAIM_COLUMNS)
-    scope = ", ".join(quote(name) for name in ("tenant", "operation", "key"))
-    return (
-        f"INSERT INTO {table} ({columns}) "
-        "VALUES (%s, %s, %s, %s, %s, %s, %s, %s, %s, %s, 1, '', '', '[]') "
-        f"ON CONFLICT ({scope}) DO NOTHING RETURNING {quote('id')}"
-    )
-
-
 def claim(
-    scope: Scope, fingerprint: str, *, ttl: timedelta, lease: timedelta, using: str
+    scope: Scope,
+    fingerprint: str,
+    *,
+    ttl: timedelta,
+    lease: timedelta,
+    using: str,
+    wait_at_most: timedelta | None = None,
 ) -> Claim | None:
     """Insert a CLAIMED record in one atomic statement; ``None`` if the key is taken.
 
@@ -98,30 +72,27 @@ def claim(
     elsewhere an INSERT inside a savepoint whose IntegrityError means "lost".
     Never SELECT-then-INSERT. Outside a transaction the statement commits at
     once; inside one (the caller's), it commits with it.
+
+    ``wait_at_most`` (PostgreSQL, inside a transaction): how long the INSERT
+    may wait on a concurrent, uncommitted claim of the same scope; the
+    setting lasts until the transaction ends, and running out raises
+    ``OperationalError`` (SQLSTATE 55P03).
     """
-    now = timezone.now()
     connection = connections[using]
     committed = not connection.in_atomic_block
     if connection.vendor == "postgresql":
-        sql = _claim_sql(connection.ops.quote_name)
-        params: list[Any] = [
-            scope.tenant,
-            scope.operation,
-            scope.key,
-            fingerprint,
-            State.CLAIMED.value,
-            lease_owner(),
-            now + lease,
-            now,
-            now,
-            now + ttl,
-        ]
+        sql = statements_for(connection)
+        params = _claim_params(scope, fingerprint, ttl=ttl, lease=lease)
+        if wait_at_most is not None:
+            timeout_ms = max(1, round(wait_at_most.total_seconds() * 1000))
+            params, query = [*params, str(timeout_ms)], sql.claim_waiting_at_most
+        else:
+            query = sql.claim
         with connection.cursor() as cursor:
-            cursor.execute(sql, params)
+            cursor.execute(query, params)
             row = cursor.fetchone()
-        if row is None:
-            return None
-        return Claim(row[0], 1, scope, using, committed)
+        return None if row is None else Claim(row[0], 1, scope, using, committed)
+    now = timezone.now()
     try:
         with transaction.atomic(using=using):
             record = IdempotencyRecord.objects.using(using).create(
@@ -140,6 +111,40 @@ def claim(
     except IntegrityError:
         return None
     return Claim(record.pk, 1, scope, using, committed)
+
+
+def claim_or_find(
+    scope: Scope, fingerprint: str, *, ttl: timedelta, lease: timedelta, using: str
+) -> tuple[Claim | None, IdempotencyRecord | None]:
+    """``claim()``, and when the key is taken, the record that holds it.
+
+    Two statements for a replay, one for a first execution. (A single
+    ``WITH claimed AS (INSERT ...) SELECT ...`` statement was measured: the
+    planning of the CTE cost a first execution more than it saved a replay.)
+    Both can be ``None``: the holder released the record in between.
+    """
+    held = claim(scope, fingerprint, ttl=ttl, lease=lease, using=using)
+    return held, None if held else lookup(scope, using=using)
+
+
+def _scope_params(scope: Scope) -> list[str]:
+    return [scope.tenant, scope.operation, scope.key]
+
+
+def _claim_params(scope: Scope, fingerprint: str, *, ttl: timedelta, lease: timedelta) -> list[Any]:
+    now = timezone.now()
+    return [
+        scope.tenant,
+        scope.operation,
+        scope.key,
+        fingerprint,
+        State.CLAIMED.value,
+        lease_owner(),
+        now + lease,
+        now,
+        now,
+        now + ttl,
+    ]
 
 
 def take_over(
@@ -181,11 +186,11 @@ def take_over(
 
 
 def lookup(scope: Scope, *, using: str) -> IdempotencyRecord | None:
-    # Not .first(): its ORDER BY id adds a sort to a unique-index lookup.
-    found = IdempotencyRecord.objects.using(using).filter(
-        tenant=scope.tenant, operation=scope.operation, key=scope.key
-    )[:1]
-    return next(iter(found), None)
+    connection = connections[using]
+    with connection.cursor() as cursor:
+        cursor.execute(statements_for(connection).find, _scope_params(scope))
+        row = cursor.fetchone()
+    return None if row is None else record_from_row(connection, row)
 
 
 def complete(held: Claim, outcome: Outcome, response: StoredResponse, *, ttl: timedelta) -> None:
@@ -193,22 +198,28 @@ def complete(held: Claim, outcome: Outcome, response: StoredResponse, *, ttl: ti
 
     What is written passes ``sealing.seal``: the REDACT hook, then encryption.
     """
-    now = timezone.now()
     response = seal(response)
-    _owner_update(
-        held,
-        "completion",
-        using=held.database,
-        states=UNRESOLVED_STATES,
-        state=outcome.value,
-        response_status=response.status,
-        response_headers=response.headers,
-        response_body=response.body,
-        lease_owner="",
-        lease_expires_at=None,
-        # An operator may have extended retention already: never shorten it.
-        expires_at=Greatest(F("expires_at"), Value(now + ttl)),
-    )
+    connection = connections[held.database]
+    adapt = connection.ops.adapt_datetimefield_value
+    now = timezone.now()
+    expires_at = adapt(now + ttl)
+    params = [
+        outcome.value,
+        response.status,
+        connection.ops.adapt_json_value(response.headers, None),
+        response.body,
+        expires_at,
+        expires_at,
+        adapt(now),
+        held.record_id,
+        held.fencing_token,
+    ]
+    with connection.cursor() as cursor:
+        cursor.execute(statements_for(connection).complete, params)
+        updated = cursor.rowcount
+    if not updated:
+        _log_stale(held, "completion")
+        raise StaleOwner(held.record_id)
 
 
 def release(held: Claim, *, states: tuple[str, ...] = (State.CLAIMED,)) -> bool:

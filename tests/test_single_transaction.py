@@ -29,7 +29,12 @@ def test_first_execution_commits_once_and_replays(api: APIClient) -> None:
     mismatch = post(api, URL, {"amount": 2}, "k")
     assert first.status_code == 201
     assert sum(s == "COMMIT" for s in sql) == 1  # one transaction, not two
-    assert sql[1].startswith("SET LOCAL lock_timeout")
+    # The wait is bounded within the claim's own statement, for this transaction only.
+    assert sql[1].startswith('INSERT INTO "django_idempotency_record"')
+    assert "set_config('lock_timeout', '10000', true)" in sql[1]
+    with connection.cursor() as cursor:
+        cursor.execute("SHOW lock_timeout")
+        assert cursor.fetchone()[0] == "0"
     assert retry.content == first.content and retry["Idempotent-Replayed"] == "true"
     assert mismatch.status_code == 422
     assert Charge.objects.count() == 1

@@ -1,0 +1,141 @@
+"""The hot path's statements in SQL, built once per database vendor.
+
+Every protected request sends a claim, and then either a completion or a
+lookup. Compiling a queryset for those costs more CPU than the database
+spends running them (on the benchmark machine ``.filter()[:1]`` took 1.24 ms
+of CPU against 0.24 ms for the same SELECT through a cursor, and
+``.filter().update()`` 0.75 ms against 0.20 ms), so ``store`` sends these
+strings instead. Rows read come back as model instances through the same
+converters the ORM would apply, so callers cannot tell the difference.
+
+Nothing here writes: ``store`` executes these statements.
+"""
+
+from __future__ import annotations
+
+import weakref
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass
+from typing import Any
+
+from django.db.backends.base.base import BaseDatabaseWrapper
+
+from django_idempotency.models import IdempotencyRecord
+
+State = IdempotencyRecord.State
+_FIELDS = tuple(IdempotencyRecord._meta.concrete_fields)
+#: The attribute names of the columns every statement reading a record returns, in order.
+FIELD_NAMES = tuple(field.attname for field in _FIELDS)
+_COLUMNS = tuple(str(field.column) for field in _FIELDS)
+
+#: Written by the claim; the constants spelled in its SQL follow.
+_CLAIM_COLUMNS = (
+    "tenant",
+    "operation",
+    "key",
+    "fingerprint",
+    "state",
+    "lease_owner",
+    "lease_expires_at",
+    "created_at",
+    "updated_at",
+    "expires_at",
+    "fencing_token",
+    "provider_key",
+    "provider_operation_id",
+    "response_headers",
+)
+_CLAIM_VALUES = "%s, %s, %s, %s, %s, %s, %s, %s, %s, %s, 1, '', '', '[]'"
+_UNRESOLVED = (State.CLAIMED.value, State.IN_PROGRESS.value, State.UNCERTAIN.value)
+
+
+@dataclass(frozen=True)
+class Statements:
+    #: Parameters of every claim: tenant, operation, key, fingerprint, state,
+    #: lease owner, lease expiry, created, updated, expiry.
+    #: -> one row (id) if claimed, none if the scope is taken. PostgreSQL only.
+    claim: str
+    #: The claim, first setting ``lock_timeout`` for the rest of the
+    #: transaction (one more parameter, last: milliseconds, as text).
+    #: PostgreSQL only.
+    claim_waiting_at_most: str
+    #: tenant, operation, key -> the record's row, if any.
+    find: str
+    #: state, status, headers, body, expiry, expiry (again), updated, id,
+    #: fencing token -> rowcount 1, or 0 for a stale owner.
+    complete: str
+
+
+_statements: dict[str, Statements] = {}
+
+
+def statements_for(connection: BaseDatabaseWrapper) -> Statements:
+    built = _statements.get(connection.vendor)
+    if built is None:
+        built = _statements[connection.vendor] = _build(connection)
+    return built
+
+
+def _build(connection: BaseDatabaseWrapper) -> Statements:
+    quote = connection.ops.quote_name
+    table = quote(IdempotencyRecord._meta.db_table)
+    columns = ", ".join(quote(column) for column in _COLUMNS)
+    scope = ", ".join(quote(name) for name in ("tenant", "operation", "key"))
+    where_scope = " AND ".join(f"{quote(name)} = %s" for name in ("tenant", "operation", "key"))
+    insert = f"INSERT INTO {table} ({', '.join(quote(name) for name in _CLAIM_COLUMNS)}) "
+    conflict = f"ON CONFLICT ({scope}) DO NOTHING RETURNING {quote('id')}"
+    claim = f"{insert}VALUES ({_CLAIM_VALUES}) {conflict}"
+    # The WHERE of a SELECT without FROM is a one-time condition, evaluated
+    # before its row exists, so the timeout is in force when the INSERT of
+    # that row waits on the unique index. One round trip instead of two.
+    claim_waiting_at_most = (
+        f"{insert}SELECT {_CLAIM_VALUES} "
+        "WHERE set_config('lock_timeout', %s, true) IS NOT NULL "
+        f"{conflict}"
+    )
+    find = f"SELECT {columns} FROM {table} WHERE {where_scope}"
+    unresolved = ", ".join(f"'{state}'" for state in _UNRESOLVED)
+    expires_at = quote("expires_at")
+    complete = (
+        f"UPDATE {table} SET {quote('state')} = %s, {quote('response_status')} = %s, "
+        f"{quote('response_headers')} = %s, {quote('response_body')} = %s, "
+        f"{quote('lease_owner')} = '', {quote('lease_expires_at')} = NULL, "
+        # An operator may have extended retention already: never shorten it.
+        f"{expires_at} = CASE WHEN {expires_at} > %s THEN {expires_at} ELSE %s END, "
+        f"{quote('updated_at')} = %s "
+        f"WHERE {quote('id')} = %s AND {quote('fencing_token')} = %s "
+        f"AND {quote('state')} IN ({unresolved})"
+    )
+    return Statements(claim, claim_waiting_at_most, find, complete)
+
+
+Converter = Callable[[Any, Any, BaseDatabaseWrapper], Any]
+_converters: weakref.WeakKeyDictionary[BaseDatabaseWrapper, list[tuple[int, list[Converter], Any]]]
+_converters = weakref.WeakKeyDictionary()
+
+
+def record_from_row(connection: BaseDatabaseWrapper, row: Sequence[Any]) -> IdempotencyRecord:
+    """A model instance from a row of ``FIELD_NAMES``, converted as the ORM would."""
+    converters = _converters.get(connection)
+    if converters is None:
+        converters = _converters[connection] = _converters_of(connection)
+    values = list(row)
+    for index, functions, expression in converters:
+        value = values[index]
+        for function in functions:
+            value = function(value, expression, connection)
+        values[index] = value
+    return IdempotencyRecord.from_db(connection.alias, FIELD_NAMES, values)
+
+
+def _converters_of(connection: BaseDatabaseWrapper) -> list[tuple[int, list[Converter], Any]]:
+    table = IdempotencyRecord._meta.db_table
+    found = []
+    for index, field in enumerate(_FIELDS):
+        expression = field.get_col(table)
+        functions = connection.ops.get_db_converters(expression) + field.get_db_converters(
+            connection
+        )
+        if functions:
+            found.append((index, functions, expression))
+    return found
