@@ -9,7 +9,7 @@ network hop to a client), one request at a time:
 
 1. for each endpoint of benchmarks/http.py (unprotected, protected first
    execution, protected replay, floor, floor replay, and the first execution
-   under ``single_transaction=True``): ``--requests``
+   under ``single_transaction=True`` and its hand-written floor): ``--requests``
    requests after a warm-up, reporting the median wall time per request,
    how much of it was spent inside database calls (``execute`` and the
    commits, measured with an execute wrapper and a commit hook), the
@@ -154,6 +154,7 @@ def run(args: argparse.Namespace) -> None:
         ("floor", lambda: call("/floor", f"{run_id}-f-{next(counter)}")),
         ("floor replay", lambda: call("/floor", f"{run_id}-replay")),
         ("single transaction", lambda: call("/protected-single", f"{run_id}-s-{next(counter)}")),
+        ("floor single", lambda: call("/floor-single", f"{run_id}-fs-{next(counter)}")),
     ]
     info = machine()
     print(

@@ -278,10 +278,10 @@ def purge_under_load(database: Database, baseline: float, batch_size: int) -> di
     batches: list[float] = []
     original = store.purge_expired_batch
 
-    def timed_batch(*, limit: int, using: str) -> int:
+    def timed_batch(**arguments: Any) -> tuple[int, Any]:
         started = time.perf_counter()
         try:
-            return original(limit=limit, using=using)
+            return original(**arguments)
         finally:
             batches.append(time.perf_counter() - started)
 

@@ -86,10 +86,10 @@ class _resolved(Generic[T]):  # lower case: a decorator, like @property
 
     def __get__(self, instance: IdempotencySettings, owner: type | None = None) -> T:
         try:
-            return cast(T, instance.resolved[self.name])
+            value: T = instance.resolved[self.name]
         except KeyError:
             value = instance.resolved[self.name] = self.compute(instance)
-            return value
+        return value
 
 
 class IdempotencySettings:

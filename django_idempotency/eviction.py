@@ -2,8 +2,8 @@
 
 from __future__ import annotations
 
-import time
 from dataclasses import dataclass
+from time import monotonic
 
 from django.utils import timezone
 
@@ -29,22 +29,37 @@ def expired_count() -> int:
     )
 
 
-def purge_expired_records(*, batch_size: int = 1000, max_batches: int | None = None) -> PurgeReport:
+def purge_expired_records(
+    *,
+    batch_size: int = 1000,
+    max_batches: int | None = None,
+    batch_seconds: float = 0.1,
+) -> PurgeReport:
     """Delete COMPLETED and FAILED records past ``expires_at``, in short batches.
 
     Small batches keep each DELETE (and the locks it holds) short, so live
-    claims are not kept waiting. Unresolved records are never deleted here.
+    claims are not kept waiting. A batch that took longer than
+    ``batch_seconds`` halves the next one (a busy disk, a checkpoint); quick
+    ones grow it back, up to ``batch_size``. Unresolved records are never
+    deleted here.
     """
     report = PurgeReport()
     database = idempotency_settings.DATABASE
+    size = batch_size
+    reached = None
     while max_batches is None or report.batches < max_batches:
-        started = time.monotonic()
-        deleted = store.purge_expired_batch(limit=batch_size, using=database)
+        started = monotonic()
+        deleted, reached = store.purge_expired_batch(limit=size, using=database, after=reached)
+        took = monotonic() - started
         if not deleted:
             break
         report.batches += 1
         report.deleted += deleted
-        report.longest_batch = max(report.longest_batch, time.monotonic() - started)
-        if deleted < batch_size:
-            break
+        report.longest_batch = max(report.longest_batch, took)
+        if deleted < size:
+            break  # the rest is held by someone else, or not expired yet
+        if took > batch_seconds:
+            size = max(1, size // 2)
+        elif took < batch_seconds / 4:
+            size = min(batch_size, size * 2)
     return report

@@ -80,11 +80,26 @@ def _file_token(upload: UploadedFile[Any]) -> str:
     return f"file({json.dumps(upload.name)},{digest.hexdigest()})"
 
 
+#: What ``json.dumps(text)`` returns for a string, without its layers.
+_json_string = json.encoder.encode_basestring_ascii
+
+
 # Values that parsed JSON cannot contain (absent fields, uploads, raw bytes)
 # are written as tokens that are not JSON, so they can never collide with
 # anything a client spells in a body.
 def _encode(value: Any, out: list[str]) -> None:
-    if value is None:
+    kind = type(value)
+    # What parsers deliver, by exact type first: this runs for every value
+    # of every protected request's body.
+    if kind is str:
+        out.append(_json_string(value))
+    elif kind is int:
+        out.append(str(value))
+    elif kind is dict:
+        _encode_mapping(value, out)
+    elif kind is list:
+        _encode_sequence(value, out)
+    elif value is None:
         out.append("null")
     elif value is True:
         out.append("true")
@@ -93,25 +108,13 @@ def _encode(value: Any, out: list[str]) -> None:
     elif isinstance(value, (int, float, Decimal)):
         out.append(_number(value))
     elif isinstance(value, str):
-        out.append(json.dumps(value))
+        out.append(_json_string(value))
     elif isinstance(value, MultiValueDict):  # QueryDict, request.FILES: every value
         _encode(dict(value.lists()), out)
     elif isinstance(value, Mapping):
-        out.append("{")
-        for index, name in enumerate(sorted(value, key=str)):
-            if index:
-                out.append(",")
-            out.append(json.dumps(str(name)))
-            out.append(":")
-            _encode(value[name], out)
-        out.append("}")
+        _encode_mapping(value, out)
     elif isinstance(value, (list, tuple)):
-        out.append("[")
-        for index, item in enumerate(value):
-            if index:
-                out.append(",")
-            _encode(item, out)
-        out.append("]")
+        _encode_sequence(value, out)
     elif value is _ABSENT:
         out.append("absent")
     elif isinstance(value, UploadedFile):
@@ -120,6 +123,26 @@ def _encode(value: Any, out: list[str]) -> None:
         out.append(f"bytes({hashlib.sha256(value).hexdigest()})")
     else:
         raise TypeError(f"{type(value).__name__} cannot be part of a fingerprint")
+
+
+def _encode_mapping(value: Mapping[Any, Any], out: list[str]) -> None:
+    out.append("{")
+    for index, name in enumerate(sorted(value, key=str)):
+        if index:
+            out.append(",")
+        out.append(_json_string(str(name)))
+        out.append(":")
+        _encode(value[name], out)
+    out.append("}")
+
+
+def _encode_sequence(value: Sequence[Any], out: list[str]) -> None:
+    out.append("[")
+    for index, item in enumerate(value):
+        if index:
+            out.append(",")
+        _encode(item, out)
+    out.append("]")
 
 
 def canonical(value: Any) -> bytes:

@@ -2,15 +2,18 @@
 
 from __future__ import annotations
 
+import re
 from typing import cast
 
 import http_sf
 
 from django_idempotency.exceptions import KeyInvalid
 
+_VISIBLE_ASCII = re.compile(r"[\x21-\x7e]+")
+
 
 def _is_visible_ascii(text: str) -> bool:
-    return text.isascii() and all("\x21" <= char <= "\x7e" for char in text)
+    return _VISIBLE_ASCII.fullmatch(text) is not None
 
 
 def parse_key(raw: str, max_length: int) -> str:

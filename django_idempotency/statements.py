@@ -47,6 +47,7 @@ _CLAIM_COLUMNS = (
 )
 _CLAIM_VALUES = "%s, %s, %s, %s, %s, %s, %s, %s, %s, %s, 1, '', '', '[]'"
 _UNRESOLVED = (State.CLAIMED.value, State.IN_PROGRESS.value, State.UNCERTAIN.value)
+_RESOLVED = (State.COMPLETED.value, State.FAILED.value)
 
 
 @dataclass(frozen=True)
@@ -64,6 +65,9 @@ class Statements:
     #: state, status, headers, body, expiry, expiry (again), updated, id,
     #: fencing token -> rowcount 1, or 0 for a stale owner.
     complete: str
+    #: now, scan start, limit, now -> (rows deleted, latest expiry deleted).
+    #: PostgreSQL only.
+    purge: str
 
 
 _statements: dict[str, Statements] = {}
@@ -106,7 +110,28 @@ def _build(connection: BaseDatabaseWrapper) -> Statements:
         f"WHERE {quote('id')} = %s AND {quote('fencing_token')} = %s "
         f"AND {quote('state')} IN ({unresolved})"
     )
-    return Statements(claim, claim_waiting_at_most, find, complete)
+    state, resolved = quote("state"), ", ".join(f"'{state}'" for state in _RESOLVED)
+    expired = f"{state} IN ({resolved}) AND {expires_at} <= %s"
+    # One statement per batch: no id list travels to the client and back.
+    # The scan starts where the previous batch ended, past index entries of
+    # rows already deleted (only VACUUM removes those, and rescanning them
+    # made every batch slower than the last). SKIP LOCKED passes over rows a
+    # concurrent purge or an operator holds. The batch is MATERIALIZED: as
+    # ``WHERE id IN (SELECT ... SKIP LOCKED)`` the planner may run the
+    # subquery more than once, each run locking other rows, and delete more
+    # than the limit. The DELETE repeats the conditions, which PostgreSQL
+    # re-checks on a row changed meanwhile.
+    qualified = " AND ".join((f"record.{state} IN ({resolved})", f"record.{expires_at} <= %s"))
+    purge = (
+        f"WITH batch AS MATERIALIZED (SELECT {quote('id')} FROM {table} "
+        f"WHERE {expired} AND {expires_at} >= %s "
+        f"ORDER BY {expires_at} LIMIT %s FOR UPDATE SKIP LOCKED), "
+        f"purged AS (DELETE FROM {table} AS record USING batch "
+        f"WHERE record.{quote('id')} = batch.{quote('id')} AND {qualified} "
+        f"RETURNING record.{expires_at}) "
+        f"SELECT count(*), max({expires_at}) FROM purged"
+    )
+    return Statements(claim, claim_waiting_at_most, find, complete, purge)
 
 
 Converter = Callable[[Any, Any, BaseDatabaseWrapper], Any]

@@ -7,12 +7,13 @@ nothing: the write matches no row, is logged, and raises ``StaleOwner``.
 
 from __future__ import annotations
 
+import json
 import logging
 import os
 import socket
 import threading
 from dataclasses import dataclass
-from datetime import datetime, timedelta
+from datetime import UTC, datetime, timedelta
 from typing import Any
 
 from django.db import IntegrityError, connections, transaction
@@ -206,7 +207,9 @@ def complete(held: Claim, outcome: Outcome, response: StoredResponse, *, ttl: ti
     params = [
         outcome.value,
         response.status,
-        connection.ops.adapt_json_value(response.headers, None),
+        # Text, which every backend casts to its JSON column (PostgreSQL
+        # reads an untyped literal as jsonb): cheaper than the Jsonb adapter.
+        json.dumps(response.headers),
         response.body,
         expires_at,
         expires_at,
@@ -380,18 +383,36 @@ def take_over_next_stale(*, lease: timedelta, using: str) -> tuple[IdempotencyRe
             return record, Claim(record.pk, token, scope, using)
 
 
-def purge_expired_batch(*, limit: int, using: str) -> int:
-    """Delete up to ``limit`` resolved records past retention; never unresolved ones."""
+#: Where the first batch of a purge starts scanning: before any record's expiry.
+_EPOCH = datetime(1970, 1, 1, tzinfo=UTC)
+
+
+def purge_expired_batch(
+    *, limit: int, using: str, after: datetime | None = None
+) -> tuple[int, datetime | None]:
+    """Delete up to ``limit`` resolved records past retention; never unresolved ones.
+
+    Returns how many were deleted and the latest expiry among them: pass it
+    back as ``after`` so the next batch starts its scan there.
+    """
+    connection = connections[using]
     now = timezone.now()
+    start = after or _EPOCH
+    if connection.vendor == "postgresql":
+        with connection.cursor() as cursor:
+            cursor.execute(statements_for(connection).purge, [now, start, limit, now])
+            deleted, reached = cursor.fetchone()
+        return deleted, reached
     expired = IdempotencyRecord.objects.using(using).filter(
         state__in=RESOLVED_STATES, expires_at__lte=now
     )
-    ids = list(expired.order_by("expires_at").values_list("pk", flat=True)[:limit])
-    if not ids:
-        return 0
+    batch = expired.filter(expires_at__gte=start).order_by("expires_at")[:limit]
+    rows = list(batch.values_list("pk", "expires_at"))
+    if not rows:
+        return 0, after
     # The conditions again: a record could have been re-used in between.
-    deleted, _ = expired.filter(pk__in=ids).delete()
-    return deleted
+    deleted, _ = expired.filter(pk__in=[pk for pk, _ in rows]).delete()
+    return deleted, rows[-1][1]
 
 
 def discard_expired(record: IdempotencyRecord, *, using: str) -> bool:

@@ -44,11 +44,16 @@ def recover_stale_records(batch_size: int = 100) -> dict[str, int]:
 
 
 @shared_task(name="django_idempotency.tasks.purge_expired_records", ignore_result=False)
-def purge_expired_records(batch_size: int = 1000, max_batches: int = 100) -> dict[str, Any]:
+def purge_expired_records(
+    batch_size: int = 1000, max_batches: int = 100, batch_seconds: float = 0.1
+) -> dict[str, Any]:
     """Delete resolved records past retention, at most ``max_batches`` batches a run."""
     from django_idempotency import eviction
 
-    return asdict(eviction.purge_expired_records(batch_size=batch_size, max_batches=max_batches))
+    report = eviction.purge_expired_records(
+        batch_size=batch_size, max_batches=max_batches, batch_seconds=batch_seconds
+    )
+    return asdict(report)
 
 
 #: Recovery every minute (a record is stuck at most LEASE plus a minute);

@@ -13,7 +13,7 @@ from io import StringIO
 from typing import Any
 
 import pytest
-from django.core.management import call_command
+from django.core.management import CommandError, call_command
 from django.utils import timezone
 
 from django_idempotency import eviction, tasks
@@ -84,7 +84,7 @@ def test_batches_of_the_given_size_until_done() -> None:
     for i in range(7):
         expired(seconds=100 + i)
 
-    report = eviction.purge_expired_records(batch_size=3)
+    report = eviction.purge_expired_records(batch_size=3, batch_seconds=60)
 
     assert (report.deleted, report.batches) == (7, 3)  # 3 + 3 + 1
     assert remaining() == set()
@@ -95,7 +95,7 @@ def test_a_full_last_batch_is_followed_by_an_empty_check() -> None:
     for _ in range(6):
         expired()
 
-    report = eviction.purge_expired_records(batch_size=3)
+    report = eviction.purge_expired_records(batch_size=3, batch_seconds=60)
 
     assert (report.deleted, report.batches) == (6, 2)
     assert remaining() == set()
@@ -105,14 +105,69 @@ def test_max_batches_bounds_a_run_oldest_first() -> None:
     records = [expired(seconds=1000 - i * 10) for i in range(7)]  # oldest first
     unresolved = expired(State.UNCERTAIN, seconds=5000)
 
-    report = eviction.purge_expired_records(batch_size=2, max_batches=2)
+    report = eviction.purge_expired_records(batch_size=2, max_batches=2, batch_seconds=60)
 
     assert (report.deleted, report.batches) == (4, 2)
     assert remaining() == {record.pk for record in records[4:]} | {unresolved.pk}
 
-    report = eviction.purge_expired_records(batch_size=2, max_batches=2)
+    report = eviction.purge_expired_records(batch_size=2, max_batches=2, batch_seconds=60)
     assert (report.deleted, report.batches) == (3, 2)
     assert remaining() == {unresolved.pk}
+
+
+class BatchClock:
+    """``monotonic`` for eviction: each batch takes the next given duration."""
+
+    def __init__(self, durations: list[float]) -> None:
+        self.durations = durations
+        self.now = 0.0
+        self.started = False
+
+    def __call__(self) -> float:
+        if self.started:  # the end of a batch
+            self.now += self.durations.pop(0) if self.durations else 0.0
+        self.started = not self.started
+        return self.now
+
+
+def test_a_slow_batch_halves_the_next_and_quick_ones_grow_it_back(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    for i in range(20):
+        expired(seconds=1000 - i)
+    limits: list[int] = []
+    real_batch = eviction.store.purge_expired_batch
+
+    def batch(**arguments: Any) -> tuple[int, Any]:
+        limits.append(arguments["limit"])
+        return real_batch(**arguments)
+
+    monkeypatch.setattr(eviction.store, "purge_expired_batch", batch)
+    # A checkpoint makes the first two batches slow; the rest are quick.
+    monkeypatch.setattr(eviction, "monotonic", BatchClock([0.5, 0.3, 0.01, 0.01]))
+
+    report = eviction.purge_expired_records(batch_size=8, batch_seconds=0.1)
+
+    assert limits[:5] == [8, 4, 2, 4, 8]
+    assert report.deleted == 20 and remaining() == set()
+    assert report.longest_batch == 0.5
+
+
+def test_each_batch_scans_on_from_where_the_last_one_ended() -> None:
+    first = [expired(seconds=3000 + i) for i in range(3)]
+    later = [expired(seconds=1000 + i) for i in range(3)]
+    using = "default"
+
+    deleted, reached = eviction.store.purge_expired_batch(limit=3, using=using)
+    assert deleted == 3 and remaining() == {record.pk for record in later}
+    assert reached == max(record.expires_at for record in first)
+
+    # A record expiring before that point is past the scan: the next run's.
+    straggler = expired(seconds=5000)
+    deleted, reached_next = eviction.store.purge_expired_batch(limit=3, using=using, after=reached)
+    assert deleted == 3 and remaining() == {straggler.pk}
+    assert reached_next == max(record.expires_at for record in later)
+    assert eviction.purge_expired_records().deleted == 1
 
 
 def test_expired_count_counts_what_a_purge_would_delete() -> None:
@@ -157,7 +212,7 @@ def test_the_command_dry_run_counts_and_deletes_nothing(
 def test_the_command_deletes_in_batches_and_prints_the_counts(
     five_expired: list[IdempotencyRecord],
 ) -> None:
-    output = run_command("--batch-size", "2")
+    output = run_command("--batch-size", "2", "--batch-seconds", "60")
 
     match = re.fullmatch(
         r"deleted 5 record\(s\) in 3 batch\(es\); longest batch \d+\.\d ms", output
@@ -167,15 +222,22 @@ def test_the_command_deletes_in_batches_and_prints_the_counts(
 
 
 def test_the_command_respects_max_batches(five_expired: list[IdempotencyRecord]) -> None:
-    output = run_command("--batch-size", "2", "--max-batches", "1")
+    output = run_command("--batch-size", "2", "--max-batches", "1", "--batch-seconds", "60")
 
     assert output.startswith("deleted 2 record(s) in 1 batch(es);"), output
     assert not remaining() & {record.pk for record in five_expired[:2]}
     assert remaining() >= {record.pk for record in five_expired[2:]}
 
 
+@pytest.mark.parametrize("value", ["0", "-1", "inf", "nan", "soon"])
+def test_the_command_refuses_a_batch_time_that_is_not_a_positive_number(value: str) -> None:
+    with pytest.raises(CommandError, match="--batch-seconds"):
+        run_command("--batch-seconds", value)
+
+
 def test_the_celery_task_does_the_same_work(five_expired: list[IdempotencyRecord]) -> None:
-    result = tasks.purge_expired_records.apply(kwargs={"batch_size": 2, "max_batches": 2}).get()
+    arguments = {"batch_size": 2, "max_batches": 2, "batch_seconds": 60}
+    result = tasks.purge_expired_records.apply(kwargs=arguments).get()
 
     assert (result["deleted"], result["batches"]) == (4, 2)
     assert isinstance(result["longest_batch"], float)

@@ -133,7 +133,7 @@ def statements_on_records(action: Callable[[], Any]) -> list[str]:
         query["sql"]
         for query in captured.captured_queries
         if f'"{TABLE}"' in query["sql"]
-        and query["sql"].lstrip().upper().startswith(("SELECT", "UPDATE", "DELETE"))
+        and query["sql"].lstrip().upper().startswith(("SELECT", "UPDATE", "DELETE", "WITH"))
     ]
 
 
@@ -166,13 +166,20 @@ def test_recovery_purge_and_lookup_use_indexes_at_a_million_rows(million_records
     assert scans and all("lease_expires_at" in sql and "ORDER BY" in sql for sql in scans)
 
     # Eviction: one batch of resolved records past retention, then its DELETE.
-    deleted: list[int] = []
+    batches: list[tuple[int, Any]] = []
     purge = statements_on_records(
-        lambda: deleted.append(store.purge_expired_batch(limit=1000, using=using))
+        lambda: batches.append(store.purge_expired_batch(limit=1000, using=using))
     )
-    assert deleted == [1000], "the load holds 40,000 expired records: a full batch"
-    selects = [sql for sql in purge if sql.upper().startswith("SELECT")]
-    assert selects and all("expires_at" in sql and "ORDER BY" in sql for sql in selects)
+    assert batches[0][0] == 1000, "the load holds 40,000 expired records: a full batch"
+    # One statement: the DELETE of the first 1,000 by expiry, and its count.
+    assert len(purge) == 1 and "ORDER BY" in purge[0] and "SKIP LOCKED" in purge[0]
+    # The next batch starts its scan where this one ended.
+    purge += statements_on_records(
+        lambda: batches.append(
+            store.purge_expired_batch(limit=1000, using=using, after=batches[0][1])
+        )
+    )
+    assert batches[1][0] == 1000 and batches[1][1] >= batches[0][1]
 
     # The lookup every replay, mismatch and conflict makes (.first() adds ORDER BY id).
     i = 123_457  # a row of the load, its scope spelled as LOAD spells it

@@ -4,6 +4,11 @@
 * ``protected``: the same view under ``@idempotent`` (django-idempotency).
 * ``protected_single``: the same under ``@idempotent(single_transaction=True)``
   (measured only with ``benchmarks/http.py --single-transaction``).
+* ``floor_single``: the single-transaction design written by hand the same
+  way (claim, business INSERT and completion in one transaction; a
+  concurrent duplicate waits on the unique index, bounded by lock_timeout):
+  the ceiling for ``single_transaction=True`` (``benchmarks/http.py
+  --single-transaction``).
 * ``floor``: the same view under a minimal correct idempotency written by
   hand in raw SQL: the claim is ``INSERT ... ON CONFLICT DO NOTHING
   RETURNING`` in its own statement (autocommit, so it commits at once); the
@@ -85,20 +90,54 @@ _COMPLETE = (
     "response_location = %s, response_body = %s WHERE id = %s AND state = 'CLAIMED'"
 )
 _RELEASE = f"DELETE FROM {_TABLE} WHERE id = %s AND state = 'CLAIMED'"
+_CLAIM_WAITING = (
+    f"INSERT INTO {_TABLE} (tenant, operation, key, fingerprint, state, response_location, "
+    "created_at, expires_at) "
+    "SELECT %s, %s, %s, %s, 'CLAIMED', '', now(), now() + interval '24 hours' "
+    "WHERE set_config('lock_timeout', '10000', true) IS NOT NULL "
+    "ON CONFLICT (tenant, operation, key) DO NOTHING RETURNING id"
+)
 
 
 def _refusal(status: int, code: str) -> Response:
     return Response({"detail": code.replace("_", " "), "code": code}, status=status)
 
 
-@api_view(["POST"])
-def floor(request: Request) -> HttpResponse | Response:
+def _floor_input(request: Request) -> tuple[list[str], str] | Response:
     key = request.headers.get("Idempotency-Key")
     if not key or len(key) > 255:
         return _refusal(400, "idempotency_key_invalid")
     canonical = json.dumps(request.data, sort_keys=True, separators=(",", ":"))
     fingerprint = hashlib.sha256(canonical.encode()).hexdigest()
-    scope = ["anonymous", "POST floor", key]
+    return ["anonymous", f"POST {request.path}", key], fingerprint
+
+
+def _floor_answer(found: Any, fingerprint: str) -> HttpResponse | Response:
+    if found is None:
+        return _refusal(409, "idempotency_request_in_progress")  # released meanwhile
+    stored_fingerprint, state, status, location, stored_body = found
+    if stored_fingerprint != fingerprint:
+        return _refusal(422, "idempotency_key_reused")
+    if state != "COMPLETED":
+        return _refusal(409, "idempotency_request_in_progress")
+    replayed = HttpResponse(bytes(stored_body), status=status, content_type="application/json")
+    replayed["Location"] = location
+    replayed["Idempotent-Replayed"] = "true"
+    return replayed
+
+
+def _floor_created(content: bytes, location: str) -> HttpResponse:
+    response = HttpResponse(content, status=201, content_type="application/json")
+    response["Location"] = location
+    return response
+
+
+@api_view(["POST"])
+def floor(request: Request) -> HttpResponse | Response:
+    checked = _floor_input(request)
+    if isinstance(checked, Response):
+        return checked
+    scope, fingerprint = checked
     with connection.cursor() as cursor:  # autocommit: the claim commits at once
         cursor.execute(_CLAIM, [*scope, fingerprint])
         claimed = cursor.fetchone()
@@ -106,17 +145,7 @@ def floor(request: Request) -> HttpResponse | Response:
             cursor.execute(_LOOKUP, scope)
             found = cursor.fetchone()
     if claimed is None:
-        if found is None:
-            return _refusal(409, "idempotency_request_in_progress")  # released meanwhile
-        stored_fingerprint, state, status, location, stored_body = found
-        if stored_fingerprint != fingerprint:
-            return _refusal(422, "idempotency_key_reused")
-        if state != "COMPLETED":
-            return _refusal(409, "idempotency_request_in_progress")
-        replayed = HttpResponse(bytes(stored_body), status=status, content_type="application/json")
-        replayed["Location"] = location
-        replayed["Idempotent-Replayed"] = "true"
-        return replayed
+        return _floor_answer(found, fingerprint)
     try:
         with transaction.atomic():
             body, location = _charge(request.data)
@@ -127,6 +156,27 @@ def floor(request: Request) -> HttpResponse | Response:
         with connection.cursor() as cursor:  # the retry must run: release the claim
             cursor.execute(_RELEASE, [claimed[0]])
         raise
-    response = HttpResponse(content, status=201, content_type="application/json")
-    response["Location"] = location
-    return response
+    return _floor_created(content, location)
+
+
+@api_view(["POST"])
+def floor_single(request: Request) -> HttpResponse | Response:
+    checked = _floor_input(request)
+    if isinstance(checked, Response):
+        return checked
+    scope, fingerprint = checked
+    # An exception rolls the claim back with the payment: nothing to release.
+    with transaction.atomic():
+        with connection.cursor() as cursor:
+            cursor.execute(_CLAIM_WAITING, [*scope, fingerprint])
+            claimed = cursor.fetchone()
+        if claimed is not None:
+            body, location = _charge(request.data)
+            content = JSONRenderer().render(body)
+            with connection.cursor() as cursor:
+                cursor.execute(_COMPLETE, [201, location, content, claimed[0]])
+    if claimed is not None:
+        return _floor_created(content, location)
+    with connection.cursor() as cursor:  # a new statement sees the winner's commit
+        cursor.execute(_LOOKUP, scope)
+        return _floor_answer(cursor.fetchone(), fingerprint)

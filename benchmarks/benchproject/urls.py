@@ -10,4 +10,5 @@ urlpatterns = [
     path("protected", views.protected),
     path("protected-single", views.protected_single),
     path("floor", views.floor),
+    path("floor-single", views.floor_single),
 ]

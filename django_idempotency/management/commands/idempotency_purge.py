@@ -5,7 +5,7 @@ from typing import Any
 from django.core.management.base import BaseCommand, CommandParser
 
 from django_idempotency import eviction
-from django_idempotency.management.arguments import positive_int
+from django_idempotency.management.arguments import positive_float, positive_int
 
 
 class Command(BaseCommand):
@@ -20,11 +20,23 @@ class Command(BaseCommand):
             "--max-batches", type=positive_int, default=None, help="stop after this many batches"
         )
         parser.add_argument(
+            "--batch-seconds",
+            type=positive_float,
+            default=0.1,
+            help="halve the next batch after one that took longer than this",
+        )
+        parser.add_argument(
             "--dry-run", action="store_true", help="count what would be deleted, delete nothing"
         )
 
     def handle(
-        self, *args: Any, batch_size: int, max_batches: int | None, dry_run: bool, **options: Any
+        self,
+        *args: Any,
+        batch_size: int,
+        max_batches: int | None,
+        batch_seconds: float,
+        dry_run: bool,
+        **options: Any,
     ) -> None:
         if dry_run:
             count = eviction.expired_count()
@@ -32,7 +44,9 @@ class Command(BaseCommand):
                 count = min(count, batch_size * max_batches)
             self.stdout.write(f"{count} expired record(s) would be deleted.")
             return
-        report = eviction.purge_expired_records(batch_size=batch_size, max_batches=max_batches)
+        report = eviction.purge_expired_records(
+            batch_size=batch_size, max_batches=max_batches, batch_seconds=batch_seconds
+        )
         self.stdout.write(
             f"deleted {report.deleted} record(s) in {report.batches} batch(es); "
             f"longest batch {report.longest_batch * 1000:.1f} ms"
