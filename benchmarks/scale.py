@@ -21,7 +21,8 @@
 3. purge under load: a separate process claims keys in a loop on the large
    database (one at a time, like a steady stream of first executions) for
    ``--baseline`` seconds, then keeps claiming while this process runs
-   ``eviction.purge_expired_records()`` (batches of ``--batch-size``) until
+   ``eviction.purge_expired_records()`` (batches of ``--batch-size``, pausing
+   ``--pause-factor`` times as long as each batch took) until
    the expired records are gone. Reports rows/s, batches, the longest and the
    p50/p99 batch, and the claims' p50/p99 before vs during the purge
    (targets: no batch over 200 ms; claims' p99 during within 2x of before);
@@ -265,7 +266,9 @@ def claimer(url: str, stop: Any, ready: Any, out: str) -> None:
     Path(out).write_text(json.dumps(samples))
 
 
-def purge_under_load(database: Database, baseline: float, batch_size: int) -> dict[str, Any]:
+def purge_under_load(
+    database: Database, baseline: float, batch_size: int, pause_factor: float
+) -> dict[str, Any]:
     from django.db import connections
 
     from django_idempotency import eviction, store
@@ -293,7 +296,9 @@ def purge_under_load(database: Database, baseline: float, batch_size: int) -> di
         purge_from = time.time()
         store.purge_expired_batch = timed_batch  # eviction calls it through the module
         try:
-            report = eviction.purge_expired_records(batch_size=batch_size)
+            report = eviction.purge_expired_records(
+                batch_size=batch_size, pause_factor=pause_factor
+            )
         finally:
             store.purge_expired_batch = original
         purge_to = time.time()
@@ -320,6 +325,7 @@ def purge_under_load(database: Database, baseline: float, batch_size: int) -> di
         "rows_per_s": report.deleted / seconds,
         "batches": report.batches,
         "batch_size": batch_size,
+        "pause_factor": pause_factor,
         "longest_batch_ms": report.longest_batch * 1000,
         "batch_p50_ms": percentile(batches, 0.5) * 1000,
         "batch_p99_ms": percentile(batches, 0.99) * 1000,
@@ -347,7 +353,13 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--expired", type=int, default=1_000_000)
     parser.add_argument("--claims", type=int, default=5000, help="per database")
     parser.add_argument("--baseline", type=float, default=30.0, help="seconds of claims alone")
-    parser.add_argument("--batch-size", type=int, default=1000)
+    parser.add_argument("--batch-size", type=int, default=100)
+    parser.add_argument(
+        "--pause-factor",
+        type=float,
+        default=2.0,
+        help="the purge pauses this many times as long as each batch took",
+    )
     parser.add_argument("--json", type=Path)
     parser.add_argument("--keep", action="store_true", help="keep the databases")
     args = parser.parse_args(argv)
@@ -388,7 +400,7 @@ def main(argv: list[str] | None = None) -> int:
                 f"claims continuing in another process ({args.baseline:g} s baseline first) ...",
                 flush=True,
             )
-            purge = purge_under_load(large, args.baseline, args.batch_size)
+            purge = purge_under_load(large, args.baseline, args.batch_size, args.pause_factor)
             results["purge"] = purge
             print_purge(purge)
         finally:

@@ -110,8 +110,9 @@ def _build(connection: BaseDatabaseWrapper) -> Statements:
         f"WHERE {quote('id')} = %s AND {quote('fencing_token')} = %s "
         f"AND {quote('state')} IN ({unresolved})"
     )
-    state, resolved = quote("state"), ", ".join(f"'{state}'" for state in _RESOLVED)
-    expired = f"{state} IN ({resolved}) AND {expires_at} <= %s"
+    state_column = quote("state")
+    resolved = ", ".join(f"'{state}'" for state in _RESOLVED)
+    expired = f"{state_column} IN ({resolved}) AND {expires_at} <= %s"
     # One statement per batch: no id list travels to the client and back.
     # The scan starts where the previous batch ended, past index entries of
     # rows already deleted (only VACUUM removes those, and rescanning them
@@ -121,7 +122,7 @@ def _build(connection: BaseDatabaseWrapper) -> Statements:
     # subquery more than once, each run locking other rows, and delete more
     # than the limit. The DELETE repeats the conditions, which PostgreSQL
     # re-checks on a row changed meanwhile.
-    qualified = " AND ".join((f"record.{state} IN ({resolved})", f"record.{expires_at} <= %s"))
+    qualified = f"record.{state_column} IN ({resolved}) AND record.{expires_at} <= %s"
     purge = (
         f"WITH batch AS MATERIALIZED (SELECT {quote('id')} FROM {table} "
         f"WHERE {expired} AND {expires_at} >= %s "

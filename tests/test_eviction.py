@@ -145,12 +145,28 @@ def test_a_slow_batch_halves_the_next_and_quick_ones_grow_it_back(
     monkeypatch.setattr(eviction.store, "purge_expired_batch", batch)
     # A checkpoint makes the first two batches slow; the rest are quick.
     monkeypatch.setattr(eviction, "monotonic", BatchClock([0.5, 0.3, 0.01, 0.01]))
+    pauses: list[float] = []
+    monkeypatch.setattr(eviction, "sleep", pauses.append)
 
-    report = eviction.purge_expired_records(batch_size=8, batch_seconds=0.1)
+    report = eviction.purge_expired_records(batch_size=8, batch_seconds=0.1, pause_factor=2)
 
     assert limits[:5] == [8, 4, 2, 4, 8]
     assert report.deleted == 20 and remaining() == set()
     assert report.longest_batch == 0.5
+    # After each full batch, twice as long as it took; none after the last.
+    assert pauses[:4] == pytest.approx([1.0, 0.6, 0.02, 0.02])
+    assert len(pauses) == report.batches - 1
+
+
+def test_no_pauses_with_a_pause_factor_of_zero(monkeypatch: pytest.MonkeyPatch) -> None:
+    for i in range(5):
+        expired(seconds=100 + i)
+    pauses: list[float] = []
+    monkeypatch.setattr(eviction, "sleep", pauses.append)
+
+    report = eviction.purge_expired_records(batch_size=2, pause_factor=0, batch_seconds=60)
+
+    assert (report.deleted, report.batches, pauses) == (5, 3, [])
 
 
 def test_each_batch_scans_on_from_where_the_last_one_ended() -> None:
@@ -233,6 +249,22 @@ def test_the_command_respects_max_batches(five_expired: list[IdempotencyRecord])
 def test_the_command_refuses_a_batch_time_that_is_not_a_positive_number(value: str) -> None:
     with pytest.raises(CommandError, match="--batch-seconds"):
         run_command("--batch-seconds", value)
+
+
+@pytest.mark.parametrize("value", ["-1", "inf", "nan", "soon"])
+def test_the_command_refuses_a_negative_pause_factor(value: str) -> None:
+    with pytest.raises(CommandError, match="--pause-factor"):
+        run_command("--pause-factor", value)
+
+
+def test_the_command_passes_its_pacing_on(
+    five_expired: list[IdempotencyRecord], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    pauses: list[float] = []
+    monkeypatch.setattr(eviction, "sleep", pauses.append)
+
+    run_command("--batch-size", "2", "--pause-factor", "0", "--batch-seconds", "60")
+    assert pauses == [] and len(remaining()) == 2
 
 
 def test_the_celery_task_does_the_same_work(five_expired: list[IdempotencyRecord]) -> None:

@@ -5,7 +5,11 @@ from typing import Any
 from django.core.management.base import BaseCommand, CommandParser
 
 from django_idempotency import eviction
-from django_idempotency.management.arguments import positive_float, positive_int
+from django_idempotency.management.arguments import (
+    non_negative_float,
+    positive_float,
+    positive_int,
+)
 
 
 class Command(BaseCommand):
@@ -15,7 +19,7 @@ class Command(BaseCommand):
     )
 
     def add_arguments(self, parser: CommandParser) -> None:
-        parser.add_argument("--batch-size", type=positive_int, default=1000, help="rows per DELETE")
+        parser.add_argument("--batch-size", type=positive_int, default=100, help="rows per DELETE")
         parser.add_argument(
             "--max-batches", type=positive_int, default=None, help="stop after this many batches"
         )
@@ -24,6 +28,12 @@ class Command(BaseCommand):
             type=positive_float,
             default=0.1,
             help="halve the next batch after one that took longer than this",
+        )
+        parser.add_argument(
+            "--pause-factor",
+            type=non_negative_float,
+            default=2.0,
+            help="pause this many times as long as each batch took (0: no pause)",
         )
         parser.add_argument(
             "--dry-run", action="store_true", help="count what would be deleted, delete nothing"
@@ -35,6 +45,7 @@ class Command(BaseCommand):
         batch_size: int,
         max_batches: int | None,
         batch_seconds: float,
+        pause_factor: float,
         dry_run: bool,
         **options: Any,
     ) -> None:
@@ -45,7 +56,10 @@ class Command(BaseCommand):
             self.stdout.write(f"{count} expired record(s) would be deleted.")
             return
         report = eviction.purge_expired_records(
-            batch_size=batch_size, max_batches=max_batches, batch_seconds=batch_seconds
+            batch_size=batch_size,
+            max_batches=max_batches,
+            batch_seconds=batch_seconds,
+            pause_factor=pause_factor,
         )
         self.stdout.write(
             f"deleted {report.deleted} record(s) in {report.batches} batch(es); "
