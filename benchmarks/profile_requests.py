@@ -13,7 +13,9 @@ network hop to a client), one request at a time:
    requests after a warm-up, reporting the median wall time per request,
    how much of it was spent inside database calls (``execute`` and the
    commits, measured with an execute wrapper and a commit hook), the
-   statements per request, and the Python time that remains;
+   statements per request, the Python time that remains, the CPU time of
+   this process and that of the PostgreSQL backend serving it (read from
+   /proc when the server is local; both sides share the machine's cores);
 2. profiles ``--requests`` protected first executions and as many replays
    with pyinstrument (``pip install pyinstrument``) and prints the call trees
    (and writes HTML reports to ``--html``);
@@ -99,6 +101,18 @@ def timed_commits(connection: Any, timer: DatabaseTimer) -> Iterator[None]:
         connection._commit, connection._rollback = original_commit, original_rollback
 
 
+def backend_cpu_seconds(pid: int | None) -> float | None:
+    """CPU time of the PostgreSQL backend serving this process (a local server), or None."""
+    if pid is None:
+        return None
+    try:
+        with open(f"/proc/{pid}/stat") as stat:
+            fields = stat.read().rsplit(")", 1)[1].split()
+    except OSError:
+        return None  # the server runs elsewhere, or as a user we cannot see
+    return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
+
+
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--requests", type=int, default=2000)
@@ -163,12 +177,17 @@ def run(args: argparse.Namespace) -> None:
     )
     print(
         f"{'endpoint':<20}{'wall ms':>9}{'in database ms':>16}{'rest ms':>9}"
-        f"{'CPU ms (this process)':>23}{'statements':>11}"
+        f"{'CPU ms (this process)':>23}{'statements':>11}{'CPU ms (database)':>19}"
     )
+    connection.ensure_connection()
+    with connection.cursor() as cursor:
+        cursor.execute("SELECT pg_backend_pid()")
+        backend_pid = int(cursor.fetchone()[0])
     for name, send in endpoints:
         for _ in range(200):
             status = send()
             assert status == 201, (name, status)
+        backend_before = backend_cpu_seconds(backend_pid)
         walls: list[float] = []
         cpus: list[float] = []
         in_db: list[float] = []
@@ -184,12 +203,17 @@ def run(args: argparse.Namespace) -> None:
             assert status == 201, (name, status)
             in_db.append(timer.seconds)
             statements.append(timer.statements)
+        backend_after = backend_cpu_seconds(backend_pid)
         wall = statistics.median(walls) * 1000
         db = statistics.median(in_db) * 1000
         cpu = statistics.fmean(cpus) * 1000
+        if backend_before is None or backend_after is None:
+            backend = f"{'n/a':>19}"
+        else:
+            backend = f"{(backend_after - backend_before) / args.requests * 1000:19.3f}"
         print(
             f"{name:<20}{wall:9.3f}{db:16.3f}{wall - db:9.3f}{cpu:23.3f}"
-            f"{statistics.median(statements):11.0f}"
+            f"{statistics.median(statements):11.0f}{backend}"
         )
 
     from pyinstrument import Profiler
