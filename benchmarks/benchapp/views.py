@@ -132,6 +132,15 @@ def _floor_created(content: bytes, location: str) -> HttpResponse:
     return response
 
 
+def _charge_and_complete(request: Request, record_id: int) -> tuple[bytes, str]:
+    """The business write and the completion, in the caller's transaction."""
+    body, location = _charge(request.data)
+    content = JSONRenderer().render(body)
+    with connection.cursor() as cursor:
+        cursor.execute(_COMPLETE, [201, location, content, record_id])
+    return content, location
+
+
 @api_view(["POST"])
 def floor(request: Request) -> HttpResponse | Response:
     checked = _floor_input(request)
@@ -148,10 +157,7 @@ def floor(request: Request) -> HttpResponse | Response:
         return _floor_answer(found, fingerprint)
     try:
         with transaction.atomic():
-            body, location = _charge(request.data)
-            content = JSONRenderer().render(body)
-            with connection.cursor() as cursor:
-                cursor.execute(_COMPLETE, [201, location, content, claimed[0]])
+            content, location = _charge_and_complete(request, claimed[0])
     except BaseException:
         with connection.cursor() as cursor:  # the retry must run: release the claim
             cursor.execute(_RELEASE, [claimed[0]])
@@ -171,10 +177,7 @@ def floor_single(request: Request) -> HttpResponse | Response:
             cursor.execute(_CLAIM_WAITING, [*scope, fingerprint])
             claimed = cursor.fetchone()
         if claimed is not None:
-            body, location = _charge(request.data)
-            content = JSONRenderer().render(body)
-            with connection.cursor() as cursor:
-                cursor.execute(_COMPLETE, [201, location, content, claimed[0]])
+            content, location = _charge_and_complete(request, claimed[0])
     if claimed is not None:
         return _floor_created(content, location)
     with connection.cursor() as cursor:  # a new statement sees the winner's commit
