@@ -387,9 +387,13 @@ def _give_up(
             provider_key=context.provider_key,
             provider_operation_id=context.provider_operation_id,
         )
-    except (StaleOwner, DatabaseError, InterfaceError):
-        # Taken over meanwhile, or the store is gone: either way recovery
+    except UNREACHABLE_ERRORS as exc:
+        # The store is gone (an outage, not a bug: no traceback); recovery
         # finds the record unresolved once its lease runs out.
+        logger.error("Could not mark %s uncertain: the store is unreachable (%s).", held.scope, exc)
+        return
+    except (StaleOwner, DatabaseError):
+        # Taken over meanwhile; recovery finds the record once its lease runs out.
         logger.exception("Could not mark %s uncertain", held.scope)
         return
     logger.warning(
@@ -403,7 +407,14 @@ def _give_up(
 def _release(request: HttpRequest, held: store.Claim, *, reason: object) -> None:
     try:
         released = store.release(held)
-    except (StaleOwner, DatabaseError, InterfaceError):
+    except UNREACHABLE_ERRORS as exc:
+        # An outage, not a bug (no traceback). The record stays CLAIMED;
+        # recovery releases it once its lease ends.
+        logger.error(
+            "Could not release the claim on %s: the store is unreachable (%s).", held.scope, exc
+        )
+        return
+    except (StaleOwner, DatabaseError):
         # The record stays CLAIMED; recovery releases it once its lease ends.
         logger.exception("Could not release the claim on %s", held.scope)
         return

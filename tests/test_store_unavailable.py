@@ -14,6 +14,7 @@ import pytest
 from django.db import connections
 from rest_framework.test import APIClient
 
+from django_idempotency.models import IdempotencyRecord
 from tests.conftest import post
 from tests.testapp.models import Charge
 
@@ -80,3 +81,56 @@ def test_store_outage_with_fail_open_runs_the_view_and_logs(
     assert "Idempotent-Replayed" not in response
     assert Charge.objects.count() == 1
     assert "FAIL_OPEN runs" in caplog.text
+
+
+@pytest.mark.postgres
+def test_a_session_lost_mid_view_is_a_503_and_the_retry_runs(api: APIClient) -> None:
+    """The session ends after the view wrote: its writes and completion are lost.
+
+    The release reconnects (the server is up) and frees the key at once.
+    """
+    response = post(api, "/api-view/charges", {"amount": 1, "lose_store": True}, "k")
+
+    assert response.status_code == 503
+    assert int(response["Retry-After"]) == 120  # the lease
+    assert not Charge.objects.exists()  # the view's write died with its session
+    assert not IdempotencyRecord.objects.exists()  # released
+    assert post(api, "/api-view/charges", {"amount": 1}, "k").status_code == 201
+
+
+@pytest.fixture
+def reopen_database() -> Iterator[None]:
+    """Allow connections to the test database again, whatever the test did."""
+    yield
+    import psycopg
+
+    where = connections["default"].settings_dict
+    with psycopg.connect(
+        host=where["HOST"],
+        port=where["PORT"] or 5432,
+        user=where["USER"],
+        password=where["PASSWORD"],
+        dbname="postgres",
+        autocommit=True,
+    ) as admin:
+        admin.execute(f'ALTER DATABASE "{where["NAME"]}" ALLOW_CONNECTIONS true')
+
+
+@pytest.mark.postgres
+def test_a_store_gone_mid_view_is_a_503_and_one_untraced_log_line(
+    api: APIClient, caplog: pytest.LogCaptureFixture, reopen_database: None
+) -> None:
+    """The server ends the session and refuses new ones: nothing can be released.
+
+    An outage is not a bug: the log says what happened without a traceback
+    (the live outage test counts tracebacks as unexplained errors). The
+    record waits, CLAIMED, for its lease to end.
+    """
+    response = post(api, "/api-view/charges", {"amount": 1, "lose_store": "refuse"}, "k")
+
+    assert response.status_code == 503
+    assert int(response["Retry-After"]) == 120
+    lost = [r for r in caplog.records if "Could not release the claim" in r.getMessage()]
+    assert len(lost) == 1 and "unreachable" in lost[0].getMessage()
+    assert lost[0].exc_info is None
+    assert not [r for r in caplog.records if r.exc_info and r.name == "django_idempotency"]

@@ -3,7 +3,10 @@
 The request body steers the view, so the tests can reach every row of the
 HTTP behaviour table: ``status`` (answer with it after writing), ``raise``
 (write, then raise), ``invalid`` (raise DRF's ValidationError), ``sleep``
-(seconds to hold the claim, for the race tests).
+(seconds to hold the claim, for the race tests), ``lose_store`` (write,
+then have PostgreSQL terminate this request's session, as an outage would;
+``"refuse"``: and refuse new connections to the database until a test
+allows them again).
 """
 
 from __future__ import annotations
@@ -48,7 +51,31 @@ def perform(request: Any, data: Any) -> tuple[Charge, int]:
     )
     if data.get("raise"):
         raise ViewFailure("the view failed after writing")
+    if data.get("lose_store"):
+        _terminate_this_session(refuse_new=data["lose_store"] == "refuse")
     return charge, int(data.get("status", status.HTTP_201_CREATED))
+
+
+def _terminate_this_session(*, refuse_new: bool) -> None:
+    """Have the server end this connection's session, from another connection."""
+    import psycopg
+    from django.db import connection
+
+    with connection.cursor() as cursor:
+        cursor.execute("SELECT pg_backend_pid()")
+        pid = cursor.fetchone()[0]
+    where = connection.settings_dict
+    with psycopg.connect(
+        host=where["HOST"],
+        port=where["PORT"] or 5432,
+        user=where["USER"],
+        password=where["PASSWORD"],
+        dbname="postgres",  # the server's maintenance database
+        autocommit=True,
+    ) as other:
+        if refuse_new:
+            other.execute(f'ALTER DATABASE "{where["NAME"]}" ALLOW_CONNECTIONS false')
+        other.execute("SELECT pg_terminate_backend(%s)", [pid])
 
 
 def charge_response(charge: Charge, code: int, **extra_headers: str) -> Response:
