@@ -14,7 +14,7 @@ from __future__ import annotations
 from collections.abc import Callable, Mapping
 from datetime import timedelta
 from functools import lru_cache
-from typing import TYPE_CHECKING, Any, Generic, Literal, TypeVar, cast
+from typing import TYPE_CHECKING, Any, Generic, Literal, TypeVar, cast, overload
 
 from django.conf import settings as django_settings
 from django.core.exceptions import ImproperlyConfigured
@@ -84,11 +84,24 @@ class _resolved(Generic[T]):  # lower case: a decorator, like @property
         self.name = compute.__name__
         self.__doc__ = compute.__doc__
 
-    def __get__(self, instance: IdempotencySettings, owner: type | None = None) -> T:
+    @overload
+    def __get__(self, instance: None, owner: type | None = None) -> _resolved[T]: ...
+
+    @overload
+    def __get__(self, instance: IdempotencySettings, owner: type | None = None) -> T: ...
+
+    def __get__(
+        self, instance: IdempotencySettings | None, owner: type | None = None
+    ) -> T | _resolved[T]:
+        if instance is None:
+            return self
+        # The dict of the settings' current value: a change meanwhile
+        # replaces it, so a value computed from the old one is not kept.
+        resolved = instance.resolved
         try:
-            value: T = instance.resolved[self.name]
+            value: T = resolved[self.name]
         except KeyError:
-            value = instance.resolved[self.name] = self.compute(instance)
+            value = resolved[self.name] = self.compute(instance)
         return value
 
 
@@ -190,7 +203,7 @@ idempotency_settings = IdempotencySettings()
 
 def _forget_resolved(*, setting: str, **kwargs: Any) -> None:
     if setting == "IDEMPOTENCY":
-        idempotency_settings.resolved.clear()
+        idempotency_settings.resolved = {}
 
 
 setting_changed.connect(_forget_resolved, dispatch_uid="django_idempotency.conf")

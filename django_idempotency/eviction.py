@@ -68,6 +68,6 @@ def purge_expired_records(
             size = max(1, size // 2)
         elif took < batch_seconds / 4:
             size = min(batch_size, size * 2)
-        if pause_factor:
+        if pause_factor and (max_batches is None or report.batches < max_batches):
             sleep(took * pause_factor)
     return report

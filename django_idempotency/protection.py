@@ -388,9 +388,14 @@ def _give_up(
             provider_operation_id=context.provider_operation_id,
         )
     except UNREACHABLE_ERRORS as exc:
-        # The store is gone (an outage, not a bug: no traceback); recovery
-        # finds the record unresolved once its lease runs out.
-        logger.error("Could not mark %s uncertain: the store is unreachable (%s).", held.scope, exc)
+        # Most likely the store is gone, the reason we are here. The error
+        # says it all (a lost connection, a deadlock...): no traceback.
+        logger.error(
+            "Could not mark %s uncertain (%s: %s); recovery finds it once its lease ends.",
+            held.scope,
+            type(exc).__name__,
+            str(exc).strip(),
+        )
         return
     except (StaleOwner, DatabaseError):
         # Taken over meanwhile; recovery finds the record once its lease runs out.
@@ -408,10 +413,13 @@ def _release(request: HttpRequest, held: store.Claim, *, reason: object) -> None
     try:
         released = store.release(held)
     except UNREACHABLE_ERRORS as exc:
-        # An outage, not a bug (no traceback). The record stays CLAIMED;
-        # recovery releases it once its lease ends.
+        # Most likely the store is gone, the reason we are here. The error
+        # says it all (a lost connection, a deadlock...): no traceback.
         logger.error(
-            "Could not release the claim on %s: the store is unreachable (%s).", held.scope, exc
+            "Could not release the claim on %s (%s: %s); it stays CLAIMED until its lease ends.",
+            held.scope,
+            type(exc).__name__,
+            str(exc).strip(),
         )
         return
     except (StaleOwner, DatabaseError):

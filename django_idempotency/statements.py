@@ -18,6 +18,7 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from typing import Any
 
+from django.conf import settings
 from django.db.backends.base.base import BaseDatabaseWrapper
 
 from django_idempotency.models import IdempotencyRecord
@@ -136,15 +137,18 @@ def _build(connection: BaseDatabaseWrapper) -> Statements:
 
 
 Converter = Callable[[Any, Any, BaseDatabaseWrapper], Any]
-_converters: weakref.WeakKeyDictionary[BaseDatabaseWrapper, list[tuple[int, list[Converter], Any]]]
+Converters = list[tuple[int, list[Converter], Any]]
+#: Per connection, and per USE_TZ: some backends convert datetimes only with it.
+_converters: weakref.WeakKeyDictionary[BaseDatabaseWrapper, dict[bool, Converters]]
 _converters = weakref.WeakKeyDictionary()
 
 
 def record_from_row(connection: BaseDatabaseWrapper, row: Sequence[Any]) -> IdempotencyRecord:
     """A model instance from a row of ``FIELD_NAMES``, converted as the ORM would."""
-    converters = _converters.get(connection)
+    by_time_zone_support = _converters.setdefault(connection, {})
+    converters = by_time_zone_support.get(settings.USE_TZ)
     if converters is None:
-        converters = _converters[connection] = _converters_of(connection)
+        converters = by_time_zone_support[settings.USE_TZ] = _converters_of(connection)
     values = list(row)
     for index, functions, expression in converters:
         value = values[index]
@@ -154,7 +158,7 @@ def record_from_row(connection: BaseDatabaseWrapper, row: Sequence[Any]) -> Idem
     return IdempotencyRecord.from_db(connection.alias, FIELD_NAMES, values)
 
 
-def _converters_of(connection: BaseDatabaseWrapper) -> list[tuple[int, list[Converter], Any]]:
+def _converters_of(connection: BaseDatabaseWrapper) -> Converters:
     table = IdempotencyRecord._meta.db_table
     found = []
     for index, field in enumerate(_FIELDS):

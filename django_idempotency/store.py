@@ -397,8 +397,8 @@ def purge_expired_batch(
     """
     connection = connections[using]
     now = timezone.now()
-    start = after or _EPOCH
     if connection.vendor == "postgresql":
+        start = after or _EPOCH  # timestamptz on PostgreSQL, whatever USE_TZ says
         with connection.cursor() as cursor:
             cursor.execute(statements_for(connection).purge, [now, start, limit, now])
             deleted, reached = cursor.fetchone()
@@ -406,7 +406,8 @@ def purge_expired_batch(
     expired = IdempotencyRecord.objects.using(using).filter(
         state__in=RESOLVED_STATES, expires_at__lte=now
     )
-    batch = expired.filter(expires_at__gte=start).order_by("expires_at")[:limit]
+    batch = expired if after is None else expired.filter(expires_at__gte=after)
+    batch = batch.order_by("expires_at")[:limit]
     rows = list(batch.values_list("pk", "expires_at"))
     if not rows:
         return 0, after

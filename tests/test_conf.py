@@ -28,3 +28,7 @@ def test_a_resolved_dotted_path_is_imported_once() -> None:
         first = idempotency_settings.TENANT
         assert idempotency_settings.TENANT is first
         assert first.__name__ == "default_tenant"
+
+
+def test_a_setting_read_on_the_class_is_its_descriptor() -> None:
+    assert type(idempotency_settings).TTL.name == "TTL"  # type: ignore[attr-defined]

@@ -169,6 +169,17 @@ def test_no_pauses_with_a_pause_factor_of_zero(monkeypatch: pytest.MonkeyPatch) 
     assert (report.deleted, report.batches, pauses) == (5, 3, [])
 
 
+def test_no_pause_after_the_last_batch_a_run_may_make(monkeypatch: pytest.MonkeyPatch) -> None:
+    for i in range(6):
+        expired(seconds=100 + i)
+    pauses: list[float] = []
+    monkeypatch.setattr(eviction, "sleep", pauses.append)
+
+    report = eviction.purge_expired_records(batch_size=2, max_batches=2, batch_seconds=60)
+
+    assert (report.deleted, report.batches, len(pauses)) == (4, 2, 1)
+
+
 def test_each_batch_scans_on_from_where_the_last_one_ended() -> None:
     first = [expired(seconds=3000 + i) for i in range(3)]
     later = [expired(seconds=1000 + i) for i in range(3)]

@@ -1,0 +1,83 @@
+"""The hot path's SQL (statements.py) reads and writes what the ORM would.
+
+Run on every database of the suite, under both settings of USE_TZ: some
+backends convert datetimes only with it, and the converters are cached.
+"""
+
+from __future__ import annotations
+
+from datetime import timedelta
+
+import pytest
+from django.test import override_settings
+from django.utils import timezone
+
+from django_idempotency import store
+from django_idempotency.models import IdempotencyRecord
+from django_idempotency.responses import Outcome, StoredResponse
+from django_idempotency.scope import Scope
+from tests.factories import RecordFactory
+
+pytestmark = pytest.mark.django_db(transaction=True)
+State = IdempotencyRecord.State
+FIELDS = [field.attname for field in IdempotencyRecord._meta.concrete_fields]
+
+
+def scope_of(record: IdempotencyRecord) -> Scope:
+    return Scope(record.tenant, record.operation, record.key)
+
+
+@pytest.mark.parametrize("use_tz", [True, False, True], ids=["tz", "naive", "tz-again"])
+def test_a_looked_up_record_is_the_one_the_orm_reads(use_tz: bool) -> None:
+    with override_settings(USE_TZ=use_tz):
+        record = RecordFactory(
+            response_headers=[["Content-Type", "application/json"], ["Location", "/é/1"]],
+            response_body=b"\x00\xff binary",
+            lease_expires_at=timezone.now(),
+            provider_key="p" * 64,
+        )
+        found = store.lookup(scope_of(record), using="default")
+        expected = IdempotencyRecord.objects.get(pk=record.pk)
+
+    assert found is not None
+    for name in FIELDS:
+        value, wanted = getattr(found, name), getattr(expected, name)
+        assert value == wanted, name
+        assert type(value) is type(wanted), name
+        if hasattr(wanted, "tzinfo"):
+            assert (value.tzinfo is None) == (wanted.tzinfo is None), name
+
+
+@pytest.mark.parametrize("use_tz", [True, False])
+def test_completion_stores_the_response_and_never_shortens_retention(use_tz: bool) -> None:
+    with override_settings(USE_TZ=use_tz):
+        now = timezone.now()
+        extended = RecordFactory(state=State.CLAIMED, expires_at=now + timedelta(days=30))
+        fresh = RecordFactory(state=State.CLAIMED, expires_at=now + timedelta(minutes=1))
+        stored = StoredResponse(201, [["Location", "/charges/ü"]], b"\x00body")
+        for record in (extended, fresh):
+            held = store.Claim(record.pk, record.fencing_token, scope_of(record), "default")
+            store.complete(held, Outcome.COMPLETED, stored, ttl=timedelta(hours=24))
+        extended.refresh_from_db()
+        fresh.refresh_from_db()
+
+    assert extended.expires_at == now + timedelta(days=30)
+    assert now + timedelta(hours=24) <= fresh.expires_at <= now + timedelta(hours=25)
+    for record in (extended, fresh):
+        assert record.state == State.COMPLETED and record.lease_expires_at is None
+        assert record.response_headers == [["Location", "/charges/ü"]]
+        assert bytes(record.response_body) == b"\x00body"
+
+
+@pytest.mark.parametrize("use_tz", [True, False])
+def test_the_purge_works_under_either_time_zone_setting(use_tz: bool) -> None:
+    from django_idempotency import eviction
+
+    with override_settings(USE_TZ=use_tz):
+        gone = [RecordFactory(expires_at=timezone.now() - timedelta(minutes=i)) for i in (1, 2, 3)]
+        kept = RecordFactory()
+        report = eviction.purge_expired_records(batch_size=2, batch_seconds=60)
+
+    assert (report.deleted, report.batches) == (3, 2)
+    remaining = set(IdempotencyRecord.objects.values_list("pk", flat=True))
+    assert remaining == {kept.pk} and not remaining & {record.pk for record in gone}
