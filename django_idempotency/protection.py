@@ -387,19 +387,8 @@ def _give_up(
             provider_key=context.provider_key,
             provider_operation_id=context.provider_operation_id,
         )
-    except UNREACHABLE_ERRORS as exc:
-        # Most likely the store is gone, the reason we are here. The error
-        # says it all (a lost connection, a deadlock...): no traceback.
-        logger.error(
-            "Could not mark %s uncertain (%s: %s); recovery finds it once its lease ends.",
-            held.scope,
-            type(exc).__name__,
-            str(exc).strip(),
-        )
-        return
-    except (StaleOwner, DatabaseError):
-        # Taken over meanwhile; recovery finds the record once its lease runs out.
-        logger.exception("Could not mark %s uncertain", held.scope)
+    except (StaleOwner, DatabaseError, InterfaceError) as exc:
+        _log_unsettled(exc, f"mark {held.scope} uncertain", "recovery finds it once its lease ends")
         return
     logger.warning(
         "%s failed (%s) after begin_external(): left UNCERTAIN for a reconciler.",
@@ -409,22 +398,25 @@ def _give_up(
     signals.notify(signals.record_uncertain, request, held.scope, reason=reason)
 
 
-def _release(request: HttpRequest, held: store.Claim, *, reason: object) -> None:
-    try:
-        released = store.release(held)
-    except UNREACHABLE_ERRORS as exc:
+def _log_unsettled(exc: Exception, write: str, afterwards: str) -> None:
+    """A release or mark-uncertain failed: the record waits for its lease to end."""
+    if isinstance(exc, UNREACHABLE_ERRORS):
         # Most likely the store is gone, the reason we are here. The error
         # says it all (a lost connection, a deadlock...): no traceback.
         logger.error(
-            "Could not release the claim on %s (%s: %s); it stays CLAIMED until its lease ends.",
-            held.scope,
-            type(exc).__name__,
-            str(exc).strip(),
+            "Could not %s (%s: %s); %s.", write, type(exc).__name__, str(exc).strip(), afterwards
         )
-        return
-    except (StaleOwner, DatabaseError):
-        # The record stays CLAIMED; recovery releases it once its lease ends.
-        logger.exception("Could not release the claim on %s", held.scope)
+    else:  # taken over meanwhile, or a bug
+        logger.exception("Could not %s", write)
+
+
+def _release(request: HttpRequest, held: store.Claim, *, reason: object) -> None:
+    try:
+        released = store.release(held)
+    except (StaleOwner, DatabaseError, InterfaceError) as exc:
+        _log_unsettled(
+            exc, f"release the claim on {held.scope}", "it stays CLAIMED until its lease ends"
+        )
         return
     if released:
         signals.notify(signals.claim_released, request, held.scope, reason=reason)
