@@ -27,7 +27,7 @@ from typing import Any
 
 import requests
 
-from tests.live.processes import ProviderProcess
+from tests.live.processes import ProviderProcess, payments_environment
 from tests.live.server import KEEP_LOGS_ENV, REPO_ROOT, LiveDatabase, LiveServer, Project
 from tests.live.services import require_postgres
 
@@ -85,14 +85,8 @@ def admin_live_server(
     ok = False
     with LiveDatabase(postgres, prefix="idem_admin") as database:
         provider = ProviderProcess(log_dir)
-        env = {
-            "IDEMPOTENCY_LEASE": str(LEASE),
-            "PAYMENTS_PROVIDER_URL": provider.url,
-            "PAYMENTS_PROVIDER_TIMEOUT": "5",
-            "PAYMENTS_PROVIDER_SIMULATION": "1",
-            "PAYMENTS_CRASH_HOOKS": "0",
-            **(extra_env or {}),
-        }
+        env = payments_environment(provider, lease=LEASE, timeout=5, crash_hooks=False)
+        env.update(extra_env or {})
         server = LiveServer(
             database, workers=WORKERS, extra_env=env, project=ADMIN_PROJECT, log_dir=log_dir
         )

@@ -29,8 +29,9 @@ from collections.abc import Callable, Iterator, Mapping
 from pathlib import Path
 from typing import Any
 
-from tests.live.server import REPO_ROOT, LiveDatabase
-from tests.live.services import REQUIRE_SERVICES_ENV, require_postgres, services_required
+from tests.live import services
+from tests.live.server import REPO_ROOT, LiveDatabase, terminate
+from tests.live.services import require_postgres
 
 REDIS_URL_ENV = "IDEMPOTENCY_TEST_CELERY_REDIS_URL"
 #: A database of its own on the local Redis, flushed by these tests (the
@@ -46,32 +47,8 @@ def redis_url() -> str:
 
 
 def require_redis() -> str:
-    """Return the broker URL if Redis answers; else skip (locally) or fail (CI) the test."""
-    import pytest
-
-    url = redis_url()
-    problem = None
-    try:
-        import redis
-
-        client = redis.Redis.from_url(url, socket_connect_timeout=3, socket_timeout=3)
-        try:
-            client.ping()
-        finally:
-            client.close()
-    except Exception as exc:  # any failure means "not usable"
-        problem = " ".join(str(exc).split()) or type(exc).__name__
-    if problem is not None:
-        if services_required():
-            pytest.fail(
-                f"Redis is required ({REQUIRE_SERVICES_ENV}=1) but unavailable at {url}: {problem}",
-                pytrace=False,
-            )
-        pytest.skip(
-            f"Redis unavailable at {url} ({problem}); set {REDIS_URL_ENV} to a reachable "
-            f"server, or {REQUIRE_SERVICES_ENV}=1 to make this a failure"
-        )
-    return url
+    """These tests' broker URL if Redis answers; else skip the test (fail it in CI)."""
+    return services.require_redis(redis_url(), REDIS_URL_ENV)
 
 
 @contextlib.contextmanager
@@ -205,14 +182,8 @@ class CeleryProcess:
     def stop(self) -> None:
         """Warm shutdown (SIGTERM); SIGKILL the group if it does not go in time."""
         process, self.process = self.process, None
-        if process is not None and process.poll() is None:
-            process.send_signal(signal.SIGTERM)
-            try:
-                process.wait(timeout=STOP_TIMEOUT)
-            except subprocess.TimeoutExpired:
-                with contextlib.suppress(ProcessLookupError):
-                    os.killpg(process.pid, signal.SIGKILL)
-                process.wait(timeout=STOP_TIMEOUT)
+        if process is not None:
+            terminate(process, STOP_TIMEOUT)
         # Pool children left behind by a crashed main process.
         if process is not None:
             with contextlib.suppress(ProcessLookupError):

@@ -4,18 +4,18 @@ from collections.abc import Iterator
 
 import pytest
 
-from tests.live.processes import LazyPaymentsStack, summary_lines
-from tests.live.server import LazyLiveServer
+from tests.live.processes import PaymentsStack, lazy_payments_stack, summary_lines
+from tests.live.server import Lazy, LiveServer, lazy_live_server
 
 
 @pytest.fixture(scope="module")
-def live() -> Iterator[LazyLiveServer]:
+def live() -> Iterator[Lazy[LiveServer]]:
     """One database and gunicorn per test module, started by the first ``live.get()``.
 
     Starting it lazily, inside the test, lets ``require_postgres()`` skip the
     test (or fail it, in CI) rather than error its setup.
     """
-    lazy = LazyLiveServer()
+    lazy = lazy_live_server()
     try:
         yield lazy
     finally:
@@ -23,13 +23,13 @@ def live() -> Iterator[LazyLiveServer]:
 
 
 @pytest.fixture(scope="module")
-def payments() -> Iterator[LazyPaymentsStack]:
+def payments() -> Iterator[Lazy[PaymentsStack]]:
     """The demo project's payments API with its provider and a Celery worker.
 
     One stack per test module (``tests.live.processes.payments_stack``),
     started by the first ``payments.get()`` inside a test.
     """
-    lazy = LazyPaymentsStack()
+    lazy = lazy_payments_stack()
     try:
         yield lazy
     finally:

@@ -24,7 +24,6 @@ from __future__ import annotations
 import contextlib
 import os
 import shutil
-import signal
 import subprocess
 import sys
 import tempfile
@@ -42,9 +41,11 @@ from tests.live.server import (
     KEEP_LOGS_ENV,
     PAYMENTS_PROJECT,
     REPO_ROOT,
+    Lazy,
     LiveDatabase,
     LiveServer,
     free_port,
+    terminate,
 )
 from tests.live.services import require_postgres, require_redis
 
@@ -88,14 +89,8 @@ class BackgroundProcess:
 
     def stop(self) -> None:
         process, self.process = self.process, None
-        if process is not None and process.poll() is None:
-            process.send_signal(signal.SIGTERM)
-            try:
-                process.wait(timeout=STOP_TIMEOUT)
-            except subprocess.TimeoutExpired:
-                with contextlib.suppress(ProcessLookupError):
-                    os.killpg(process.pid, signal.SIGKILL)
-                process.wait(timeout=STOP_TIMEOUT)
+        if process is not None:
+            terminate(process, STOP_TIMEOUT)
         if self._log_file is not None:
             self._log_file.close()
             self._log_file = None
@@ -260,6 +255,19 @@ class PaymentsStack:
         )
 
 
+def payments_environment(
+    provider: ProviderProcess, *, lease: float, timeout: float, crash_hooks: bool
+) -> dict[str, str]:
+    """The demo project's settings for a live run against the provider simulator."""
+    return {
+        "IDEMPOTENCY_LEASE": str(lease),
+        "PAYMENTS_PROVIDER_URL": provider.url,
+        "PAYMENTS_PROVIDER_TIMEOUT": str(timeout),
+        "PAYMENTS_PROVIDER_SIMULATION": "1",
+        "PAYMENTS_CRASH_HOOKS": "1" if crash_hooks else "0",
+    }
+
+
 @contextlib.contextmanager
 def payments_stack(
     *,
@@ -281,14 +289,10 @@ def payments_stack(
     ok = False
     with LiveDatabase(postgres, prefix="idem_crash") as database:
         provider = ProviderProcess(log_dir)
-        env = {
-            "IDEMPOTENCY_LEASE": str(lease),
-            "PAYMENTS_PROVIDER_URL": provider.url,
-            "PAYMENTS_PROVIDER_TIMEOUT": str(provider_timeout),
-            "PAYMENTS_PROVIDER_SIMULATION": "1",
-            "PAYMENTS_CRASH_HOOKS": "1" if crash_hooks else "0",
-            **(extra_env or {}),
-        }
+        env = payments_environment(
+            provider, lease=lease, timeout=provider_timeout, crash_hooks=crash_hooks
+        )
+        env.update(extra_env or {})
         server = LiveServer(
             database,
             workers=workers,
@@ -318,30 +322,11 @@ def payments_stack(
                 print(f"\ncrash-test logs kept in {log_dir}", file=sys.stderr)
 
 
-class LazyPaymentsStack:
-    """Starts one ``payments_stack()`` on the first ``get()`` (inside a test)."""
+def require_payments_services() -> None:
+    require_postgres()
+    require_redis()
 
-    def __init__(self, **options: Any) -> None:
-        self.options = options
-        self._stack = contextlib.ExitStack()
-        self._value: PaymentsStack | None = None
-        self._startup_error: BaseException | None = None
 
-    def get(self) -> PaymentsStack:
-        require_postgres()
-        require_redis()
-        if self._startup_error is not None:
-            raise RuntimeError("the payments stack failed to start earlier") from (
-                self._startup_error
-            )
-        if self._value is None:
-            try:
-                self._value = self._stack.enter_context(payments_stack(**self.options))
-            except BaseException as exc:
-                self._startup_error = exc
-                raise
-        return self._value
-
-    def close(self) -> None:
-        self._value = None
-        self._stack.close()
+def lazy_payments_stack(**options: Any) -> Lazy[PaymentsStack]:
+    """One ``payments_stack()`` started on the first ``get()`` (PostgreSQL and Redis needed)."""
+    return Lazy(lambda: payments_stack(**options), require_payments_services)

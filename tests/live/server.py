@@ -38,10 +38,10 @@ import tempfile
 import threading
 import time
 import uuid
-from collections.abc import Iterator, Mapping, Sequence
+from collections.abc import Callable, Iterator, Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import Any, Generic, TypeVar
 from urllib.parse import urlsplit, urlunsplit
 
 import psycopg
@@ -56,12 +56,63 @@ DEFAULT_APP = "tests.live.wsgi:application"
 STARTUP_TIMEOUT = 60.0
 STOP_TIMEOUT = 15.0
 KEEP_LOGS_ENV = "IDEMPOTENCY_LIVE_KEEP_LOGS"
+T = TypeVar("T")
 
 #: pid, request line, status, bytes, duration, and the idempotency headers.
 ACCESS_LOG_FORMAT = (
     'access pid=%(p)s "%(r)s" %(s)s %(B)sB %(M)sms '
     "key=%({idempotency-key}i)s replayed=%({idempotent-replayed}o)s"
 )
+
+
+def terminate(process: subprocess.Popen[Any], timeout: float = STOP_TIMEOUT) -> None:
+    """SIGTERM ``process`` (started in a session of its own) and wait; SIGKILL its group late."""
+    if process.poll() is None:
+        process.send_signal(signal.SIGTERM)
+        try:
+            process.wait(timeout=timeout)
+        except subprocess.TimeoutExpired:
+            with contextlib.suppress(ProcessLookupError):
+                os.killpg(process.pid, signal.SIGKILL)
+            process.wait(timeout=timeout)
+    else:
+        process.wait()
+
+
+class Lazy(Generic[T]):
+    """Enters ``start()`` (a context manager) on the first ``get()``; ``close()`` exits it.
+
+    ``get()`` runs ``require()`` first, so that missing services skip the
+    calling test (or fail it under ``IDEMPOTENCY_REQUIRE_SERVICES=1``), and
+    a start-up that failed once is not retried by every later test.
+    """
+
+    def __init__(
+        self,
+        start: Callable[[], contextlib.AbstractContextManager[T]],
+        require: Callable[[], object],
+    ) -> None:
+        self._start = start
+        self._require = require
+        self._stack = contextlib.ExitStack()
+        self._value: T | None = None
+        self._startup_error: BaseException | None = None
+
+    def get(self) -> T:
+        self._require()
+        if self._startup_error is not None:
+            raise RuntimeError("it failed to start earlier") from self._startup_error
+        if self._value is None:
+            try:
+                self._value = self._stack.enter_context(self._start())
+            except BaseException as exc:
+                self._startup_error = exc
+                raise
+        return self._value
+
+    def close(self) -> None:
+        self._value = None
+        self._stack.close()
 
 
 @dataclass(frozen=True)
@@ -315,16 +366,8 @@ class LiveServer:
 
     def stop(self) -> None:
         process, self.process = self.process, None
-        if process is not None and process.poll() is None:
-            process.send_signal(signal.SIGTERM)  # graceful: the master stops its workers
-            try:
-                process.wait(timeout=STOP_TIMEOUT)
-            except subprocess.TimeoutExpired:
-                with contextlib.suppress(ProcessLookupError):
-                    os.killpg(process.pid, signal.SIGKILL)
-                process.wait(timeout=STOP_TIMEOUT)
-        elif process is not None:
-            process.wait()
+        if process is not None:
+            terminate(process)  # graceful: the master stops its workers
         if self._log_file is not None:
             self._log_file.close()
             self._log_file = None
@@ -410,34 +453,9 @@ def live_server(
                 print(f"\nlive server log kept at {server.log_path}", file=sys.stderr)
 
 
-class LazyLiveServer:
-    """Starts one ``live_server()`` on the first ``get()``; ``close()`` tears it down.
-
-    ``get()`` calls ``require_postgres()`` first, so a missing server skips
-    the calling test, or fails it under ``IDEMPOTENCY_REQUIRE_SERVICES=1``.
-    """
-
-    def __init__(self, workers: int = WORKERS) -> None:
-        self.workers = workers
-        self._stack = contextlib.ExitStack()
-        self._server: LiveServer | None = None
-        self._startup_error: BaseException | None = None
-
-    def get(self) -> LiveServer:
-        url = require_postgres()
-        if self._startup_error is not None:
-            raise RuntimeError("the live server failed to start earlier") from self._startup_error
-        if self._server is None:
-            try:
-                self._server = self._stack.enter_context(live_server(url, self.workers))
-            except BaseException as exc:
-                self._startup_error = exc
-                raise
-        return self._server
-
-    def close(self) -> None:
-        self._server = None
-        self._stack.close()
+def lazy_live_server(workers: int = WORKERS) -> Lazy[LiveServer]:
+    """One ``live_server()`` started on the first ``get()`` (which needs PostgreSQL)."""
+    return Lazy(lambda: live_server(require_postgres(), workers), require_postgres)
 
 
 # -- concurrent requests ------------------------------------------------------------------

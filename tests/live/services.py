@@ -41,14 +41,18 @@ def redis_url() -> str:
     return os.environ.get(REDIS_URL_ENV) or DEFAULT_REDIS_URL
 
 
-def unavailable(service: str, reason: str) -> None:
-    """Skip (locally) or fail (``IDEMPOTENCY_REQUIRE_SERVICES=1``) the running test."""
+def unavailable(service: str, reason: str, variable: str | None = None) -> None:
+    """Skip (locally) or fail (``IDEMPOTENCY_REQUIRE_SERVICES=1``) the running test.
+
+    ``variable``: the environment variable that names the server.
+    """
     if services_required():
         pytest.fail(
             f"{service} is required ({REQUIRE_SERVICES_ENV}=1) but unavailable: {reason}",
             pytrace=False,
         )
-    variable = REDIS_URL_ENV if service == "Redis" else POSTGRES_URL_ENV
+    if variable is None:
+        variable = REDIS_URL_ENV if service == "Redis" else POSTGRES_URL_ENV
     pytest.skip(
         f"{service} unavailable ({reason}); set {variable} to a reachable server, "
         f"or {REQUIRE_SERVICES_ENV}=1 to make this a failure"
@@ -74,9 +78,12 @@ def require_postgres() -> str:
     return url
 
 
-def require_redis() -> str:
-    """Return the Redis URL if the server answers PING; else skip or fail the test."""
-    url = redis_url()
+def require_redis(url: str | None = None, variable: str = REDIS_URL_ENV) -> str:
+    """Return the Redis URL if the server answers PING; else skip or fail the test.
+
+    By default the crash tests' broker; ``url`` and ``variable`` name another.
+    """
+    url = url or redis_url()
     problem = None
     try:
         import redis
@@ -91,7 +98,7 @@ def require_redis() -> str:
     except Exception as exc:  # any failure means "not reachable"
         problem = " ".join(str(exc).split()) or type(exc).__name__
     if problem is not None:
-        unavailable("Redis", f"cannot use {_redacted(url)}: {problem}")
+        unavailable("Redis", f"cannot use {_redacted(url)}: {problem}", variable)
     return url
 
 

@@ -28,7 +28,7 @@ from typing import Any
 import pytest
 
 from tests.live.hooks import slow_note
-from tests.live.server import Call, LazyLiveServer, LiveServer, Result, fire_together, post
+from tests.live.server import Call, Lazy, LiveServer, Result, fire_together, post
 
 pytestmark = [pytest.mark.postgres, pytest.mark.live]
 
@@ -247,7 +247,7 @@ def storm_round(
     return storm
 
 
-def test_api_view_same_key_storm(live: LazyLiveServer) -> None:
+def test_api_view_same_key_storm(live: Lazy[LiveServer]) -> None:
     """@api_view + @idempotent: 20 rounds of 50 simultaneous same-key POSTs, one run each."""
     server = live.get()
     for number in range(1, API_VIEW_ROUNDS + 1):
@@ -267,7 +267,7 @@ def test_api_view_same_key_storm(live: LazyLiveServer) -> None:
     [("mixin", "/mixin/charges"), ("viewset", "/viewset/charges/")],
     ids=["IdempotentMixin", "ViewSet"],
 )
-def test_class_based_views_same_key_storm(live: LazyLiveServer, label: str, path: str) -> None:
+def test_class_based_views_same_key_storm(live: Lazy[LiveServer], label: str, path: str) -> None:
     """IdempotentMixin and a ViewSet's @idempotent create: the same storm.
 
     Their serializer accepts only ``amount`` and ``note``; the race window is
@@ -287,7 +287,7 @@ def test_class_based_views_same_key_storm(live: LazyLiveServer, label: str, path
     assert TOTALS[label]["executions"] == CLASS_VIEW_ROUNDS
 
 
-def test_distinct_keys_are_not_deduplicated(live: LazyLiveServer) -> None:
+def test_distinct_keys_are_not_deduplicated(live: Lazy[LiveServer]) -> None:
     """50 simultaneous POSTs with 50 different keys (same body) run 50 times."""
     server = live.get()
     label = "distinct-keys"

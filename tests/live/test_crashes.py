@@ -48,8 +48,8 @@ import pytest
 from payments.crash_hooks import POINTS
 from payments.demo_data import DEMO_TOKENS
 
-from tests.live.processes import LazyPaymentsStack, PaymentsStack, summary_lines
-from tests.live.server import Result, post
+from tests.live.processes import PaymentsStack, summary_lines
+from tests.live.server import Lazy, Result, post
 
 pytestmark = [pytest.mark.postgres, pytest.mark.live]
 
@@ -346,7 +346,7 @@ def print_table() -> Iterator[None]:
 
 
 @pytest.mark.parametrize("point", POINTS)
-def test_sigkill_at_point_then_recovery(payments: LazyPaymentsStack, point: str) -> None:
+def test_sigkill_at_point_then_recovery(payments: Lazy[PaymentsStack], point: str) -> None:
     """TRIALS keys killed at ``point``; after recovery each has one charge, one payment."""
     stack = payments.get()
     run = uuid.uuid4().hex[:6]
@@ -404,7 +404,7 @@ STALLS = {
 
 @pytest.mark.parametrize("variant", list(STALLS))
 def test_stale_owner_cannot_overwrite_after_takeover(
-    payments: LazyPaymentsStack, variant: str
+    payments: Lazy[PaymentsStack], variant: str
 ) -> None:
     stack = payments.get()
     stall = STALLS[variant]
@@ -493,7 +493,7 @@ def test_stale_owner_cannot_overwrite_after_takeover(
     ],
 )
 def test_provider_failure_modes(
-    payments: LazyPaymentsStack, mode: str, first_status: int, charged: bool
+    payments: Lazy[PaymentsStack], mode: str, first_status: int, charged: bool
 ) -> None:
     """The provider fails in a named way; the record and recovery settle it right."""
     stack = payments.get()
