@@ -214,14 +214,17 @@ def test_a_record_changed_since_the_operator_looked_is_skipped() -> None:
     assert IdempotencyRecord.objects.get().state == State.UNCERTAIN
 
 
-def test_a_record_whose_owner_holds_the_lease_is_skipped() -> None:
+@pytest.mark.parametrize(
+    ("state", "holder"),
+    [(State.IN_PROGRESS, "web-1:4242:1"), (State.UNCERTAIN, "worker-1:99:1")],
+    ids=["its-owner", "a-recovery-worker"],
+)
+def test_a_record_whose_lease_somebody_holds_is_left_to_them(state: str, holder: str) -> None:
     record = stuck_record(
-        state=State.IN_PROGRESS,
-        lease_owner="web-1:4242:1",
-        lease_expires_at=timezone.now() + timedelta(minutes=1),
+        state=state, lease_owner=holder, lease_expires_at=timezone.now() + timedelta(minutes=1)
     )
     run(staff("mark_failed"), "mark_failed", record, apply="1", status="409")
-    assert IdempotencyRecord.objects.get().state == State.IN_PROGRESS
+    assert IdempotencyRecord.objects.get().state == state
 
 
 def test_release_of_a_claim_needs_only_confirmation() -> None:
@@ -309,16 +312,6 @@ def test_a_record_resolved_since_the_operator_looked_is_not_released() -> None:
     run(staff("release"), "release", record, apply="1", reexecute="on", **seen)
 
     assert IdempotencyRecord.objects.get().state == State.COMPLETED
-
-
-def test_a_record_a_recovery_worker_holds_is_left_to_it() -> None:
-    record = stuck_record(
-        state=State.UNCERTAIN,
-        lease_owner="worker-1:99:1",
-        lease_expires_at=timezone.now() + timedelta(minutes=1),
-    )
-    run(staff("mark_failed"), "mark_failed", record, apply="1", status="409")
-    assert IdempotencyRecord.objects.get().state == State.UNCERTAIN
 
 
 def test_a_tampered_token_is_skipped_not_a_500() -> None:
