@@ -60,9 +60,9 @@ _MAX_RECLAIMS = 3
 #: The "wait" mode polls the record, backing off from the first interval
 #: to the last (seconds).
 _FIRST_POLL = 0.05
+_LAST_POLL = 0.5
 #: PostgreSQL's SQLSTATE for lock_timeout running out.
 _LOCK_NOT_AVAILABLE = "55P03"
-_LAST_POLL = 0.5
 
 
 @dataclass(frozen=True)
@@ -74,6 +74,11 @@ class Options:
     required: bool | None = None
     ttl: timedelta | float | None = None
     single_transaction: bool | None = None
+
+    @property
+    def retention(self) -> timedelta:
+        """``ttl``, else the ``TTL`` setting."""
+        return idempotency_settings.TTL if self.ttl is None else as_timedelta(self.ttl)
 
 
 @contextmanager
@@ -167,7 +172,7 @@ def _claim_or_answer(
     options: Options,
 ) -> HttpResponseBase:
     conf = idempotency_settings
-    ttl = as_timedelta(options.ttl) if options.ttl is not None else conf.TTL
+    ttl = options.retention
     database = conf.DATABASE
     waiting = conf.IN_FLIGHT == "wait"
     deadline = time.monotonic() + conf.IN_FLIGHT_WAIT.total_seconds()
@@ -236,7 +241,7 @@ def _claim_in_one_transaction(
     """
     conf = idempotency_settings
     database = conf.DATABASE
-    ttl = as_timedelta(options.ttl) if options.ttl is not None else conf.TTL
+    ttl = options.retention
     try:
         with transaction.atomic(using=database):
             held = store.claim(
