@@ -16,9 +16,6 @@
 from __future__ import annotations
 
 import contextlib
-import os
-import shutil
-import sys
 import tempfile
 from collections.abc import Iterator, Mapping
 from dataclasses import dataclass
@@ -27,8 +24,8 @@ from typing import Any
 
 import requests
 
-from tests.live.processes import ProviderProcess, payments_environment
-from tests.live.server import KEEP_LOGS_ENV, REPO_ROOT, LiveDatabase, LiveServer, Project
+from tests.live.processes import ProviderProcess, demo_project_started, payments_environment
+from tests.live.server import REPO_ROOT, LiveDatabase, LiveServer, Project
 from tests.live.services import require_postgres
 
 ADMIN_PROJECT = Project(
@@ -82,7 +79,6 @@ def admin_live_server(
     """Database, provider simulator and gunicorn (demo project + admin); all gone afterwards."""
     postgres = server_url or require_postgres()
     log_dir = Path(tempfile.mkdtemp(prefix="idem-admin-"))
-    ok = False
     with LiveDatabase(postgres, prefix="idem_admin") as database:
         provider = ProviderProcess(log_dir)
         env = payments_environment(provider, lease=LEASE, timeout=5, crash_hooks=False)
@@ -90,18 +86,5 @@ def admin_live_server(
         server = LiveServer(
             database, workers=WORKERS, extra_env=env, project=ADMIN_PROJECT, log_dir=log_dir
         )
-        try:
-            provider.start()
-            server.migrate()
-            server.manage("seed_demo")
-            server.start()
+        with demo_project_started(database, provider, server, log_dir, "admin live-server"):
             yield AdminSite(database, provider, server)
-            ok = True
-        finally:
-            server.stop()
-            provider.stop()
-            database.close_connection()
-            if ok and os.environ.get(KEEP_LOGS_ENV) != "1":
-                shutil.rmtree(log_dir, ignore_errors=True)
-            else:
-                print(f"\nadmin live-server logs kept in {log_dir}", file=sys.stderr)

@@ -286,7 +286,6 @@ def payments_stack(
     postgres = require_postgres()
     broker = require_redis()
     log_dir = Path(tempfile.mkdtemp(prefix="idem-crash-"))
-    ok = False
     with LiveDatabase(postgres, prefix="idem_crash") as database:
         provider = ProviderProcess(log_dir)
         env = payments_environment(
@@ -302,24 +301,43 @@ def payments_stack(
             log_dir=log_dir,
         )
         worker = CeleryWorker(log_dir, broker, server.environment())
-        stack = PaymentsStack(database, provider, server, worker, lease, log_dir)
-        try:
-            provider.start()
-            server.migrate()
-            server.manage("seed_demo")
-            server.start()
-            worker.start()
-            yield stack
-            ok = True
-        finally:
-            worker.stop()
-            server.stop()
-            provider.stop()
-            database.close_connection()
-            if ok and os.environ.get(KEEP_LOGS_ENV) != "1":
-                shutil.rmtree(log_dir, ignore_errors=True)
-            else:
-                print(f"\ncrash-test logs kept in {log_dir}", file=sys.stderr)
+        with demo_project_started(database, provider, server, log_dir, "crash-test"):
+            try:
+                worker.start()
+                yield PaymentsStack(database, provider, server, worker, lease, log_dir)
+            finally:
+                worker.stop()
+
+
+@contextlib.contextmanager
+def demo_project_started(
+    database: LiveDatabase,
+    provider: ProviderProcess,
+    server: LiveServer,
+    log_dir: Path,
+    label: str,
+) -> Iterator[None]:
+    """The provider simulator and the migrated, seeded demo project under gunicorn.
+
+    Stopped afterwards; ``log_dir`` is removed, or kept (and named) when the
+    block failed or ``IDEMPOTENCY_LIVE_KEEP_LOGS=1``.
+    """
+    ok = False
+    try:
+        provider.start()
+        server.migrate()
+        server.manage("seed_demo")
+        server.start()
+        yield
+        ok = True
+    finally:
+        server.stop()
+        provider.stop()
+        database.close_connection()
+        if ok and os.environ.get(KEEP_LOGS_ENV) != "1":
+            shutil.rmtree(log_dir, ignore_errors=True)
+        else:
+            print(f"\n{label} logs kept in {log_dir}", file=sys.stderr)
 
 
 def require_payments_services() -> None:
