@@ -212,21 +212,23 @@ def measure(
     replay_keys = {e.name: f"{run_id}-replay-{e.path.strip('/')}" for e in measured}
     prepare_replays(server, replay_keys)
 
-    def prefix(endpoint: Endpoint, label: str) -> str:
-        return replay_keys[endpoint.name] if endpoint.mode == "fixed" else f"{run_id}-{label}"
+    def load(endpoint: Endpoint, seconds: float, label: str) -> dict[str, Any]:
+        """Run wrk on ``endpoint``; a new key per request unless it replays one."""
+        fresh = f"{run_id}-{label}-{endpoint.path.strip('/')}"
+        return wrk(
+            server.url,
+            endpoint,
+            seconds=seconds,
+            threads=args.threads,
+            connections=args.connections,
+            prefix=replay_keys[endpoint.name] if endpoint.mode == "fixed" else fresh,
+        )
 
     with database.connect() as connection:
         if args.warmup > 0:
             print(f"warm-up: {args.warmup:g} s per endpoint", flush=True)
             for endpoint in measured:
-                wrk(
-                    server.url,
-                    endpoint,
-                    seconds=args.warmup,
-                    threads=args.threads,
-                    connections=args.connections,
-                    prefix=prefix(endpoint, f"warm-{endpoint.path.strip('/')}"),
-                )
+                load(endpoint, args.warmup, "warm")
         for round_ in range(1, args.rounds + 1):
             shift = (round_ - 1) % len(measured)
             order = measured[shift:] + measured[:shift]
@@ -234,14 +236,7 @@ def measure(
                 settle(connection)
                 vacuum(connection)
                 before = last_payment_id(connection)
-                outcome = wrk(
-                    server.url,
-                    endpoint,
-                    seconds=args.duration,
-                    threads=args.threads,
-                    connections=args.connections,
-                    prefix=prefix(endpoint, f"r{round_}-{endpoint.path.strip('/')}"),
-                )
+                outcome = load(endpoint, args.duration, f"r{round_}")
                 written = last_payment_id(connection) - before
                 errors = sum(
                     int(outcome[name])
