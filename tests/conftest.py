@@ -1,18 +1,42 @@
 from __future__ import annotations
 
+import contextlib
 import itertools
 import os
 import uuid
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Iterator, Mapping
 from typing import Any
 
 import pytest
 from django.db import connections
+from django.dispatch import Signal
 from hypothesis import settings as hypothesis_settings
 from rest_framework.test import APIClient
 
 from django_idempotency.models import IdempotencyRecord
 from tests.factories import TokenFactory
+
+SentSignals = list[tuple[str, dict[str, Any]]]
+
+
+@contextlib.contextmanager
+def signals_sent(by_name: Mapping[str, Signal]) -> Iterator[SentSignals]:
+    """Record (name, keyword arguments) of every send of these signals meanwhile."""
+    log: SentSignals = []
+    receivers = []
+    for name, signal in by_name.items():
+
+        def receiver(sender: Any, name: str = name, **kwargs: Any) -> None:
+            kwargs.pop("signal")
+            log.append((name, kwargs))
+
+        signal.connect(receiver, weak=False)
+        receivers.append((signal, receiver))
+    try:
+        yield log
+    finally:
+        for signal, receiver in receivers:
+            signal.disconnect(receiver)
 
 
 @pytest.fixture

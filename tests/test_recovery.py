@@ -22,13 +22,13 @@ import pytest
 from django.core.management import call_command
 from django.db import connections
 from django.db.models import F
-from django.dispatch import Signal
 from django.utils import timezone
 
 from django_idempotency import recovery, signals, tasks
 from django_idempotency.conf import idempotency_settings
 from django_idempotency.models import IdempotencyRecord
 from django_idempotency.recovery import Completed, Failed, Release, Retry, register_reconciler
+from tests.conftest import SentSignals, signals_sent
 from tests.factories import RecordFactory
 from tests.testapp.models import Charge
 
@@ -106,23 +106,13 @@ def reconcile(operation: str) -> Callable[[Callable[[IdempotencyRecord], Any]], 
 
 
 @pytest.fixture
-def sent() -> Iterator[list[tuple[str, dict[str, Any]]]]:
-    log: list[tuple[str, dict[str, Any]]] = []
-    receivers = []
-    for name, signal in {
+def sent() -> Iterator[SentSignals]:
+    by_name = {
         "claim_released": signals.claim_released,
         "record_unreconciled": signals.record_unreconciled,
-    }.items():
-
-        def receiver(sender: Any, name: str = name, **kwargs: Any) -> None:
-            kwargs.pop("signal")
-            log.append((name, kwargs))
-
-        signal.connect(receiver, weak=False)
-        receivers.append((signal, receiver))
-    yield log
-    for signal, receiver in receivers:
-        Signal.disconnect(signal, receiver)
+    }
+    with signals_sent(by_name) as log:
+        yield log
 
 
 def charge_in_reconciler(record: IdempotencyRecord) -> Charge:

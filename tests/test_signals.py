@@ -6,12 +6,11 @@ from collections.abc import Iterator
 from typing import Any
 
 import pytest
-from django.dispatch import Signal
 from rest_framework.test import APIClient
 
 from django_idempotency import signals
 from django_idempotency.models import IdempotencyRecord
-from tests.conftest import post
+from tests.conftest import SentSignals, post, signals_sent
 
 pytestmark = pytest.mark.django_db(transaction=True)
 
@@ -27,29 +26,16 @@ ALL = {
 
 
 @pytest.fixture
-def sent() -> Iterator[list[tuple[str, dict[str, Any]]]]:
-    log: list[tuple[str, dict[str, Any]]] = []
-    receivers = []
-    for name, signal in ALL.items():
-
-        def receiver(sender: Any, name: str = name, **kwargs: Any) -> None:
-            kwargs.pop("signal")
-            log.append((name, kwargs))
-
-        signal.connect(receiver, weak=False)
-        receivers.append((signal, receiver))
-    yield log
-    for signal, receiver in receivers:
-        Signal.disconnect(signal, receiver)
+def sent() -> Iterator[SentSignals]:
+    with signals_sent(ALL) as log:
+        yield log
 
 
-def names(log: list[tuple[str, dict[str, Any]]]) -> list[str]:
+def names(log: SentSignals) -> list[str]:
     return [name for name, _ in log]
 
 
-def test_each_outcome_sends_its_signal(
-    api: APIClient, sent: list[tuple[str, dict[str, Any]]]
-) -> None:
+def test_each_outcome_sends_its_signal(api: APIClient, sent: SentSignals) -> None:
     url = "/api-view/charges"
     post(api, url, {"amount": 1}, "k")
     assert names(sent) == ["request_claimed", "response_stored"]
