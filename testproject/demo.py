@@ -191,6 +191,15 @@ def is_replay(response: requests.Response) -> bool:
     return response.headers.get("Idempotent-Replayed") == "true"
 
 
+def check_refusal(response: requests.Response, status: int, code: str, why: str = "") -> None:
+    """Check that ``response`` is ``status`` with the error ``code`` (``why``: what it means)."""
+    check(
+        response.status_code == status and code_of(response) == code,
+        f"{status} {code}{why}",
+        f"{response.status_code} {response.text}",
+    )
+
+
 def code_of(response: requests.Response) -> str | None:
     try:
         data = response.json()
@@ -328,10 +337,8 @@ def reused_key(client: Client, key: str, payment: dict[str, Any]) -> None:
     heading("c. The same key with a different amount")
     body = {"order_id": "ORD-1002", "amount": 9900, "currency": "EUR"}
     response = client.request("alice", "POST", "/v1/payments", key=key, body=body)
-    check(
-        response.status_code == 422 and code_of(response) == "idempotency_key_reused",
-        "422 idempotency_key_reused: a changed request is refused, never replayed",
-        f"{response.status_code} {response.text}",
+    check_refusal(
+        response, 422, "idempotency_key_reused", ": a changed request is refused, never replayed"
     )
     check(not is_replay(response), "the refusal is not a replay")
     detail = client.request("alice", "GET", f"/v1/payments/{payment['id']}")
@@ -371,11 +378,7 @@ def domain_guard(client: Client) -> None:
     key = new_key("fresh-key")
     body = {"order_id": "ORD-1001", "amount": 4200, "currency": "EUR"}
     response = client.request("alice", "POST", "/v1/payments", key=key, body=body)
-    check(
-        response.status_code == 409 and code_of(response) == "order_already_paid",
-        "409 order_already_paid",
-        f"{response.status_code} {response.text}",
-    )
+    check_refusal(response, 409, "order_already_paid")
     payments = client.payments_for_order("alice", "ORD-1001")
     check(len(payments) == 1, "still exactly one payment for ORD-1001", f"{len(payments)} payments")
 
@@ -448,11 +451,7 @@ def provider_timeout(client: Client, provider_url: str, env: Mapping[str, str]) 
         body=body,
         extra_headers={"X-Simulate": "charge-then-timeout", "X-Simulate-Delay": "5"},
     )
-    check(
-        first.status_code == 502 and code_of(first) == "payment_provider_unavailable",
-        "502 payment_provider_unavailable: the outcome is unknown",
-        f"{first.status_code} {first.text}",
-    )
+    check_refusal(first, 502, "payment_provider_unavailable", ": the outcome is unknown")
     charges = provider_charges(provider_url, "ORD-4001")
     check(len(charges) == 1, "the provider's ledger shows the charge", f"{charges}")
     check(
@@ -462,10 +461,11 @@ def provider_timeout(client: Client, provider_url: str, env: Mapping[str, str]) 
     say()
     say("The client retries with the same key, at once:")
     busy = client.request("alice", "POST", "/v1/payments", key=key, body=body)
-    check(
-        busy.status_code == 409 and code_of(busy) == "idempotency_request_in_progress",
-        "409 idempotency_request_in_progress: the record is UNCERTAIN, nothing runs twice",
-        f"{busy.status_code} {busy.text}",
+    check_refusal(
+        busy,
+        409,
+        "idempotency_request_in_progress",
+        ": the record is UNCERTAIN, nothing runs twice",
     )
     say()
     say("Recovery runs (Celery beat does every minute; cron users run the command):")
@@ -511,11 +511,7 @@ def declined_card(client: Client, provider_url: str) -> None:
         body=body,
         extra_headers={"X-Simulate": "decline"},
     )
-    check(
-        first.status_code == 402 and code_of(first) == "card_declined",
-        "402 card_declined",
-        f"{first.status_code} {first.text}",
-    )
+    check_refusal(first, 402, "card_declined")
     say("The retry (the card would go through now) gets the same decline: it is this")
     say("key's definitive outcome, stored as FAILED. A new attempt needs a new key.")
     retry = client.request("alice", "POST", "/v1/payments", key=key, body=body)
@@ -532,11 +528,7 @@ def missing_key(client: Client) -> None:
     heading("g. No Idempotency-Key at all")
     body = {"order_id": "ORD-3001", "amount": 100, "currency": "EUR"}
     response = client.request("alice", "POST", "/v1/payments", body=body)
-    check(
-        response.status_code == 400 and code_of(response) == "idempotency_key_missing",
-        "400 idempotency_key_missing",
-        f"{response.status_code} {response.text}",
-    )
+    check_refusal(response, 400, "idempotency_key_missing")
 
 
 # -- the server -----------------------------------------------------------------
