@@ -11,6 +11,8 @@ from django.core.exceptions import ImproperlyConfigured
 
 from django_idempotency import store, testing
 from django_idempotency.conf import as_timedelta, idempotency_settings
+from django_idempotency.db import snapshot_isolated
+from django_idempotency.exceptions import IsolationNotSupported
 from django_idempotency.scope import Scope
 
 
@@ -52,6 +54,7 @@ class IdempotencyContext:
         self._single_transaction = single_transaction
         self.external_begun = False
         self.provider_operation_id = ""
+        self._isolation_checked = False
 
     @property
     def scope(self) -> Scope:
@@ -89,12 +92,29 @@ class IdempotencyContext:
                 "begin_external() cannot be used with single_transaction=True: the claim "
                 "commits only with the view, so the intent could not commit before the call."
             )
+        self._refuse_snapshot_isolation()
         held_for = as_timedelta(lease) if lease is not None else idempotency_settings.LEASE
         store.begin_external(self._held, self.provider_key, lease=held_for)
         self.external_begun = True
         if testing.crash_requested():
             raise testing.SimulatedCrash(self._held.scope)
         return self.provider_key
+
+    def _refuse_snapshot_isolation(self) -> None:
+        """Refuse before the call, not after it: see ``IsolationNotSupported``."""
+        held = self._held
+        if self._isolation_checked or held.write_now_alias == held.database:
+            return  # no second connection: the intent joins the view's transaction
+        level = snapshot_isolated(held.database)
+        if level is not None:
+            raise IsolationNotSupported(
+                f"begin_external() needs the view's transaction at READ COMMITTED, but "
+                f"it runs at {level.upper()}: the completion would fail with a "
+                "serialization error after the external call. Use READ COMMITTED for the "
+                "records' database (PostgreSQL's default), or keep the view free of "
+                "external calls."
+            )
+        self._isolation_checked = True
 
     def set_provider_operation(self, operation_id: str) -> None:
         """Commit the provider's id for the call (a charge id, say)."""

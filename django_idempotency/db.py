@@ -51,3 +51,26 @@ def close_independent_connections() -> None:
         connections[independent].close()
         del connections[independent]
     opened.clear()
+
+
+#: Isolation levels at which a row written by the second connection can
+#: still be updated by the view's transaction afterwards.
+_READ_COMMITTED = frozenset({"read committed", "read uncommitted"})
+
+
+def snapshot_isolated(alias: str) -> str | None:
+    """The isolation level of ``alias``'s open transaction if it is above READ COMMITTED.
+
+    Read from the server (PostgreSQL), since a project can raise it in
+    ``OPTIONS``, with ``ALTER DATABASE ... SET default_transaction_isolation``
+    or with ``SET TRANSACTION`` in the view. ``None`` on other databases:
+    MySQL/MariaDB's REPEATABLE READ updates the newest row version instead of
+    failing (unless ``innodb_snapshot_isolation`` is on; see the docs).
+    """
+    connection = connections[alias]
+    if connection.vendor != "postgresql":
+        return None
+    with connection.cursor() as cursor:
+        cursor.execute("SELECT current_setting('transaction_isolation')")
+        level = str(cursor.fetchone()[0])
+    return None if level in _READ_COMMITTED else level

@@ -4,13 +4,15 @@ from __future__ import annotations
 
 import functools
 import types
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
 from datetime import timedelta
 from inspect import iscoroutinefunction
 from typing import Any, TypeVar, cast, overload
 
 from asgiref.sync import async_to_sync, sync_to_async
 from django.core.exceptions import ImproperlyConfigured, PermissionDenied
+from django.db import DatabaseError, connections
 from django.http import Http404, HttpRequest, HttpResponseBase
 from django.template.response import SimpleTemplateResponse
 from rest_framework.exceptions import APIException
@@ -69,6 +71,31 @@ def _call_drf(
     return _rendered(view.finalize_response(request, response, *args, **kwargs))  # type: ignore[arg-type]
 
 
+@contextmanager
+def _transactions_left_alone(refusal: IdempotencyRefusal) -> Iterator[None]:
+    """Keep DRF's exception handler from dooming transactions a refusal did not open.
+
+    DRF's handler marks the open atomic block of every ``ATOMIC_REQUESTS``
+    database for rollback. A protected view opens none before its claim, so
+    an open block is the caller's: ``TestCase``'s, pytest-django's
+    ``django_db``, or an ``atomic()`` around the call. A refusal wrote
+    nothing there, and must not make the caller's next query raise
+    ``TransactionManagementError``. (One caused by a database error keeps
+    the mark: that transaction may well be broken.)
+    """
+    marks = {
+        connection.alias: connection.needs_rollback
+        for connection in connections.all(initialized_only=True)
+        if connection.in_atomic_block
+    }
+    try:
+        yield
+    finally:
+        if not isinstance(refusal.__cause__, DatabaseError):
+            for alias, mark in marks.items():
+                connections[alias].needs_rollback = mark
+
+
 def _refusal_response(request: HttpRequest, exc: IdempotencyRefusal) -> HttpResponseBase:
     """Render a refusal for a plain Django view with the project's DRF handler."""
     from rest_framework.renderers import JSONRenderer
@@ -77,7 +104,8 @@ def _refusal_response(request: HttpRequest, exc: IdempotencyRefusal) -> HttpResp
 
     context: dict[str, Any] = {"request": request, "view": None, "args": (), "kwargs": {}}
     handler = cast(Callable[..., Response | None], api_settings.EXCEPTION_HANDLER)
-    response = handler(exc, context)
+    with _transactions_left_alone(exc):
+        response = handler(exc, context)
     if response is None:
         response = Response(exc.detail, status=exc.status_code)
     response.accepted_renderer = JSONRenderer()
@@ -112,6 +140,7 @@ class IdempotentView:
         def call() -> HttpResponseBase:
             return cast(HttpResponseBase, self.view(*args, **kwargs))
 
+        drf_view: APIView | None = None
         if isinstance(request, Request):
             drf_view = instance if isinstance(instance, APIView) else request.parser_context["view"]
 
@@ -125,8 +154,10 @@ class IdempotentView:
         try:
             return protect(request, run, self.options, view_args, kwargs)
         except IdempotencyRefusal as exc:
-            if isinstance(request, Request) and idempotency_settings.ERROR_FORMAT == "drf":
-                raise  # for the project's EXCEPTION_HANDLER
+            if drf_view is not None and idempotency_settings.ERROR_FORMAT == "drf":
+                # The project's EXCEPTION_HANDLER renders it, as if raised.
+                with _transactions_left_alone(exc):
+                    return drf_view.handle_exception(exc)
             return _refused(request, exc)
 
 

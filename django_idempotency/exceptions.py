@@ -7,6 +7,7 @@ dict so that DRF's default handler produces ``{"detail": ..., "code": ...}``.
 
 from __future__ import annotations
 
+from django.core.exceptions import ImproperlyConfigured
 from django.utils.translation import gettext_lazy as _
 from rest_framework import status
 from rest_framework.exceptions import APIException
@@ -90,6 +91,42 @@ class StoreUnavailable(IdempotencyRefusal):
         "The request was not run because its idempotency record could not be "
         "stored. Retry later with the same Idempotency-Key."
     )
+
+
+class OutcomeUncertain(IdempotencyRefusal):
+    """The view ran, but whether its outcome took effect is not known yet.
+
+    An external call was begun and the outcome could not be recorded, or the
+    final commit was interrupted: the record is left for recovery (or is
+    already settled), and a retry with the same key learns which.
+    """
+
+    status_code = status.HTTP_503_SERVICE_UNAVAILABLE
+    default_code = "idempotency_outcome_uncertain"
+    default_detail = _(
+        "The request was run, but its outcome could not be recorded: it may or may not "
+        "have taken effect. Retry later with the same Idempotency-Key to learn it; do "
+        "not send it again with a new key."
+    )
+
+
+class RolledBackResponse(IdempotencyError):
+    """A success answered from a transaction that was marked for rollback.
+
+    The view caught a database error without a savepoint (``try: ... except
+    IntegrityError: pass``), so its writes are discarded: storing its 2xx
+    would replay a success that never happened. Wrap the statement that may
+    fail in its own ``transaction.atomic()`` block.
+    """
+
+
+class IsolationNotSupported(IdempotencyError, ImproperlyConfigured):
+    """``begin_external()`` in a PostgreSQL transaction above READ COMMITTED.
+
+    The intent is committed on a second connection while the view's
+    transaction is open; at REPEATABLE READ or SERIALIZABLE the completion
+    would then fail with a serialization error after the external call.
+    """
 
 
 class TaskInProgress(IdempotencyError):

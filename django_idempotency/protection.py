@@ -6,13 +6,14 @@ HTTP glue (``decorators.py``, ``drf.py``) adapts the kinds of views to
 
 from __future__ import annotations
 
+import enum
 import logging
 import time
 from collections.abc import Callable, Iterator, Mapping, Sequence
 from contextlib import ExitStack, contextmanager
 from dataclasses import dataclass
 from datetime import timedelta
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, NoReturn
 
 from django.db import DatabaseError, InterfaceError, OperationalError, connections, transaction
 from django.utils import timezone
@@ -20,13 +21,16 @@ from django.utils import timezone
 from django_idempotency import signals, store
 from django_idempotency.conf import as_timedelta, idempotency_settings
 from django_idempotency.context import IdempotencyContext
+from django_idempotency.database_errors import is_connection_lost, is_contention
 from django_idempotency.db import close_independent_connections
 from django_idempotency.exceptions import (
     BodyTooLarge,
     InputUnreadable,
     KeyMissing,
     KeyReused,
+    OutcomeUncertain,
     RequestInProgress,
+    RolledBackResponse,
     StaleOwner,
     StoreUnavailable,
 )
@@ -49,8 +53,9 @@ logger = logging.getLogger("django_idempotency")
 State = IdempotencyRecord.State
 
 PROTECTED_METHODS = frozenset({"POST", "PUT", "PATCH", "DELETE"})
-#: Errors that mean "the record store cannot be reached", as opposed to a
-#: bug or a missing migration, which should surface as they are.
+#: Errors of the claim or the lookup that mean "the record store cannot be
+#: reached" (unless they are mere contention, see ``database_errors``), as
+#: opposed to a bug or a missing migration, which should surface as they are.
 UNREACHABLE_ERRORS = (OperationalError, InterfaceError)
 IN_FLIGHT_RETRY_AFTER = 1
 UNAVAILABLE_RETRY_AFTER = 5
@@ -61,8 +66,6 @@ _MAX_RECLAIMS = 3
 #: to the last (seconds).
 _FIRST_POLL = 0.05
 _LAST_POLL = 0.5
-#: PostgreSQL's SQLSTATE for lock_timeout running out.
-_LOCK_NOT_AVAILABLE = "55P03"
 
 
 @dataclass(frozen=True)
@@ -188,6 +191,8 @@ def _claim_or_answer(
             if record is not None and _expired(record):
                 store.discard_expired(record, using=database)
         except UNREACHABLE_ERRORS as exc:
+            if is_contention(exc):  # a busy database, most likely this very key
+                _in_flight(request, scope, state="contended", cause=exc)
             return _store_unavailable(request, scope, view, exc)
         if held is not None:
             return _run_owned(request, held, view, ttl)
@@ -203,9 +208,14 @@ def _claim_or_answer(
             time.sleep(min(poll, max(deadline - time.monotonic(), 0)))
             poll = min(poll * 2, _LAST_POLL)
             continue
-        state = "unknown" if record is None else record.state
-        signals.notify(signals.request_in_flight, request, scope, state=state)
-        raise RequestInProgress(retry_after=IN_FLIGHT_RETRY_AFTER)
+        _in_flight(request, scope, state="unknown" if record is None else record.state)
+
+
+def _in_flight(
+    request: HttpRequest, scope: Scope, *, state: str, cause: BaseException | None = None
+) -> NoReturn:
+    signals.notify(signals.request_in_flight, request, scope, state=state)
+    raise RequestInProgress(retry_after=IN_FLIGHT_RETRY_AFTER) from cause
 
 
 def _answer(
@@ -242,6 +252,8 @@ def _claim_in_one_transaction(
     conf = idempotency_settings
     database = conf.DATABASE
     ttl = options.retention
+    held: store.Claim | None = None
+    run: _SingleRun | None = None
     try:
         with transaction.atomic(using=database):
             held = store.claim(
@@ -252,16 +264,32 @@ def _claim_in_one_transaction(
                 using=database,
                 wait_at_most=conf.IN_FLIGHT_WAIT,
             )
-            if held is not None:
-                return _run_in_the_claims_transaction(request, held, view, ttl)
-            record = store.lookup(scope, using=database)
-    except OperationalError as exc:
-        if getattr(exc.__cause__, "sqlstate", None) != _LOCK_NOT_AVAILABLE:
+            if held is None:
+                record = store.lookup(scope, using=database)
+            else:
+                request.idempotency = IdempotencyContext(held, single_transaction=True)  # type: ignore[attr-defined]
+                signals.notify(
+                    signals.request_claimed, request, scope, fencing_token=held.fencing_token
+                )
+                run = _view_in_the_claims_transaction(held, view, ttl)
+    except UNREACHABLE_ERRORS as exc:
+        if held is None:  # the claim or the lookup: the only outage FAIL_OPEN may answer
+            if is_contention(exc):
+                _in_flight(request, scope, state="waited", cause=exc)
             return _store_unavailable(request, scope, view, exc)
-        signals.notify(signals.request_in_flight, request, scope, state="waited")
-        raise RequestInProgress(retry_after=IN_FLIGHT_RETRY_AFTER) from None
-    except InterfaceError as exc:
-        return _store_unavailable(request, scope, view, exc)
+        signals.notify(signals.claim_released, request, scope, reason="exception")
+        if not is_connection_lost(exc):
+            raise  # the view's own error (a deadlock, a timeout...): a 500, the retry runs
+        logger.error("Idempotency store lost during %s (%s); answering 503.", scope, exc)
+        if run is not None:  # lost while committing: it may have committed
+            raise OutcomeUncertain(retry_after=UNAVAILABLE_RETRY_AFTER) from exc
+        raise StoreUnavailable(retry_after=UNAVAILABLE_RETRY_AFTER) from exc
+    except BaseException:
+        if held is not None:
+            signals.notify(signals.claim_released, request, scope, reason="exception")
+        raise
+    if run is not None:
+        return _settle_single_run(request, fingerprint, run, ttl)
     settled = record is not None and (record.fingerprint != fingerprint or record.is_resolved)
     if record is not None and settled and not _expired(record):
         return _answer(request, scope, fingerprint, record)
@@ -270,31 +298,74 @@ def _claim_in_one_transaction(
     return _claim_or_answer(request, scope, fingerprint, view, options)
 
 
-def _run_in_the_claims_transaction(
-    request: HttpRequest, held: store.Claim, view: Callable[[], HttpResponseBase], ttl: timedelta
-) -> HttpResponseBase:
+@dataclass(frozen=True)
+class _SingleRun:
+    """What the view of a single-transaction claim answered, and what became of it."""
+
+    held: store.Claim
+    response: HttpResponseBase
+    outcome: Outcome
+    #: Stored with the view's writes and the claim, in their transaction.
+    stored: bool
+    #: A definitive 4xx from a transaction marked for rollback (DRF does so
+    #: under ATOMIC_REQUESTS): the claim went with it, so it is stored afresh.
+    store_after: StoredResponse | None = None
+
+
+def _view_in_the_claims_transaction(
+    held: store.Claim, view: Callable[[], HttpResponseBase], ttl: timedelta
+) -> _SingleRun:
     conf = idempotency_settings
-    request.idempotency = IdempotencyContext(held, single_transaction=True)  # type: ignore[attr-defined]
-    signals.notify(signals.request_claimed, request, held.scope, fencing_token=held.fencing_token)
-    try:
-        with view_transactions() as opened:  # other ATOMIC_REQUESTS databases
-            response = view()
-            outcome = outcome_of(response.status_code)
-            if outcome is Outcome.RELEASE or transaction.get_rollback(using=held.database):
-                # Roll everything back, the claim included: the retry runs.
-                for alias in [held.database, *opened]:
-                    transaction.set_rollback(True, using=alias)
-            else:
-                stored = capture(response, conf.STORED_HEADERS, conf.MAX_STORED_BODY)
-                store.complete(held, outcome, stored, ttl=ttl)
-    except BaseException:
-        signals.notify(signals.claim_released, request, held.scope, reason="exception")
-        raise
-    if outcome is Outcome.RELEASE:
-        signals.notify(signals.claim_released, request, held.scope, reason=response.status_code)
+    with view_transactions() as opened:  # other ATOMIC_REQUESTS databases
+        response = view()
+        outcome = outcome_of(response.status_code)
+        rolled_back = transaction.get_rollback(using=held.database)
+        if rolled_back and outcome is Outcome.COMPLETED:
+            raise _rolled_back_success(held, response)
+        if outcome is Outcome.RELEASE or rolled_back:
+            # Roll everything back, the claim included: the retry runs.
+            for alias in [held.database, *opened]:
+                transaction.set_rollback(True, using=alias)
+        if outcome is Outcome.RELEASE:
+            return _SingleRun(held, response, outcome, stored=False)
+        stored = capture(response, conf.STORED_HEADERS, conf.MAX_STORED_BODY)
+        if rolled_back:
+            return _SingleRun(held, response, outcome, stored=False, store_after=stored)
+        store.complete(held, outcome, stored, ttl=ttl)
+        return _SingleRun(held, response, outcome, stored=True)
+
+
+def _settle_single_run(
+    request: HttpRequest, fingerprint: str, run: _SingleRun, ttl: timedelta
+) -> HttpResponseBase:
+    """After the commit: store a rolled-back refusal afresh; tell what was stored."""
+    status = run.response.status_code
+    stored = run.stored
+    if run.store_after is not None:
+        conf = idempotency_settings
+        try:
+            again = store.claim(
+                run.held.scope, fingerprint, ttl=ttl, lease=conf.LEASE, using=run.held.database
+            )
+            if again is not None:
+                store.complete(again, run.outcome, run.store_after, ttl=ttl)
+                stored = True
+        except (StaleOwner, DatabaseError) as exc:
+            _log_unsettled(exc, f"store the refusal of {run.held.scope}", "its retry runs again")
+    if stored:
+        _stored(request, run.held, run.outcome, status)
     else:
-        _stored(request, held, outcome, response.status_code)
-    return response
+        signals.notify(signals.claim_released, request, run.held.scope, reason=status)
+    return run.response
+
+
+def _rolled_back_success(held: store.Claim, response: HttpResponseBase) -> RolledBackResponse:
+    return RolledBackResponse(
+        f"The view answered {response.status_code} for {held.scope}, but its transaction was "
+        "marked for rollback (a database error caught without a savepoint?), so its writes "
+        "are discarded. Not stored; the claim is released and the retry runs. Wrap the "
+        "statement that may fail in its own transaction.atomic() block."
+    )
 
 
 def _expired(record: IdempotencyRecord) -> bool:
@@ -312,6 +383,14 @@ def _abandoned(record: IdempotencyRecord, fingerprint: str) -> bool:
     )
 
 
+class _Step(enum.Enum):
+    """How far a claimed request got: what a database error then means."""
+
+    VIEW = "view"
+    COMPLETING = "completing"
+    COMMITTING = "committing"
+
+
 def _run_owned(
     request: HttpRequest,
     held: store.Claim,
@@ -321,6 +400,7 @@ def _run_owned(
     conf = idempotency_settings
     store_after: StoredResponse | None = None
     context = IdempotencyContext(held)
+    step = _Step.VIEW
     try:
         request.idempotency = context  # type: ignore[attr-defined]
         signals.notify(
@@ -330,6 +410,7 @@ def _run_owned(
         # a crash leaves both or neither.
         with view_transactions(records_database=held.database) as opened:
             response = view()
+            step = _Step.COMPLETING
             outcome = outcome_of(response.status_code)
             if outcome is Outcome.RELEASE:
                 # The retry must start from a clean slate.
@@ -337,28 +418,29 @@ def _run_owned(
                     transaction.set_rollback(True, using=alias)
             else:
                 stored = capture(response, conf.STORED_HEADERS, conf.MAX_STORED_BODY)
-                if transaction.get_rollback(using=held.database):
+                if not transaction.get_rollback(using=held.database):
+                    store.complete(held, outcome, stored, ttl=ttl)
+                elif outcome is Outcome.FAILED:
                     # DRF's exception handler marked the transaction for
                     # rollback (it does under ATOMIC_REQUESTS): the view's
-                    # writes are undone, so the outcome is stored on its own.
+                    # writes are undone, so the refusal is stored on its own.
                     store_after = stored
                 else:
-                    store.complete(held, outcome, stored, ttl=ttl)
+                    raise _rolled_back_success(held, response)
+            step = _Step.COMMITTING
         if store_after is not None:
+            step = _Step.COMPLETING
             store.complete(held, outcome, store_after, ttl=ttl)
     except StaleOwner:
         signals.notify(signals.request_in_flight, request, held.scope, state="taken over")
         raise RequestInProgress(retry_after=IN_FLIGHT_RETRY_AFTER) from None
-    except UNREACHABLE_ERRORS as exc:
-        # The store went away while the view ran: its writes rolled back, the
-        # release below most likely fails too, and the record then waits for
-        # its lease to end. Say so, rather than a bare 500.
-        _give_up(request, held, context, reason="store unavailable")
-        logger.error("Idempotency store lost during %s (%s); answering 503.", held.scope, exc)
-        lease_seconds = max(1, round(idempotency_settings.LEASE.total_seconds()))
-        raise StoreUnavailable(retry_after=lease_seconds) from exc
     except SimulatedCrash:
         raise  # a "killed" process cleans nothing up (testing helper)
+    except (DatabaseError, InterfaceError) as exc:
+        lost = is_connection_lost(exc)
+        _give_up(request, held, context, reason="store unavailable" if lost else "exception")
+        _answer_a_database_error(held, context, step, exc)
+        raise
     except BaseException:
         _give_up(request, held, context, reason="exception")
         raise
@@ -372,6 +454,29 @@ def _run_owned(
     else:
         _stored(request, held, outcome, response.status_code)
     return response
+
+
+def _answer_a_database_error(
+    held: store.Claim, context: IdempotencyContext, step: _Step, exc: Exception
+) -> None:
+    """Raise the refusal that says what is known after a database error; else return.
+
+    The claim is already released, or the record left UNCERTAIN. A view's own
+    error (a deadlock, a timeout, a bug) returns: it is re-raised as it is.
+    """
+    lost = is_connection_lost(exc)
+    lease_seconds = max(1, round(idempotency_settings.LEASE.total_seconds()))
+    if (step is _Step.COMMITTING and lost) or (step is not _Step.VIEW and context.external_begun):
+        # The commit may have happened, or an external call did and its
+        # outcome could not be recorded: never "not run".
+        logger.error("Could not record the outcome of %s (%s); answering 503.", held.scope, exc)
+        raise OutcomeUncertain(retry_after=lease_seconds) from exc
+    if lost:
+        # The store went away: the view's writes rolled back with its session.
+        logger.error("Idempotency store lost during %s (%s); answering 503.", held.scope, exc)
+        if context.external_begun:
+            raise OutcomeUncertain(retry_after=lease_seconds) from exc
+        raise StoreUnavailable(retry_after=lease_seconds) from exc
 
 
 def _stored(request: HttpRequest, held: store.Claim, outcome: Outcome, status: int) -> None:
