@@ -35,20 +35,29 @@ def _driver_error(exc: BaseException) -> BaseException | None:
     return exc.__cause__ if exc.__cause__ is not None else None
 
 
+def _driver(exc: BaseException) -> str:
+    """The driver's top-level module: psycopg, psycopg2, MySQLdb, pymysql, sqlite3."""
+    return type(_driver_error(exc)).__module__.partition(".")[0]
+
+
 def _sqlstate(exc: BaseException) -> str | None:
+    """PostgreSQL's SQLSTATE (MySQL drivers have one too, but it is mostly HY000)."""
+    if not _driver(exc).startswith("psycopg"):
+        return None
     cause = _driver_error(exc)
     state = getattr(cause, "sqlstate", None) or getattr(cause, "pgcode", None)
     return state if isinstance(state, str) else None
 
 
 def _mysql_errno(exc: BaseException) -> int | None:
-    cause = _driver_error(exc)
-    args = getattr(cause, "args", ())
+    if _driver(exc) not in {"MySQLdb", "pymysql"}:
+        return None
+    args = getattr(_driver_error(exc), "args", ())
     return args[0] if args and isinstance(args[0], int) else None
 
 
 def _is_sqlite(exc: BaseException) -> bool:
-    return type(_driver_error(exc)).__module__ == "sqlite3"
+    return _driver(exc) == "sqlite3"
 
 
 def is_contention(exc: BaseException) -> bool:
@@ -75,7 +84,8 @@ def is_connection_lost(exc: BaseException) -> bool:
     errno = _mysql_errno(exc)
     if errno is not None:
         return errno in _MYSQL_GONE
-    # psycopg reports a connection that failed or broke without a SQLSTATE;
-    # SQLite, a database file it cannot open or read.
+    if _is_sqlite(exc):  # a database file it cannot open or read
+        return "unable to open" in str(exc) or "disk I/O" in str(exc)
+    # psycopg reports a connection that failed or broke without a SQLSTATE.
     cause = _driver_error(exc)
     return cause is None or type(cause).__name__ in {"OperationalError", "InterfaceError"}

@@ -14,6 +14,7 @@ urlpatterns = [
     path("api-view/optional", views.api_view_optional_key),
     path("api-view/by-ref/<uuid:ref>", views.api_view_charge_for_reference),
     path("cbv/charges", views.ChargeAPIView.as_view()),
+    path("cbv/single", views.SingleTransactionChargeView.as_view()),
     path("cbv/charges/<int:pk>", views.ChargeDetailAPIView.as_view()),
     path("cbv/own-dispatch", views.OwnDispatchView.as_view()),
     path("generic/charges", views.ChargeGenericView.as_view()),

@@ -6,7 +6,11 @@ HTTP behaviour table: ``status`` (answer with it after writing), ``raise``
 (seconds to hold the claim, for the race tests), ``lose_store`` (write,
 then have PostgreSQL terminate this request's session, as an outage would;
 ``"refuse"``: and refuse new connections to the database until a test
-allows them again).
+allows them again); ``swallow_integrity_error`` (after writing, fail an
+INSERT and catch the IntegrityError without a savepoint, a common habit);
+``db_error`` (after writing, have the database raise a real "deadlock",
+"serialization" failure or "statement_timeout"; ``db_error_once``: only on
+the first request with this Idempotency-Key, as a transient one would).
 """
 
 from __future__ import annotations
@@ -16,7 +20,7 @@ import time
 import uuid
 from typing import Any
 
-from django.db import transaction
+from django.db import IntegrityError, connection, transaction
 from django.http import HttpRequest, JsonResponse
 from django.views.decorators.csrf import csrf_exempt
 from rest_framework import generics, serializers, status, viewsets
@@ -51,9 +55,49 @@ def perform(request: Any, data: Any) -> tuple[Charge, int]:
     )
     if data.get("raise"):
         raise ViewFailure("the view failed after writing")
+    if data.get("swallow_integrity_error"):
+        try:
+            Charge.objects.create(pk=charge.pk, tenant="duplicate", amount=0)
+        except IntegrityError:
+            pass  # the habit: no savepoint, so the transaction is doomed
+    if data.get("db_error") and _first_time(request, data):
+        raise_database_error(str(data["db_error"]))
     if data.get("lose_store"):
         _terminate_this_session(refuse_new=data["lose_store"] == "refuse")
     return charge, int(data.get("status", status.HTTP_201_CREATED))
+
+
+_failed_once: set[str] = set()
+
+
+def _first_time(request: Any, data: Any) -> bool:
+    if not data.get("db_error_once"):
+        return True
+    key = request.headers.get("Idempotency-Key", "")
+    if key in _failed_once:
+        return False
+    _failed_once.add(key)
+    return True
+
+
+def raise_database_error(kind: str) -> None:
+    """Have the database server raise a real error of this kind on this connection."""
+    with connection.cursor() as cursor:
+        if connection.vendor == "postgresql":
+            if kind == "statement_timeout":
+                cursor.execute("SET LOCAL statement_timeout = 50")
+                cursor.execute("SELECT pg_sleep(2)")
+            sqlstate = {"deadlock": "40P01", "serialization": "40001"}[kind]
+            cursor.execute(
+                f"DO $$ BEGIN RAISE EXCEPTION '{kind}' USING ERRCODE = '{sqlstate}'; END $$"
+            )
+        elif connection.vendor == "mysql":
+            if kind == "statement_timeout":
+                cursor.execute("SET STATEMENT max_statement_time=0.05 FOR SELECT SLEEP(2)")
+            errno = {"deadlock": 1213, "serialization": 1020}[kind]
+            cursor.execute(f"SIGNAL SQLSTATE '40001' SET MYSQL_ERRNO = {errno}")
+        else:
+            raise NotImplementedError(f"no {kind} on {connection.vendor}")
 
 
 def _terminate_this_session(*, refuse_new: bool) -> None:
@@ -111,6 +155,15 @@ def api_view_optional_key(request: Request) -> Response:
 
 class ChargeAPIView(APIView):
     @idempotent
+    def post(self, request: Request) -> Response:
+        charge, code = perform(request, request.data)
+        return charge_response(charge, code)
+
+
+class SingleTransactionChargeView(APIView):
+    """single_transaction=True on a class, which ATOMIC_REQUESTS can exempt."""
+
+    @idempotent(single_transaction=True)
     def post(self, request: Request) -> Response:
         charge, code = perform(request, request.data)
         return charge_response(charge, code)
@@ -292,6 +345,8 @@ def api_view_external_call(request: Request) -> Response:
     Charge.objects.create(tenant="before-call", amount=int(request.data.get("amount", 0)))
     provider_key = request.idempotency.begin_external()  # type: ignore[attr-defined]
     seen_after_begin = committed_state()
+    if request.data.get("lose_store"):
+        _terminate_this_session(refuse_new=False)
     if request.data.get("provider_id"):
         request.idempotency.set_provider_operation(request.data["provider_id"])  # type: ignore[attr-defined]
     then = request.data.get("then")
