@@ -17,6 +17,7 @@ from datetime import UTC, datetime, timedelta
 from typing import Any
 
 from django.db import IntegrityError, connections, transaction
+from django.db.models import QuerySet
 from django.utils import timezone
 
 from django_idempotency.db import commit_now_alias
@@ -231,14 +232,35 @@ def release(held: Claim, *, states: tuple[str, ...] = (State.CLAIMED,)) -> bool:
     Only CLAIMED records by default: once an external call has begun, only
     a reconciler that knows it never happened may release (``Release()``).
     """
-    deleted, _ = (
-        IdempotencyRecord.objects.using(held.database)
-        .filter(pk=held.record_id, fencing_token=held.fencing_token, state__in=states)
-        .delete()
+    deleted = _delete_where(
+        IdempotencyRecord.objects.filter(
+            pk=held.record_id, fencing_token=held.fencing_token, state__in=states
+        ),
+        using=held.database,
     )
     if not deleted:
         _log_stale(held, "release")
     return bool(deleted)
+
+
+def _delete_where(records: QuerySet[IdempotencyRecord], *, using: str) -> int:
+    """Delete in one ``DELETE ... WHERE`` carrying every condition; the rows deleted.
+
+    Never ``QuerySet.delete()``: as soon as a project connects any
+    ``pre_delete``/``post_delete`` receiver without a sender (audit and
+    history packages do), Django's collector SELECTs the rows, sends the
+    signals, then deletes by primary key alone, and whatever changed in
+    between (a takeover, an extended retention) is deleted anyway.
+    ``_raw_delete()`` is the statement Django's own fast delete runs: the ORM
+    still compiles the conditions (and adapts datetimes per backend and
+    ``USE_TZ``, which hand-written SQL in ``statements`` would have to
+    repeat for a variable list of states or ids), and no model signal is
+    sent, whatever receivers are connected (docs/signals.md). It is
+    private API, typed by django-stubs and unchanged since Django 1.9;
+    tests/test_conditional_writes.py fails if it ever stops being one
+    statement.
+    """
+    return records._raw_delete(using) or 0
 
 
 def _log_stale(held: Claim, write: str) -> None:
@@ -412,21 +434,20 @@ def purge_expired_batch(
     if not rows:
         return 0, after
     # The conditions again: a record could have been re-used in between.
-    deleted, _ = expired.filter(pk__in=[pk for pk, _ in rows]).delete()
+    deleted = _delete_where(expired.filter(pk__in=[pk for pk, _ in rows]), using=using)
     return deleted, rows[-1][1]
 
 
 def discard_expired(record: IdempotencyRecord, *, using: str) -> bool:
     """Delete a resolved record past its retention so its key can start anew."""
-    deleted, _ = (
-        IdempotencyRecord.objects.using(using)
-        .filter(
+    deleted = _delete_where(
+        IdempotencyRecord.objects.filter(
             pk=record.pk,
             fencing_token=record.fencing_token,
             state__in=RESOLVED_STATES,
             expires_at__lte=timezone.now(),
-        )
-        .delete()
+        ),
+        using=using,
     )
     return bool(deleted)
 
