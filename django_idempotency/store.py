@@ -17,7 +17,7 @@ from datetime import UTC, datetime, timedelta
 from typing import Any
 
 from django.db import IntegrityError, connections, transaction
-from django.db.models import QuerySet
+from django.db.models import Case, DateTimeField, F, QuerySet, Value, When
 from django.utils import timezone
 
 from django_idempotency.db import commit_now_alias
@@ -243,23 +243,20 @@ def release(held: Claim, *, states: tuple[str, ...] = (State.CLAIMED,)) -> bool:
     return bool(deleted)
 
 
+# Never ``QuerySet.delete()``: as soon as a project connects any
+# ``pre_delete``/``post_delete`` receiver without a sender (audit and history
+# packages do), Django's collector SELECTs the rows, sends the signals, then
+# deletes by primary key alone, and whatever changed in between (a takeover,
+# an extended retention) is deleted anyway. ``_raw_delete()`` is the one
+# ``DELETE ... WHERE`` Django's own fast delete runs, with every condition:
+# the ORM still compiles them (adapting datetimes per backend and USE_TZ,
+# which SQL of our own in ``statements`` would have to repeat for a variable
+# list of states or ids), and no model signal is sent, whatever receivers are
+# connected (docs/signals.md). Private API, but the very statement of Django's
+# own fast delete, and typed by django-stubs; tests/test_conditional_writes.py
+# fails if it ever stops being one statement. (It answers None, not 0, when the
+# conditions can match nothing, such as an empty list of states.)
 def _delete_where(records: QuerySet[IdempotencyRecord], *, using: str) -> int:
-    """Delete in one ``DELETE ... WHERE`` carrying every condition; the rows deleted.
-
-    Never ``QuerySet.delete()``: as soon as a project connects any
-    ``pre_delete``/``post_delete`` receiver without a sender (audit and
-    history packages do), Django's collector SELECTs the rows, sends the
-    signals, then deletes by primary key alone, and whatever changed in
-    between (a takeover, an extended retention) is deleted anyway.
-    ``_raw_delete()`` is the statement Django's own fast delete runs: the ORM
-    still compiles the conditions (and adapts datetimes per backend and
-    ``USE_TZ``, which hand-written SQL in ``statements`` would have to
-    repeat for a variable list of states or ids), and no model signal is
-    sent, whatever receivers are connected (docs/signals.md). It is
-    private API, typed by django-stubs and unchanged since Django 1.9;
-    tests/test_conditional_writes.py fails if it ever stops being one
-    statement.
-    """
     return records._raw_delete(using) or 0
 
 
@@ -286,6 +283,22 @@ def _owner_update(held: Claim, write: str, *, using: str, states: Any, **values:
         raise StaleOwner(held.record_id)
 
 
+# An owner's write never moves its lease backwards: a view that asked
+# ``begin_external(lease=...)`` for a long provider call keeps that lease when
+# it then stores the provider's id or renews with the default ``LEASE``;
+# otherwise recovery would take over (and ask the provider about) a call still
+# under way. Part of the owner's one conditional UPDATE, not a read before it.
+# A CASE rather than GREATEST, which SQLite lacks and MySQL answers NULL for
+# when either side is NULL; here a NULL lease compares unknown and takes the
+# new one.
+def _lease_at_least(lease: timedelta) -> Case:
+    until = timezone.now() + lease
+    return Case(
+        When(lease_expires_at__gt=until, then=F("lease_expires_at")),
+        default=Value(until, output_field=DateTimeField()),
+    )
+
+
 def begin_external(held: Claim, provider_key: str, *, lease: timedelta) -> None:
     """Commit the intent (IN_PROGRESS and the provider key) before the call."""
     _owner_update(
@@ -295,7 +308,7 @@ def begin_external(held: Claim, provider_key: str, *, lease: timedelta) -> None:
         states=(State.CLAIMED, State.IN_PROGRESS),
         state=State.IN_PROGRESS,
         provider_key=provider_key,
-        lease_expires_at=timezone.now() + lease,
+        lease_expires_at=_lease_at_least(lease),
     )
 
 
@@ -307,7 +320,7 @@ def set_provider_operation(held: Claim, operation_id: str, *, lease: timedelta) 
         using=held.write_now_alias,
         states=(State.IN_PROGRESS,),
         provider_operation_id=operation_id,
-        lease_expires_at=timezone.now() + lease,
+        lease_expires_at=_lease_at_least(lease),
     )
 
 
@@ -317,7 +330,7 @@ def renew_lease(held: Claim, *, lease: timedelta) -> None:
         "lease renewal",
         using=held.write_now_alias,
         states=(State.CLAIMED, State.IN_PROGRESS),
-        lease_expires_at=timezone.now() + lease,
+        lease_expires_at=_lease_at_least(lease),
     )
 
 
