@@ -86,6 +86,8 @@ class IdempotencyContext:
         ``lease`` (default ``IDEMPOTENCY["LEASE"]``) must outlast the external
         call, timeouts included: once it runs out, recovery may take the
         record over and ask the provider while the call is still under way.
+        No later write of this request shortens it, a second
+        ``begin_external()`` with a shorter lease included.
         """
         if self._single_transaction:
             raise ImproperlyConfigured(
@@ -117,14 +119,21 @@ class IdempotencyContext:
         self._isolation_checked = True
 
     def set_provider_operation(self, operation_id: str) -> None:
-        """Commit the provider's id for the call (a charge id, say)."""
+        """Commit the provider's id for the call (a charge id, say).
+
+        Extends the lease to at least now + ``IDEMPOTENCY["LEASE"]``; never
+        shortens a longer one asked for with ``begin_external(lease=...)``.
+        """
         self.provider_operation_id = str(operation_id)
         store.set_provider_operation(
             self._held, self.provider_operation_id, lease=idempotency_settings.LEASE
         )
 
     def renew_lease(self) -> None:
-        """Extend the lease by ``IDEMPOTENCY["LEASE"]``; call it in long views."""
+        """Extend the lease to at least now + ``IDEMPOTENCY["LEASE"]``; call it in long views.
+
+        Never shortens a longer lease asked for with ``begin_external(lease=...)``.
+        """
         store.renew_lease(self._held, lease=idempotency_settings.LEASE)
 
     # For ``async def`` views: the same writes, on the request's sync thread

@@ -17,6 +17,7 @@ from datetime import UTC, datetime, timedelta
 from typing import Any
 
 from django.db import IntegrityError, connections, transaction
+from django.db.models import Case, DateTimeField, F, QuerySet, Value, When
 from django.utils import timezone
 
 from django_idempotency.db import commit_now_alias
@@ -231,14 +232,32 @@ def release(held: Claim, *, states: tuple[str, ...] = (State.CLAIMED,)) -> bool:
     Only CLAIMED records by default: once an external call has begun, only
     a reconciler that knows it never happened may release (``Release()``).
     """
-    deleted, _ = (
-        IdempotencyRecord.objects.using(held.database)
-        .filter(pk=held.record_id, fencing_token=held.fencing_token, state__in=states)
-        .delete()
+    deleted = _delete_where(
+        IdempotencyRecord.objects.filter(
+            pk=held.record_id, fencing_token=held.fencing_token, state__in=states
+        ),
+        using=held.database,
     )
     if not deleted:
         _log_stale(held, "release")
     return bool(deleted)
+
+
+# Never ``QuerySet.delete()``: as soon as a project connects any
+# ``pre_delete``/``post_delete`` receiver without a sender (audit and history
+# packages do), Django's collector SELECTs the rows, sends the signals, then
+# deletes by primary key alone, and whatever changed in between (a takeover,
+# an extended retention) is deleted anyway. ``_raw_delete()`` is the one
+# ``DELETE ... WHERE`` Django's own fast delete runs, with every condition:
+# the ORM still compiles them (adapting datetimes per backend and USE_TZ,
+# which SQL of our own in ``statements`` would have to repeat for a variable
+# list of states or ids), and no model signal is sent, whatever receivers are
+# connected (docs/signals.md). Private API, but the very statement of Django's
+# own fast delete, and typed by django-stubs; tests/test_conditional_writes.py
+# fails if it ever stops being one statement. (It answers None, not 0, when the
+# conditions can match nothing, such as an empty list of states.)
+def _delete_where(records: QuerySet[IdempotencyRecord], *, using: str) -> int:
+    return records._raw_delete(using) or 0
 
 
 def _log_stale(held: Claim, write: str) -> None:
@@ -264,6 +283,22 @@ def _owner_update(held: Claim, write: str, *, using: str, states: Any, **values:
         raise StaleOwner(held.record_id)
 
 
+# An owner's write never moves its lease backwards: a view that asked
+# ``begin_external(lease=...)`` for a long provider call keeps that lease when
+# it then stores the provider's id or renews with the default ``LEASE``;
+# otherwise recovery would take over (and ask the provider about) a call still
+# under way. Part of the owner's one conditional UPDATE, not a read before it.
+# A CASE rather than GREATEST, which SQLite lacks and MySQL answers NULL for
+# when either side is NULL; here a NULL lease compares unknown and takes the
+# new one.
+def _lease_at_least(lease: timedelta) -> Case:
+    until = timezone.now() + lease
+    return Case(
+        When(lease_expires_at__gt=until, then=F("lease_expires_at")),
+        default=Value(until, output_field=DateTimeField()),
+    )
+
+
 def begin_external(held: Claim, provider_key: str, *, lease: timedelta) -> None:
     """Commit the intent (IN_PROGRESS and the provider key) before the call."""
     _owner_update(
@@ -273,7 +308,7 @@ def begin_external(held: Claim, provider_key: str, *, lease: timedelta) -> None:
         states=(State.CLAIMED, State.IN_PROGRESS),
         state=State.IN_PROGRESS,
         provider_key=provider_key,
-        lease_expires_at=timezone.now() + lease,
+        lease_expires_at=_lease_at_least(lease),
     )
 
 
@@ -285,7 +320,7 @@ def set_provider_operation(held: Claim, operation_id: str, *, lease: timedelta) 
         using=held.write_now_alias,
         states=(State.IN_PROGRESS,),
         provider_operation_id=operation_id,
-        lease_expires_at=timezone.now() + lease,
+        lease_expires_at=_lease_at_least(lease),
     )
 
 
@@ -295,7 +330,7 @@ def renew_lease(held: Claim, *, lease: timedelta) -> None:
         "lease renewal",
         using=held.write_now_alias,
         states=(State.CLAIMED, State.IN_PROGRESS),
-        lease_expires_at=timezone.now() + lease,
+        lease_expires_at=_lease_at_least(lease),
     )
 
 
@@ -412,21 +447,20 @@ def purge_expired_batch(
     if not rows:
         return 0, after
     # The conditions again: a record could have been re-used in between.
-    deleted, _ = expired.filter(pk__in=[pk for pk, _ in rows]).delete()
+    deleted = _delete_where(expired.filter(pk__in=[pk for pk, _ in rows]), using=using)
     return deleted, rows[-1][1]
 
 
 def discard_expired(record: IdempotencyRecord, *, using: str) -> bool:
     """Delete a resolved record past its retention so its key can start anew."""
-    deleted, _ = (
-        IdempotencyRecord.objects.using(using)
-        .filter(
+    deleted = _delete_where(
+        IdempotencyRecord.objects.filter(
             pk=record.pk,
             fencing_token=record.fencing_token,
             state__in=RESOLVED_STATES,
             expires_at__lte=timezone.now(),
-        )
-        .delete()
+        ),
+        using=using,
     )
     return bool(deleted)
 
