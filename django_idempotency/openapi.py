@@ -45,8 +45,10 @@ _ERRORS = {
     "422": "This Idempotency-Key was used with a different request (idempotency_key_reused).",
     "413": "The request body is larger than an idempotent request may be "
     "(idempotency_body_too_large).",
-    "503": "The idempotency record store is unreachable (idempotency_store_unavailable); "
-    "the request was not run. Retry after Retry-After.",
+    "503": "The idempotency record store is unreachable (idempotency_store_unavailable): "
+    "the request was not run; or the outcome could not be recorded "
+    "(idempotency_outcome_uncertain): retry with the same key to learn it. Retry after "
+    "Retry-After.",
 }
 
 

@@ -117,6 +117,7 @@ REFUSAL_CODES = frozenset(
         "idempotency_key_reused",
         "idempotency_request_in_progress",
         "idempotency_store_unavailable",
+        "idempotency_outcome_uncertain",
     }
 )
 

@@ -31,7 +31,9 @@ State = IdempotencyRecord.State
 def session_isolation(request: pytest.FixtureRequest) -> Iterator[str]:
     """The level a project set outside Django's settings (as ALTER DATABASE would)."""
     with connection.cursor() as cursor:
-        cursor.execute(f"SET SESSION CHARACTERISTICS AS TRANSACTION ISOLATION LEVEL {request.param}")
+        cursor.execute(
+            f"SET SESSION CHARACTERISTICS AS TRANSACTION ISOLATION LEVEL {request.param}"
+        )
     yield str(request.param)
     connection.close()
 
@@ -65,3 +67,25 @@ def test_a_store_lost_after_begin_external_says_uncertain_not_not_run(api: APICl
     assert IdempotencyRecord.objects.get().state == State.UNCERTAIN
     retry = post(api, URL, body, "k")
     assert retry.status_code == 409  # until a reconciler settles it
+
+
+@pytest.fixture
+def mariadb_snapshot_isolation() -> Iterator[None]:
+    if connection.vendor != "mysql":
+        pytest.skip("MariaDB's innodb_snapshot_isolation")
+    with connection.cursor() as cursor:
+        cursor.execute("SET SESSION TRANSACTION ISOLATION LEVEL REPEATABLE READ")
+        cursor.execute("SET SESSION innodb_snapshot_isolation = ON")
+    yield
+    connection.close()
+
+
+def test_mariadb_snapshot_isolation_after_begin_external_says_uncertain(
+    api: APIClient, mariadb_snapshot_isolation: None
+) -> None:
+    body = {"amount": 1, "read_first": True}
+    response = post(api, URL, body, "k")
+
+    assert response.status_code == 503
+    assert response.json()["code"] == "idempotency_outcome_uncertain"
+    assert IdempotencyRecord.objects.get().state == State.UNCERTAIN

@@ -32,6 +32,7 @@ from rest_framework.views import APIView
 
 from django_idempotency import idempotent
 from django_idempotency.drf import IdempotentMixin
+from django_idempotency.models import IdempotencyRecord
 from tests.testapp.models import Charge
 
 
@@ -343,6 +344,8 @@ def api_view_external_call(request: Request) -> Response:
     ``provider_id``: the id the "provider" gave back.
     """
     Charge.objects.create(tenant="before-call", amount=int(request.data.get("amount", 0)))
+    if request.data.get("read_first"):  # the transaction's snapshot starts here
+        IdempotencyRecord.objects.filter(key=request.idempotency.key).exists()  # type: ignore[attr-defined]
     provider_key = request.idempotency.begin_external()  # type: ignore[attr-defined]
     seen_after_begin = committed_state()
     if request.data.get("lose_store"):
