@@ -26,8 +26,9 @@ _POSTGRESQL_GONE = frozenset({"57P01", "57P02", "57P03", "53300"})
 #: read" (REPEATABLE READ with innodb_snapshot_isolation).
 _MYSQL_CONTENTION = frozenset({1020, 1205, 1213, 1969, 3024, 3572})
 #: ... and of a session that is gone (client-side codes 2002-2055, "too many
-#: connections", server shutdown).
-_MYSQL_GONE = frozenset({1040, 1053, 2002, 2003, 2006, 2013, 2055})
+#: connections", server shutdown, MariaDB's "connection was killed", MySQL's
+#: "disconnected by the server because of inactivity").
+_MYSQL_GONE = frozenset({1040, 1053, 1927, 2002, 2003, 2006, 2013, 2055, 4031})
 
 
 def _driver_error(exc: BaseException) -> BaseException | None:
@@ -87,5 +88,9 @@ def is_connection_lost(exc: BaseException) -> bool:
     if _is_sqlite(exc):  # a database file it cannot open or read
         return "unable to open" in str(exc) or "disk I/O" in str(exc)
     # psycopg reports a connection that failed or broke without a SQLSTATE.
-    cause = _driver_error(exc)
-    return cause is None or type(cause).__name__ in {"OperationalError", "InterfaceError"}
+    # (No driver error at all: Django raised it itself, e.g. a save() with
+    # update_fields of a row deleted meanwhile: the view's error.)
+    return _driver(exc).startswith("psycopg") and type(_driver_error(exc)).__name__ in {
+        "OperationalError",
+        "InterfaceError",
+    }

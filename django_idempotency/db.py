@@ -59,18 +59,30 @@ _READ_COMMITTED = frozenset({"read committed", "read uncommitted"})
 
 
 def snapshot_isolated(alias: str) -> str | None:
-    """The isolation level of ``alias``'s open transaction if it is above READ COMMITTED.
+    """The isolation level of ``alias``'s open transaction if the completion would fail at it.
 
-    Read from the server (PostgreSQL), since a project can raise it in
-    ``OPTIONS``, with ``ALTER DATABASE ... SET default_transaction_isolation``
-    or with ``SET TRANSACTION`` in the view. ``None`` on other databases:
-    MySQL/MariaDB's REPEATABLE READ updates the newest row version instead of
-    failing (unless ``innodb_snapshot_isolation`` is on; see the docs).
+    Read from the server, since a project can raise it in ``OPTIONS``, with
+    ``ALTER DATABASE ... SET default_transaction_isolation`` or with ``SET
+    TRANSACTION`` in the view. PostgreSQL refuses to update a row changed
+    since the snapshot at REPEATABLE READ and above. So does MariaDB with
+    ``innodb_snapshot_isolation`` on (the default from 11.6.2); without it,
+    and on MySQL, REPEATABLE READ updates the newest row version, which is
+    what the completion needs. ``None`` where it works.
     """
     connection = connections[alias]
-    if connection.vendor != "postgresql":
-        return None
     with connection.cursor() as cursor:
-        cursor.execute("SELECT current_setting('transaction_isolation')")
-        level = str(cursor.fetchone()[0])
+        if connection.vendor == "postgresql":
+            cursor.execute("SELECT current_setting('transaction_isolation')")
+            level = str(cursor.fetchone()[0])
+            return None if level in _READ_COMMITTED else level
+        if not getattr(connection, "mysql_is_mariadb", False):
+            return None
+        cursor.execute(
+            "SELECT VARIABLE_NAME, VARIABLE_VALUE FROM information_schema.SESSION_VARIABLES "
+            "WHERE VARIABLE_NAME IN ('TX_ISOLATION', 'INNODB_SNAPSHOT_ISOLATION')"
+        )
+        values = {str(name).upper(): str(value) for name, value in cursor.fetchall()}
+    level = values.get("TX_ISOLATION", "").replace("-", " ").lower()
+    if values.get("INNODB_SNAPSHOT_ISOLATION", "OFF").upper() != "ON":
+        return None
     return None if level in _READ_COMMITTED else level

@@ -277,12 +277,15 @@ def _claim_in_one_transaction(
             if is_contention(exc):
                 _in_flight(request, scope, state="waited", cause=exc)
             return _store_unavailable(request, scope, view, exc)
+        if run is not None and is_connection_lost(exc):
+            # Lost while committing: it may have committed, so nothing is
+            # said to be released either.
+            logger.error("Could not learn whether %s committed (%s); answering 503.", scope, exc)
+            raise OutcomeUncertain(retry_after=UNAVAILABLE_RETRY_AFTER) from exc
         signals.notify(signals.claim_released, request, scope, reason="exception")
         if not is_connection_lost(exc):
             raise  # the view's own error (a deadlock, a timeout...): a 500, the retry runs
         logger.error("Idempotency store lost during %s (%s); answering 503.", scope, exc)
-        if run is not None:  # lost while committing: it may have committed
-            raise OutcomeUncertain(retry_after=UNAVAILABLE_RETRY_AFTER) from exc
         raise StoreUnavailable(retry_after=UNAVAILABLE_RETRY_AFTER) from exc
     except BaseException:
         if held is not None:
@@ -320,7 +323,7 @@ def _view_in_the_claims_transaction(
         response = view()
         outcome = outcome_of(response.status_code)
         rolled_back = transaction.get_rollback(using=held.database)
-        if rolled_back and outcome is Outcome.COMPLETED:
+        if outcome is Outcome.COMPLETED and _writes_discarded():
             raise _rolled_back_success(held, response)
         if outcome is Outcome.RELEASE or rolled_back:
             # Roll everything back, the claim included: the retry runs.
@@ -359,12 +362,26 @@ def _settle_single_run(
     return run.response
 
 
+def _writes_discarded() -> bool:
+    """Whether the view's writes on some database will be rolled back.
+
+    Every open transaction counts, not only those opened here: an ``@api_view``
+    function is not exempt from ``ATOMIC_REQUESTS``, so Django's own request
+    transaction holds its writes on such a database.
+    """
+    return any(
+        connection.in_atomic_block and connection.needs_rollback
+        for connection in connections.all(initialized_only=True)
+    )
+
+
 def _rolled_back_success(held: store.Claim, response: HttpResponseBase) -> RolledBackResponse:
     return RolledBackResponse(
-        f"The view answered {response.status_code} for {held.scope}, but its transaction was "
-        "marked for rollback (a database error caught without a savepoint?), so its writes "
-        "are discarded. Not stored; the claim is released and the retry runs. Wrap the "
-        "statement that may fail in its own transaction.atomic() block."
+        f"The view answered {response.status_code} for {held.scope}, but its transaction "
+        "(on one of its databases) was marked for rollback (a database error caught "
+        "without a savepoint?), so its writes are discarded. Not stored; the claim is "
+        "released and the retry runs. Wrap the statement that may fail in its own "
+        "transaction.atomic() block."
     )
 
 
@@ -416,17 +433,17 @@ def _run_owned(
                 # The retry must start from a clean slate.
                 for alias in opened:
                     transaction.set_rollback(True, using=alias)
+            elif outcome is Outcome.COMPLETED and _writes_discarded():
+                raise _rolled_back_success(held, response)
             else:
                 stored = capture(response, conf.STORED_HEADERS, conf.MAX_STORED_BODY)
-                if not transaction.get_rollback(using=held.database):
-                    store.complete(held, outcome, stored, ttl=ttl)
-                elif outcome is Outcome.FAILED:
+                if transaction.get_rollback(using=held.database):
                     # DRF's exception handler marked the transaction for
                     # rollback (it does under ATOMIC_REQUESTS): the view's
                     # writes are undone, so the refusal is stored on its own.
                     store_after = stored
                 else:
-                    raise _rolled_back_success(held, response)
+                    store.complete(held, outcome, stored, ttl=ttl)
             step = _Step.COMMITTING
         if store_after is not None:
             step = _Step.COMPLETING
@@ -438,8 +455,10 @@ def _run_owned(
         raise  # a "killed" process cleans nothing up (testing helper)
     except (DatabaseError, InterfaceError) as exc:
         lost = is_connection_lost(exc)
-        _give_up(request, held, context, reason="store unavailable" if lost else "exception")
-        _answer_a_database_error(held, context, step, exc)
+        released = _give_up(
+            request, held, context, reason="store unavailable" if lost else "exception"
+        )
+        _answer_a_database_error(held, context, step, exc, released=released)
         raise
     except BaseException:
         _give_up(request, held, context, reason="exception")
@@ -457,17 +476,20 @@ def _run_owned(
 
 
 def _answer_a_database_error(
-    held: store.Claim, context: IdempotencyContext, step: _Step, exc: Exception
+    held: store.Claim, context: IdempotencyContext, step: _Step, exc: Exception, *, released: bool
 ) -> None:
     """Raise the refusal that says what is known after a database error; else return.
 
-    The claim is already released, or the record left UNCERTAIN. A view's own
-    error (a deadlock, a timeout, a bug) returns: it is re-raised as it is.
+    The claim is already released (``released``), or the record left
+    UNCERTAIN. A view's own error (a deadlock, a timeout, a bug) returns: it
+    is re-raised as it is.
     """
     lost = is_connection_lost(exc)
     lease_seconds = max(1, round(idempotency_settings.LEASE.total_seconds()))
-    if (step is _Step.COMMITTING and lost) or (step is not _Step.VIEW and context.external_begun):
-        # The commit may have happened, or an external call did and its
+    committed_maybe = step is _Step.COMMITTING and lost and not released
+    if committed_maybe or (step is not _Step.VIEW and context.external_begun):
+        # The commit may have happened (a CLAIMED record deleted by the
+        # release proves it did not), or an external call did and its
         # outcome could not be recorded: never "not run".
         logger.error("Could not record the outcome of %s (%s); answering 503.", held.scope, exc)
         raise OutcomeUncertain(retry_after=lease_seconds) from exc
@@ -485,12 +507,12 @@ def _stored(request: HttpRequest, held: store.Claim, outcome: Outcome, status: i
 
 def _give_up(
     request: HttpRequest, held: store.Claim, context: IdempotencyContext, *, reason: object
-) -> None:
+) -> bool:
     """The view failed: release the claim, or, after an external call began,
-    leave the record UNCERTAIN, since the call may have happened."""
+    leave the record UNCERTAIN, since the call may have happened. Whether it
+    was released."""
     if not context.external_begun:
-        _release(request, held, reason=reason)
-        return
+        return _release(request, held, reason=reason)
     try:
         store.mark_uncertain(
             held,
@@ -499,13 +521,14 @@ def _give_up(
         )
     except (StaleOwner, DatabaseError, InterfaceError) as exc:
         _log_unsettled(exc, f"mark {held.scope} uncertain", "recovery finds it once its lease ends")
-        return
+        return False
     logger.warning(
         "%s failed (%s) after begin_external(): left UNCERTAIN for a reconciler.",
         held.scope,
         reason,
     )
     signals.notify(signals.record_uncertain, request, held.scope, reason=reason)
+    return False
 
 
 def _log_unsettled(exc: Exception, write: str, afterwards: str) -> None:
@@ -520,16 +543,17 @@ def _log_unsettled(exc: Exception, write: str, afterwards: str) -> None:
         logger.exception("Could not %s", write)
 
 
-def _release(request: HttpRequest, held: store.Claim, *, reason: object) -> None:
+def _release(request: HttpRequest, held: store.Claim, *, reason: object) -> bool:
     try:
         released = store.release(held)
     except (StaleOwner, DatabaseError, InterfaceError) as exc:
         _log_unsettled(
             exc, f"release the claim on {held.scope}", "it stays CLAIMED until its lease ends"
         )
-        return
+        return False
     if released:
         signals.notify(signals.claim_released, request, held.scope, reason=reason)
+    return released
 
 
 def _store_unavailable(

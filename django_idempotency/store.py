@@ -12,6 +12,7 @@ import logging
 import os
 import socket
 import threading
+from contextlib import nullcontext
 from dataclasses import dataclass
 from datetime import UTC, datetime, timedelta
 from typing import Any
@@ -90,7 +91,13 @@ def claim(
             params, query = [*params, str(timeout_ms)], sql.claim_waiting_at_most
         else:
             query = sql.claim
-        with connection.cursor() as cursor:
+        # In a caller's transaction the INSERT may wait on a duplicate and
+        # time out (lock_timeout, a deadlock): a savepoint keeps that from
+        # aborting the caller's transaction. The single-transaction claim
+        # (``wait_at_most``) opens its transaction itself: nothing to keep.
+        joins_callers = not committed and wait_at_most is None
+        savepoint = transaction.atomic(using=using) if joins_callers else nullcontext()
+        with savepoint, connection.cursor() as cursor:
             cursor.execute(query, params)
             row = cursor.fetchone()
         return None if row is None else Claim(row[0], 1, scope, using, committed)

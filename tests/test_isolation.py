@@ -80,11 +80,25 @@ def mariadb_snapshot_isolation() -> Iterator[None]:
     connection.close()
 
 
-def test_mariadb_snapshot_isolation_after_begin_external_says_uncertain(
+def test_mariadb_snapshot_isolation_refuses_begin_external_before_the_call(
     api: APIClient, mariadb_snapshot_isolation: None
 ) -> None:
-    body = {"amount": 1, "read_first": True}
-    response = post(api, URL, body, "k")
+    with pytest.raises(IsolationNotSupported, match="REPEATABLE READ"):
+        post(api, URL, {"amount": 1, "read_first": True}, "k")
+
+    assert not IdempotencyRecord.objects.exists()  # released: no call was made
+
+
+def test_a_completion_that_fails_after_begin_external_says_uncertain_not_not_run(
+    api: APIClient, mariadb_snapshot_isolation: None, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Were the level not refused (an older check, a level set mid-view), the
+    completion's "record has changed" error leaves the record UNCERTAIN."""
+    from django_idempotency import db
+
+    monkeypatch.setattr(db, "snapshot_isolated", lambda alias: None)
+    monkeypatch.setattr("django_idempotency.context.snapshot_isolated", lambda alias: None)
+    response = post(api, URL, {"amount": 1, "read_first": True}, "k")
 
     assert response.status_code == 503
     assert response.json()["code"] == "idempotency_outcome_uncertain"
