@@ -499,3 +499,27 @@ def test_a_hand_made_response_form_is_shown_again_not_applied(data: dict[str, st
     assert page.status_code == 200
     assert "HTTP status the client will get" in page.content.decode()  # the form, again
     assert IdempotencyRecord.objects.get().state == State.UNCERTAIN
+
+
+@pytest.mark.parametrize(
+    "path",
+    [
+        "?o=\x00",
+        "?o=" + "9" * 5000,
+        "?o=\u0661",
+        "?p=\x00",
+        "?p=" + "9" * 5000,
+        "?p=99999",
+        "?all=\x00",
+        "?_to_field=fingerprint",
+        "?_popup=1&_to_field=key",
+        "?q=%00&state=stuck",
+        "abc/change/",
+        "%00/change/",
+        "99999999999999999999/change/",
+        "9223372036854775807/history/",
+    ],
+)
+def test_no_hand_made_url_is_a_server_error(path: str) -> None:
+    RecordFactory()
+    assert superuser().get(CHANGELIST + path, follow=True).status_code < 500
