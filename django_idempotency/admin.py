@@ -14,10 +14,12 @@ from datetime import timedelta
 from typing import Any, cast
 
 from django.contrib import admin
+from django.contrib.admin.helpers import ACTION_CHECKBOX_NAME
+from django.core.exceptions import BadRequest
 from django.core.paginator import Paginator
 from django.db import connections
-from django.db.models import Q, QuerySet
-from django.http import HttpRequest
+from django.db.models import CharField, Q, QuerySet
+from django.http import HttpRequest, QueryDict
 from django.template.response import TemplateResponse
 from django.utils import timezone
 from django.utils.formats import localize, number_format
@@ -26,9 +28,9 @@ from django.utils.html import format_html, format_html_join
 from django.utils.timesince import timesince
 from django.utils.translation import gettext_lazy as _
 
-from django_idempotency import admin_actions, sealing
+from django_idempotency import admin_actions, admin_input, sealing
 from django_idempotency.conf import idempotency_settings
-from django_idempotency.models import RESOLVED_STATES, IdempotencyRecord
+from django_idempotency.models import OPERATION_MAX_LENGTH, RESOLVED_STATES, IdempotencyRecord
 
 State = IdempotencyRecord.State
 _may_decrypt: ContextVar[bool] = ContextVar("django_idempotency_may_decrypt", default=False)
@@ -72,9 +74,21 @@ class EstimatedCountPaginator(Paginator):  # type: ignore[type-arg]
         return max(exact, int(plan[0]["Plan"]["Plan Rows"]))
 
 
-class StateFilter(admin.SimpleListFilter):
+class ListFilter(admin.SimpleListFilter):
+    """A list filter that says which values of its parameter it accepts."""
+
+    @classmethod
+    def accepts(cls, value: str) -> bool:
+        raise NotImplementedError
+
+
+class StateFilter(ListFilter):
     title = _("state")
     parameter_name = "state"
+
+    @classmethod
+    def accepts(cls, value: str) -> bool:
+        return value == "stuck" or admin_input.record_state(value) is not None
 
     def lookups(self, request: HttpRequest, model_admin: Any) -> Any:
         return [
@@ -91,9 +105,13 @@ class StateFilter(admin.SimpleListFilter):
         return queryset
 
 
-class ExpiryFilter(admin.SimpleListFilter):
+class ExpiryFilter(ListFilter):
     title = _("retention")
     parameter_name = "expires"
+
+    @classmethod
+    def accepts(cls, value: str) -> bool:
+        return value in ("hour", "day", "expired")
 
     def lookups(self, request: HttpRequest, model_admin: Any) -> Any:
         return [
@@ -113,9 +131,15 @@ class ExpiryFilter(admin.SimpleListFilter):
         return queryset
 
 
-class OperationFilter(admin.SimpleListFilter):
+class OperationFilter(ListFilter):
     title = _("operation")
     parameter_name = "operation"
+
+    @classmethod
+    def accepts(cls, value: str) -> bool:
+        # Any operation, not only those listed: the docs show how to ask
+        # for an older one in the URL.
+        return admin_input.storable(value, OPERATION_MAX_LENGTH)
 
     def lookups(self, request: HttpRequest, model_admin: Any) -> Any:
         # Only among the newest records: a DISTINCT over millions of rows on
@@ -129,6 +153,9 @@ class OperationFilter(admin.SimpleListFilter):
         return queryset.filter(operation=self.value()) if self.value() else queryset
 
 
+FILTERS: tuple[type[ListFilter], ...] = (StateFilter, OperationFilter, ExpiryFilter)
+
+
 @admin.register(IdempotencyRecord)
 class IdempotencyRecordAdmin(admin.ModelAdmin):  # type: ignore[type-arg]
     list_display = [
@@ -140,7 +167,7 @@ class IdempotencyRecordAdmin(admin.ModelAdmin):  # type: ignore[type-arg]
         "lease_status",
         "response_status",
     ]
-    list_filter = [StateFilter, OperationFilter, ExpiryFilter]
+    list_filter = list(FILTERS)
     # Exact, case-sensitive matches (see get_search_results): operators paste
     # ids, and "contains" would scan the table.
     search_fields = ["key", "tenant", "provider_key", "provider_operation_id"]
@@ -184,8 +211,37 @@ class IdempotencyRecordAdmin(admin.ModelAdmin):  # type: ignore[type-arg]
         term = search_term.strip()
         if not term:
             return queryset, False
-        exact = Q(key=term) | Q(tenant=term) | Q(provider_key=term) | Q(provider_operation_id=term)
+        exact = Q(pk__in=[])
+        for name in self.search_fields:
+            # A column that cannot hold the term is not worth a lookup. NUL
+            # never gets here (Django's search form refuses it with a
+            # message); it would be a DataError on PostgreSQL.
+            column = cast("CharField[Any, Any]", IdempotencyRecord._meta.get_field(name))
+            if admin_input.storable(term, column.max_length or 0):
+                exact |= Q(**{name: term})
         return queryset.filter(exact), False
+
+    def lookup_allowed(self, lookup: str, value: str, request: HttpRequest | None = None) -> bool:
+        # Only the filters and dates the page itself links to. Django's own
+        # check lets any lookup on any column through (?fingerprint__regex=:
+        # a scan of the whole table for anyone who can view the list); a
+        # refused one is answered 400 (DisallowedModelAdminLookup).
+        for list_filter in FILTERS:
+            if lookup == list_filter.parameter_name:
+                return list_filter.accepts(value)
+        query = request.GET if request is not None else QueryDict()
+        return admin_input.date_drilldown_allowed(str(self.date_hierarchy), lookup, query)
+
+    def response_action(
+        self, request: HttpRequest, queryset: QuerySet[Any], *args: Any, **kwargs: Any
+    ) -> Any:
+        # The selection reaches pk__in=[...] unchecked: "abc" is a ValueError.
+        if any(
+            admin_input.ascii_integer(pk) is None
+            for pk in request.POST.getlist(ACTION_CHECKBOX_NAME)
+        ):
+            raise BadRequest("The selection holds something other than record ids.")
+        return super().response_action(request, queryset, *args, **kwargs)
 
     def get_ordering(self, request: HttpRequest) -> Any:
         # Filtering on expiry, walk the expiry index instead of the whole

@@ -25,7 +25,7 @@ from django.utils import timezone
 from django.utils.translation import gettext_lazy as _
 from django.utils.translation import ngettext
 
-from django_idempotency import recovery, store
+from django_idempotency import admin_input, recovery, store
 from django_idempotency.conf import idempotency_settings
 from django_idempotency.exceptions import StaleOwner
 from django_idempotency.models import IdempotencyRecord
@@ -87,11 +87,13 @@ def _taken(
     for record in queryset:
         # What the action page showed; without a page (Reconcile now), what
         # was just read.
-        seen_token = request.POST.get(f"token-{record.pk}", str(record.fencing_token))
-        seen_state = request.POST.get(f"state-{record.pk}", record.state)
-        if not seen_token.isdigit():
-            continue
-        record.fencing_token = int(seen_token)
+        seen_token = admin_input.ascii_integer(
+            request.POST.get(f"token-{record.pk}", str(record.fencing_token))
+        )
+        seen_state = admin_input.record_state(request.POST.get(f"state-{record.pk}", record.state))
+        if seen_token is None or seen_state is None:
+            continue  # made by hand: no page of ours sends it; counted as skipped
+        record.fencing_token = seen_token
         held = store.take_over_for_operator(
             record,
             seen_state=seen_state,

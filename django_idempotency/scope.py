@@ -9,6 +9,7 @@ from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
 from django.core.exceptions import ImproperlyConfigured
+from django.utils.crypto import salted_hmac
 
 from django_idempotency.models import OPERATION_MAX_LENGTH, TENANT_MAX_LENGTH
 
@@ -19,6 +20,7 @@ OperationSpec = None | str | Callable[["HttpRequest"], str]
 
 #: Stored tenants that are digests of the real one start with this.
 DIGEST_PREFIX = "sha256:"
+_CREDENTIAL_SALT = "django_idempotency.scope.credential_digest"
 
 
 @dataclass(frozen=True)
@@ -31,8 +33,10 @@ class Scope:
 
 
 def default_tenant(request: HttpRequest) -> str:
-    """The authenticated user, else the authenticating token, else anonymous.
+    """The authenticated user, else the credential's user, else a digest of the credential.
 
+    Never a credential itself: a DRF ``Token``'s primary key is its secret,
+    and the tenant is shown in the admin and kept in the database.
     Anonymous clients share one key space; an API open to them should set
     ``IDEMPOTENCY["TENANT"]`` to something that tells them apart.
     """
@@ -40,10 +44,28 @@ def default_tenant(request: HttpRequest) -> str:
     if user is not None and user.is_authenticated:
         return f"user:{user.pk}"
     auth = getattr(request, "auth", None)
-    token_id = getattr(auth, "pk", None)
-    if token_id is not None:
-        return f"token:{token_id}"
+    # A token authenticating a client whose user is not (or not yet) the
+    # request's user: the token's user is the client.
+    user_id = getattr(auth, "user_id", None)
+    if user_id is not None:
+        return f"user:{user_id}"
+    auth_id = getattr(auth, "pk", None)
+    if auth_id is not None:
+        return "auth:" + credential_digest(auth, auth_id)
     return "anonymous"
+
+
+def credential_digest(auth: object, auth_id: object) -> str:
+    """A keyed digest (SECRET_KEY) of an auth object's identity.
+
+    Stable for one credential and distinct between credentials, and without
+    the server's secret no guess of the credential can be checked against
+    it: a bare hash of a short API key would be reversible by trying keys.
+    """
+    # A model's label ("knox.AuthToken") survives moving its class.
+    meta = getattr(auth, "_meta", None)
+    kind = getattr(meta, "label", None) or f"{type(auth).__module__}.{type(auth).__qualname__}"
+    return salted_hmac(_CREDENTIAL_SALT, f"{kind}:{auth_id}", algorithm="sha256").hexdigest()
 
 
 #: What DRF's ``format_suffix_patterns`` (and so ``DefaultRouter``) appends to

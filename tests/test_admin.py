@@ -358,3 +358,168 @@ def test_the_date_hierarchy_links_the_range_of_expiry_dates() -> None:
     this_year = timezone.now().year
     for year in {this_year + 1, (timezone.now() + timedelta(days=40)).year}:
         assert f"expires_at__year={year}" in text
+
+
+# --- Hand-made values: a 4xx or a skip, never a 500 ------------------------------
+
+
+def superuser() -> Client:
+    client = Client()
+    client.force_login(UserFactory(is_staff=True, is_superuser=True))
+    return client
+
+
+@pytest.mark.parametrize(
+    "query",
+    [
+        {"key__regex": ".*"},
+        {"fingerprint__regex": "^a"},
+        {"tenant__startswith": "user:"},
+        {"provider_key__contains": "x"},
+        {"response_body__isnull": "False"},
+        {"expires_at__gte": "2020-01-01"},
+        {"expires_at__month": "5"},  # the hierarchy's month, without its year
+        {"state": "BOGUS"},
+        {"state": "COMPLETED\x00"},
+        {"expires": "week"},
+        {"operation": "\x00"},
+        {"operation": "POST " + "x" * 300},
+        {"expires_at__year": "9999"},
+        {"expires_at__year": "\u0662\u0660\u0662\u0667"},  # "2027" in Arabic-Indic digits
+        {"expires_at__year": "2027", "expires_at__month": "13"},
+        {"expires_at__year": "2027", "expires_at__month": "2", "expires_at__day": "30"},
+        {"expires_at__year": "9" * 5000},
+    ],
+    ids=lambda query: "&".join(f"{name}={value[:12]!r}" for name, value in query.items()),
+)
+def test_a_lookup_the_admin_does_not_offer_is_refused_with_400(query: dict[str, str]) -> None:
+    RecordFactory()
+    assert superuser().get(CHANGELIST, query).status_code == 400
+
+
+@pytest.mark.parametrize(
+    "query",
+    [
+        {"state": "stuck"},
+        {"state": "UNCERTAIN", "operation": "POST v1/payments", "expires": "day"},
+        {"expires_at__year": "2027", "expires_at__month": "2", "expires_at__day": "28"},
+        {"q": "k", "o": "-3", "p": "1"},
+        {"e": "1"},
+    ],
+    ids=lambda query: ",".join(query)[:40],
+)
+def test_the_documented_filters_dates_search_order_and_pages_are_accepted(
+    query: dict[str, str],
+) -> None:
+    RecordFactory()
+    assert superuser().get(CHANGELIST, query).status_code == 200
+
+
+@pytest.mark.parametrize(
+    "term", ["\x00", "key\x00", "x" * 5000], ids=["nul", "nul-inside", "longer-than-any-column"]
+)
+def test_a_search_term_no_column_can_hold_is_refused_or_finds_nothing(term: str) -> None:
+    RecordFactory(key="k")
+    page = superuser().get(CHANGELIST, {"q": term})
+
+    # Django's own search form refuses NUL with a message and searches for
+    # nothing; a term longer than every column finds nothing.
+    assert page.status_code == 200
+    said = [str(message) for message in page.context["messages"]]
+    assert said == ["Null characters are not allowed."] or (
+        not said and list(page.context["cl"].result_list) == []
+    )
+
+
+@pytest.mark.parametrize(
+    ("field", "value"),
+    [
+        ("token", "\u0661\u0662\u0663"),  # "123" in Arabic-Indic digits: str.isdigit() is True
+        ("token", "\uff11"),  # a fullwidth "1", the record's own token in other digits
+        ("token", "9" * 5000),
+        ("token", str(2**63)),  # past the PositiveBigIntegerField column
+        ("token", "0"),
+        ("state", "\x00"),
+        ("state", "UNCERTAIN\x00"),
+        ("state", "X" * 300),
+    ],
+    ids=[
+        "arabic-digits",
+        "fullwidth-own-token",
+        "5000-digits",
+        "2**63",
+        "zero",
+        "nul",
+        "state-nul",
+        "long-state",
+    ],
+)
+@pytest.mark.parametrize("action", ["mark_failed", "release", "reconcile_now"])
+def test_a_hand_made_token_or_state_in_an_action_form_is_skipped(
+    action: str, field: str, value: str
+) -> None:
+    record = stuck_record(fencing_token=1)
+    page = run(
+        superuser(),
+        action,
+        record,
+        apply="1",
+        status="409",
+        reexecute="on",
+        **{f"{field}-{record.pk}": value},
+    )
+
+    assert page.status_code == 200
+    assert "1 record was skipped" in page.content.decode()
+    unchanged = IdempotencyRecord.objects.get()
+    assert (unchanged.state, unchanged.fencing_token) == (State.UNCERTAIN, 1)
+
+
+@pytest.mark.parametrize("selected", ["abc", "\x00", "9" * 5000, str(2**63), "\u0661"])
+def test_a_hand_made_selection_is_not_a_500(selected: str) -> None:
+    record = stuck_record()
+    page = superuser().post(
+        CHANGELIST,
+        {"action": "mark_failed", "_selected_action": [selected], "apply": "1", "status": "409"},
+        follow=True,
+    )
+    assert page.status_code in (200, 400)
+    assert IdempotencyRecord.objects.get(pk=record.pk).state == State.UNCERTAIN
+
+
+@pytest.mark.parametrize(
+    "data",
+    [{"status": "9" * 5000}, {"status": "409", "body": "\x00"}, {"status": "\x00"}],
+    ids=["5000-digit-status", "nul-in-body", "nul-status"],
+)
+def test_a_hand_made_response_form_is_shown_again_not_applied(data: dict[str, str]) -> None:
+    record = stuck_record()
+    page = run(superuser(), "mark_failed", record, apply="1", **data)
+
+    assert page.status_code == 200
+    assert "HTTP status the client will get" in page.content.decode()  # the form, again
+    assert IdempotencyRecord.objects.get().state == State.UNCERTAIN
+
+
+@pytest.mark.parametrize(
+    "path",
+    [
+        "?o=\x00",
+        "?o=" + "9" * 5000,
+        "?o=\u0661",
+        "?p=\x00",
+        "?p=" + "9" * 5000,
+        "?p=99999",
+        "?all=\x00",
+        "?_to_field=fingerprint",
+        "?_popup=1&_to_field=key",
+        "?q=%00&state=stuck",
+        "abc/change/",
+        "%00/change/",
+        "99999999999999999999/change/",
+        "9223372036854775807/history/",
+    ],
+)
+def test_no_hand_made_url_is_a_server_error(path: str) -> None:
+    RecordFactory()
+    assert superuser().get(CHANGELIST + path, follow=True).status_code < 500

@@ -33,6 +33,7 @@ from typing import Any
 
 import pytest
 from django.contrib.auth import get_user_model
+from django.contrib.auth.models import AnonymousUser
 from django.db import transaction
 from django.test import override_settings
 from django.utils import timezone
@@ -45,8 +46,14 @@ from hypothesis.stateful import (
     rule,
     run_state_machine_as_test,
 )
+from rest_framework.authentication import BaseAuthentication, TokenAuthentication
 from rest_framework.authtoken.models import Token
+from rest_framework.decorators import api_view, authentication_classes, permission_classes
+from rest_framework.request import Request
+from rest_framework.response import Response
+from rest_framework.test import APIRequestFactory
 
+from django_idempotency import idempotent
 from django_idempotency.models import IdempotencyRecord
 from tests import fuzzing
 from tests.fuzzing import (
@@ -437,3 +444,126 @@ def test_tenants_differing_in_trailing_spaces_are_two_tenants() -> None:
     assert first.label == "201 view"
     assert second.label == "201 view", "another tenant's response was replayed"
     assert second.body["marker"] == other.marker
+
+
+# --- No credential is ever a tenant ---------------------------------------------
+
+
+class TokenWithoutUser(TokenAuthentication):
+    """A DRF token that authenticates a client, not a user (a machine client)."""
+
+    def authenticate_credentials(self, key: str) -> tuple[Any, Any]:
+        _, token = super().authenticate_credentials(key)
+        return AnonymousUser(), token
+
+
+@dataclass(frozen=True)
+class ApiKey:
+    """An auth object whose primary key is its secret, with no user."""
+
+    pk: str
+
+
+class ApiKeyAuthentication(BaseAuthentication):
+    def authenticate(self, request: Any) -> tuple[Any, Any] | None:
+        secret = request.headers.get("X-Api-Key")
+        return None if secret is None else (AnonymousUser(), ApiKey(secret))
+
+
+def _tenant_echo(request: Request) -> Response:
+    return Response({"tenant": request.idempotency.tenant}, status=201)
+
+
+@api_view(["POST"])
+@authentication_classes([TokenAuthentication])
+@permission_classes([])
+@idempotent(operation="POST tenant-echo")
+def token_user_view(request: Request) -> Response:
+    return _tenant_echo(request)
+
+
+@api_view(["POST"])
+@authentication_classes([TokenWithoutUser])
+@permission_classes([])
+@idempotent(operation="POST tenant-echo")
+def token_client_view(request: Request) -> Response:
+    return _tenant_echo(request)
+
+
+@api_view(["POST"])
+@authentication_classes([ApiKeyAuthentication])
+@permission_classes([])
+@idempotent(operation="POST tenant-echo")
+def api_key_view(request: Request) -> Response:
+    return _tenant_echo(request)
+
+
+def _call(view: Any, key: str, **headers: str) -> Any:
+    request = APIRequestFactory().post(
+        "/tenant-echo", {"amount": 1}, format="json", HTTP_IDEMPOTENCY_KEY=key, **headers
+    )
+    response = view(request)
+    if hasattr(response, "render"):
+        response.render()  # the first answer; a replay is a finished HttpResponse
+    return response
+
+
+def _stored_text() -> str:
+    """Every column of every record, as text (the body decoded)."""
+    rows = IdempotencyRecord.objects.values()
+    return repr(
+        [
+            {
+                name: bytes(value).decode("latin-1") if isinstance(value, memoryview) else value
+                for name, value in row.items()
+            }
+            for row in rows
+        ]
+    )
+
+
+@pytest.mark.parametrize("view", [token_user_view, token_client_view], ids=["user", "client"])
+def test_a_token_authenticated_request_stores_no_part_of_the_token(view: Any) -> None:
+    token = Token.objects.create(user=get_user_model().objects.create_user("machine"))
+
+    response = _call(view, "k", HTTP_AUTHORIZATION=f"Token {token.key}")
+
+    assert response.status_code == 201
+    record = IdempotencyRecord.objects.get()
+    assert record.tenant == f"user:{token.user_id}"
+    stored = _stored_text()
+    for start in range(len(token.key) - 7):
+        assert token.key[start : start + 8] not in stored
+
+
+def test_two_users_tokens_remain_two_tenants() -> None:
+    tokens = [
+        Token.objects.create(user=get_user_model().objects.create_user(name))
+        for name in ("alice", "bob")
+    ]
+    answers = [
+        _call(token_client_view, "same", HTTP_AUTHORIZATION=f"Token {token.key}")
+        for token in tokens
+    ]
+
+    assert [answer.status_code for answer in answers] == [201, 201]
+    assert not any(answer.get("Idempotent-Replayed") for answer in answers)
+    assert len(set(IdempotencyRecord.objects.values_list("tenant", flat=True))) == 2
+
+
+def test_an_opaque_credential_is_stored_as_a_keyed_digest() -> None:
+    secrets = ["sk_live_" + uuid.uuid4().hex, "sk_live_" + uuid.uuid4().hex]
+
+    first = _call(api_key_view, "same", HTTP_X_API_KEY=secrets[0])
+    again = _call(api_key_view, "same", HTTP_X_API_KEY=secrets[0])
+    other = _call(api_key_view, "same", HTTP_X_API_KEY=secrets[1])
+
+    assert again.get("Idempotent-Replayed") == "true"  # one client, one tenant
+    assert other.status_code == 201 and not other.get("Idempotent-Replayed")
+    tenants = set(IdempotencyRecord.objects.values_list("tenant", flat=True))
+    assert len(tenants) == 2
+    stored = _stored_text()
+    assert not any(secret[8:16] in stored for secret in secrets)
+    plain = [hashlib.sha256(secret.encode()).hexdigest() for secret in secrets]
+    assert not any(digest in stored for digest in plain)  # keyed, not a bare hash
+    assert first.status_code == 201
