@@ -29,6 +29,7 @@ from django_idempotency.exceptions import (
     RequestInProgress,
     StaleOwner,
     StoreUnavailable,
+    UNREADABLE_RECORD,
 )
 from django_idempotency.fingerprint import (
     FingerprintSpec,
@@ -140,8 +141,8 @@ def protect(
         )
     try:
         fingerprint = request_fingerprint(request, options.fingerprint, view_args, view_kwargs)
-    except (NonCanonicalValue, RecursionError) as exc:
-        raise InputUnreadable() from exc
+    except NonCanonicalValue as exc:  # NestedTooDeeply included
+        raise InputUnreadable(str(exc)) from exc
     single = options.single_transaction
     if single is None:
         single = conf.SINGLE_TRANSACTION
@@ -219,7 +220,7 @@ def _answer(
         headers, body = unseal(record.response_headers, record.response_body)
     except UnreadableRecord as exc:
         logger.error("Cannot replay record %s (%s): %s", record.pk, scope, exc)
-        raise StoreUnavailable(retry_after=UNAVAILABLE_RETRY_AFTER) from exc
+        raise StoreUnavailable(str(UNREADABLE_RECORD), retry_after=UNAVAILABLE_RETRY_AFTER) from exc
     signals.notify(signals.response_replayed, request, scope, status=record.response_status)
     return replay(record.response_status or 200, headers, body)
 
