@@ -25,6 +25,7 @@ proportion to a chunk, not to its canonical form.
 
 from __future__ import annotations
 
+import contextlib
 import hashlib
 import json
 import math
@@ -185,7 +186,9 @@ def _encode(value: Any, out: _Chunks) -> None:
         _encode_string(value, out)
     elif kind is int:
         # Positional, as written, short of an overlong run of digits.
-        out.append(str(value) if -_POSITIONAL_INTEGERS < value < _POSITIONAL_INTEGERS else _number(value))
+        out.append(
+            str(value) if -_POSITIONAL_INTEGERS < value < _POSITIONAL_INTEGERS else _number(value)
+        )
     elif kind is dict:
         _encode_mapping(value, out)
     elif kind is list:
@@ -302,7 +305,9 @@ def select_fields(data: Any, fields: Sequence[str]) -> dict[str, Any]:
 def _without_csrf_token(form: MultiValueDict[str, Any]) -> MultiValueDict[str, Any]:
     if CSRF_FORM_FIELD not in form:
         return form
-    return MultiValueDict({name: values for name, values in form.lists() if name != CSRF_FORM_FIELD})
+    return MultiValueDict(
+        {name: values for name, values in form.lists() if name != CSRF_FORM_FIELD}
+    )
 
 
 def _parsed_body(request: HttpRequest) -> Any:
@@ -329,13 +334,11 @@ def _parsed_body(request: HttpRequest) -> Any:
         if _body_fits_in_memory(request):
             # Read (and cache) the raw body first: Django parses the form
             # from it, and the view may still read request.body after us.
-            try:
+            # A middleware (CsrfViewMiddleware, for one) may have parsed a
+            # multipart form already: then the view, too, can only read
+            # request.POST, and so do we.
+            with contextlib.suppress(RawPostDataException):
                 request.body  # noqa: B018
-            except RawPostDataException:
-                # A middleware (CsrfViewMiddleware, for one) parsed the
-                # multipart form already: the view, too, can only read
-                # request.POST, and so do we.
-                pass
         return {"form": _without_csrf_token(request.POST), "files": request.FILES}
     return request.body
 
@@ -417,7 +420,7 @@ def _fingerprinted_input(
     }
     body = _parsed_body(request)
     if spec is None:
-        query = getattr(request, "query_params", request.GET)
+        query = cast("MultiValueDict[str, Any]", getattr(request, "query_params", request.GET))
         # The query string is never JSON, so it needs no form token: written
         # as a plain mapping of lists, as earlier versions wrote it.
         value = {"body": body, "query": dict(query.lists()), "url": url}

@@ -22,6 +22,7 @@ from django_idempotency.conf import as_timedelta, idempotency_settings
 from django_idempotency.context import IdempotencyContext
 from django_idempotency.db import close_independent_connections
 from django_idempotency.exceptions import (
+    UNREADABLE_RECORD,
     BodyTooLarge,
     InputUnreadable,
     KeyMissing,
@@ -29,7 +30,6 @@ from django_idempotency.exceptions import (
     RequestInProgress,
     StaleOwner,
     StoreUnavailable,
-    UNREADABLE_RECORD,
 )
 from django_idempotency.fingerprint import (
     FingerprintSpec,

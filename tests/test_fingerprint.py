@@ -290,15 +290,19 @@ def test_a_multipart_and_an_urlencoded_form_with_the_same_fields_are_one_request
     from django.test.client import BOUNDARY, MULTIPART_CONTENT, encode_multipart
 
     factory = APIRequestFactory()
-    urlencoded = factory.post("/x", "amount=5&note=a", content_type="application/x-www-form-urlencoded")
+    urlencoded = factory.post(
+        "/x", "amount=5&note=a", content_type="application/x-www-form-urlencoded"
+    )
     multipart = factory.post(
-        "/x", encode_multipart(BOUNDARY, {"amount": "5", "note": "a"}), content_type=MULTIPART_CONTENT
+        "/x",
+        encode_multipart(BOUNDARY, {"amount": "5", "note": "a"}),
+        content_type=MULTIPART_CONTENT,
     )
     assert drf_request_fingerprint(urlencoded) == drf_request_fingerprint(multipart)
 
 
 def test_the_csrf_token_of_a_form_is_not_part_of_it() -> None:
-    """Django masks the token anew for every page: a re-rendered form's retry is the same request."""
+    """Django masks the token anew for every page: a form rendered again is the same request."""
     from django.middleware.csrf import _get_new_csrf_string, _mask_cipher_secret
     from django.test import RequestFactory
 

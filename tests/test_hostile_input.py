@@ -340,7 +340,9 @@ APP_URLS = pytest.mark.urls("tests.testapp.urls")
 def test_an_unreadable_body_is_refused_with_its_own_cause(url: str, body: str, words: str) -> None:
     from rest_framework.test import APIClient
 
-    response = APIClient().post(url, body, content_type="application/json", HTTP_IDEMPOTENCY_KEY="k")
+    response = APIClient().post(
+        url, body, content_type="application/json", HTTP_IDEMPOTENCY_KEY="k"
+    )
 
     assert response.status_code == 400, response.content[:300]
     assert response.json()["code"] == "parse_error"
