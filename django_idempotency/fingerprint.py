@@ -81,8 +81,6 @@ class _FormValue:
 #: digits) is still written as it is.
 MAX_POSITIONAL_EXPONENT = 40
 _POSITIONAL_INTEGERS = 10 ** (MAX_POSITIONAL_EXPONENT + 1)
-#: Floats have at most 17 significant digits (their shortest repr).
-_FLOAT_CONTEXT = Context(prec=17)
 #: The parts buffered before they are hashed: a chunk stays within tens of
 #: kilobytes (a part is a number, a punctuation mark or a short string).
 _PARTS_PER_CHUNK = 1024
@@ -108,20 +106,42 @@ def _decimal_spelling(normalised: Decimal) -> str:
     return f"{normalised:f}"
 
 
+def _float(value: float) -> str:
+    """What ``_number(Decimal(repr(value)))`` spells, twice as fast (floats are common).
+
+    ``repr`` is the shortest spelling that round-trips, read as an exact
+    decimal: 3.655760495095878e16 is 36557604950958780, as the client wrote
+    it, not the binary float's 36557604950958784. Its significand has no
+    trailing zeros but for a lone ".0".
+    """
+    if not math.isfinite(value):
+        raise _non_finite()
+    if not value:
+        return "0"
+    text = repr(value)
+    mantissa, e, exponent_text = text.partition("e")
+    if not e:  # positional already: "123.456", "100.0", "0.0001"
+        return text[:-2] if text.endswith(".0") else text
+    exponent = int(exponent_text)
+    if abs(exponent) > MAX_POSITIONAL_EXPONENT:  # "1e+308" is 1E+308, "5e-324" 5E-324
+        return f"{mantissa}E{exponent_text[0]}{exponent_text[1:].lstrip('0')}"
+    sign, digits = ("-", mantissa[1:]) if mantissa[0] == "-" else ("", mantissa)
+    digits = digits.replace(".", "")
+    point = exponent + 1  # digits before the decimal point
+    if point >= len(digits):
+        return sign + digits + "0" * (point - len(digits))
+    if point > 0:
+        return f"{sign}{digits[:point]}.{digits[point:]}"
+    return f"{sign}0.{'0' * -point}{digits}"
+
+
 def _number(value: int | float | Decimal) -> str:
     if isinstance(value, int):
         if -_POSITIONAL_INTEGERS < value < _POSITIONAL_INTEGERS:
             return str(value)
         value = Decimal(value)
     elif isinstance(value, float):
-        if not math.isfinite(value):
-            raise _non_finite()
-        if not value:
-            return "0"
-        # The shortest spelling that round-trips, read as an exact decimal:
-        # 3.655760495095878e16 is 36557604950958780, as the client wrote
-        # it, not the binary float's 36557604950958784.
-        return _decimal_spelling(_FLOAT_CONTEXT.normalize(Decimal(repr(value))))
+        return _float(value)
     if not value.is_finite():
         raise _non_finite()
     if value.is_zero():
@@ -189,6 +209,8 @@ def _encode(value: Any, out: _Chunks) -> None:
         out.append(
             str(value) if -_POSITIONAL_INTEGERS < value < _POSITIONAL_INTEGERS else _number(value)
         )
+    elif kind is float:
+        out.append(_float(value))
     elif kind is dict:
         _encode_mapping(value, out)
     elif kind is list:

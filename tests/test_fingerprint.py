@@ -5,6 +5,7 @@ from __future__ import annotations
 import json
 import math
 import random
+import struct
 from decimal import Decimal
 from typing import Any
 
@@ -516,3 +517,14 @@ def test_a_csrf_protected_plain_view_still_refuses_a_post_without_a_token() -> N
     response = client.post("/plain/form-charges", {"amount": "3"}, HTTP_IDEMPOTENCY_KEY="form")
 
     assert response.status_code == 403
+
+
+@settings(max_examples=2000, deadline=None)
+@given(
+    st.floats(allow_nan=False, allow_infinity=False)
+    | st.integers(0, 2**64 - 1).map(lambda bits: struct.unpack("<d", struct.pack("<Q", bits))[0])
+)
+def test_floats_are_spelled_as_their_exact_decimal_value_is(value: float) -> None:
+    """The fast path for floats agrees with the Decimal one, at every exponent."""
+    assume(math.isfinite(value))
+    assert canonical(value) == canonical(Decimal(repr(value)))
