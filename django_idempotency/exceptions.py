@@ -54,7 +54,10 @@ class InputUnreadable(IdempotencyRefusal):
     status_code = status.HTTP_400_BAD_REQUEST
     # DRF's own code for a body it cannot parse: clients already handle it.
     default_code = "parse_error"
-    default_detail = _("The request body holds a number out of range (such as 1e999).")
+    default_detail = _(
+        "The request body holds a number with no finite value (such as 1e999), or is "
+        "nested too deeply to be read."
+    )
 
 
 class BodyTooLarge(IdempotencyRefusal):
@@ -127,6 +130,15 @@ class IsolationNotSupported(IdempotencyError, ImproperlyConfigured):
     transaction is open; at REPEATABLE READ or SERIALIZABLE the completion
     would then fail with a serialization error after the external call.
     """
+
+
+#: ``StoreUnavailable``'s message for a retry whose stored response no
+#: configured key decrypts (``ENCRYPTION_KEYS`` lost the key it was sealed with).
+UNREADABLE_RECORD = _(
+    "This request was already processed, but its stored response cannot be read: the "
+    "encryption key it was stored with is missing from the server's configuration. Retry "
+    "later with the same Idempotency-Key; the error is logged for the operators."
+)
 
 
 class TaskInProgress(IdempotencyError):

@@ -12,24 +12,31 @@ alike (the package refuses integers beyond 2**53 for that reason). Amounts in
 minor units and snowflake ids live up there, and a changed amount must never
 replay an old charge. Here every number is compared by its exact decimal
 value: integers as they are, floats by their shortest round-trip spelling
-(so ``1.0``, ``1e0`` and ``1`` are one number), written in plain positional
-notation. Values are those the parser delivered to the view: JSON parsers
-read ``9007199254740993.0`` as the float 9007199254740992.0, and so does
-the fingerprint.
+(so ``1.0``, ``1e0`` and ``1`` are one number), written in positional
+notation up to an exponent of 40 and in E-notation beyond. Values are those
+the parser delivered to the view: JSON parsers read ``9007199254740993.0``
+as the float 9007199254740992.0, and so does the fingerprint.
+
+The canonical form is never built whole: ``write_canonical()`` streams it,
+in chunks of bounded size, into anything with an ``update(bytes)`` method
+(a hashlib or hmac object), so that a hostile body costs memory in
+proportion to a chunk, not to its canonical form.
 """
 
 from __future__ import annotations
 
+import contextlib
 import hashlib
 import json
 import math
 from collections.abc import Callable, Mapping, Sequence
-from decimal import Context, Decimal
-from typing import TYPE_CHECKING, Any, cast
+from decimal import MAX_EMAX, MIN_EMIN, Context, Decimal
+from typing import TYPE_CHECKING, Any, Protocol, cast
 
 from django.core.files.uploadedfile import UploadedFile
-from django.http import QueryDict
+from django.http import RawPostDataException
 from django.utils.datastructures import MultiValueDict
+from django.utils.translation import gettext
 
 if TYPE_CHECKING:
     from django.http import HttpRequest
@@ -38,7 +45,17 @@ FingerprintSpec = None | Sequence[str] | Callable[["HttpRequest"], Any]
 
 
 class NonCanonicalValue(ValueError):
-    """A value with no canonical JSON form: NaN or an infinity."""
+    """Input with no canonical form; the message says why, to the client."""
+
+
+class NestedTooDeeply(NonCanonicalValue):
+    """Input nested deeper than the parser or the encoder can follow."""
+
+
+class Sink(Protocol):
+    """What the canonical form is written into: ``hashlib.sha256()``, ``hmac.new(...)``."""
+
+    def update(self, data: bytes, /) -> None: ...
 
 
 class _Absent:
@@ -48,28 +65,91 @@ class _Absent:
 _ABSENT = _Absent()
 
 
+class _FormValue:
+    """A value selected out of form data (a list of strings, or one of them)."""
+
+    __slots__ = ("value",)
+
+    def __init__(self, value: Any) -> None:
+        self.value = value
+
+
+#: Beyond this decimal exponent numbers are spelled in E-notation (1E+308):
+#: positional digits would make the 5 bytes "1e308" cost 309 characters.
+#: Up to it the positional spelling of earlier versions is kept, so that
+#: their stored fingerprints stay valid, and every 128-bit integer (39
+#: digits) is still written as it is.
+MAX_POSITIONAL_EXPONENT = 40
+_POSITIONAL_INTEGERS = 10 ** (MAX_POSITIONAL_EXPONENT + 1)
+#: The parts buffered before they are hashed: a chunk stays within tens of
+#: kilobytes (a part is a number, a punctuation mark or a short string).
+_PARTS_PER_CHUNK = 1024
+#: Strings longer than this (in characters) go out on their own, escaped in
+#: slices of ``_STRING_SLICE``: escaping can grow a string sixfold ("\\u0001").
+_LONG_STRING = 256
+_STRING_SLICE = 16384
+#: The form field Django's CsrfViewMiddleware reads: masked anew for every
+#: page rendered, so a form's retry carries another one. Transport, not input.
+CSRF_FORM_FIELD = "csrfmiddlewaretoken"
+
+
+def _non_finite() -> NonCanonicalValue:
+    return NonCanonicalValue(
+        gettext("The request body holds a number with no finite value (such as 1e999 or NaN).")
+    )
+
+
+def _decimal_spelling(normalised: Decimal) -> str:
+    """Positional up to ``MAX_POSITIONAL_EXPONENT``, E-notation beyond."""
+    if abs(normalised.adjusted()) > MAX_POSITIONAL_EXPONENT:
+        return f"{normalised:E}"
+    return f"{normalised:f}"
+
+
+def _float(value: float) -> str:
+    """What ``_number(Decimal(repr(value)))`` spells, twice as fast (floats are common).
+
+    ``repr`` is the shortest spelling that round-trips, read as an exact
+    decimal: 3.655760495095878e16 is 36557604950958780, as the client wrote
+    it, not the binary float's 36557604950958784. Its significand has no
+    trailing zeros but for a lone ".0".
+    """
+    if not math.isfinite(value):
+        raise _non_finite()
+    if not value:
+        return "0"
+    text = repr(value)
+    mantissa, e, exponent_text = text.partition("e")
+    if not e:  # positional already: "123.456", "100.0", "0.0001"
+        return text[:-2] if text.endswith(".0") else text
+    exponent = int(exponent_text)
+    if abs(exponent) > MAX_POSITIONAL_EXPONENT:  # "1e+308" is 1E+308, "5e-324" 5E-324
+        return f"{mantissa}E{exponent_text[0]}{exponent_text[1:].lstrip('0')}"
+    sign, digits = ("-", mantissa[1:]) if mantissa[0] == "-" else ("", mantissa)
+    digits = digits.replace(".", "")
+    point = exponent + 1  # digits before the decimal point
+    if point >= len(digits):
+        return sign + digits + "0" * (point - len(digits))
+    if point > 0:
+        return f"{sign}{digits[:point]}.{digits[point:]}"
+    return f"{sign}0.{'0' * -point}{digits}"
+
+
 def _number(value: int | float | Decimal) -> str:
     if isinstance(value, int):
-        return str(value)
-    if isinstance(value, float):
-        if not math.isfinite(value):
-            raise NonCanonicalValue(f"{value!r} has no canonical JSON form")
-        # The shortest spelling that round-trips, read as an exact decimal:
-        # 3.655760495095878e16 is 36557604950958780, as the client wrote
-        # it, not the binary float's 36557604950958784.
-        value = Decimal(repr(value))
+        if -_POSITIONAL_INTEGERS < value < _POSITIONAL_INTEGERS:
+            return str(value)
+        value = Decimal(value)
+    elif isinstance(value, float):
+        return _float(value)
     if not value.is_finite():
-        raise NonCanonicalValue(f"{value!r} has no canonical JSON form")
+        raise _non_finite()
     if value.is_zero():
         return "0"
     # Normalise at the value's own precision: the default context (28
     # digits) would round long values into each other.
-    normalised = value.normalize(Context(prec=len(value.as_tuple().digits)))
-    # Positional notation keeps 1e2 and 100 alike; beyond this exponent the
-    # digits would be a denial of service, so switch to E-form.
-    if abs(normalised.adjusted()) > 400:
-        return f"{normalised:E}"
-    return f"{normalised:f}"
+    digits = len(value.as_tuple().digits)
+    return _decimal_spelling(value.normalize(Context(prec=digits, Emax=MAX_EMAX, Emin=MIN_EMIN)))
 
 
 def _file_token(upload: UploadedFile[Any]) -> str:
@@ -84,17 +164,53 @@ def _file_token(upload: UploadedFile[Any]) -> str:
 _json_string = json.encoder.encode_basestring_ascii
 
 
-# Values that parsed JSON cannot contain (absent fields, uploads, raw bytes)
-# are written as tokens that are not JSON, so they can never collide with
-# anything a client spells in a body.
-def _encode(value: Any, out: list[str]) -> None:
+class _Chunks(list[str]):
+    """The parts not yet written; ``flush()`` hands them to the sinks."""
+
+    __slots__ = ("sinks",)
+
+    def __init__(self, sinks: Sequence[Sink]) -> None:
+        super().__init__()
+        self.sinks = sinks
+
+    def flush(self) -> None:
+        if self:
+            self.write("".join(self).encode("ascii"))
+            self.clear()
+
+    def write(self, data: bytes) -> None:
+        for sink in self.sinks:
+            sink.update(data)
+
+
+def _encode_string(value: str, out: _Chunks) -> None:
+    if len(value) <= _LONG_STRING:
+        out.append(_json_string(value))
+        return
+    out.append('"')
+    out.flush()
+    for start in range(0, len(value), _STRING_SLICE):
+        # Code points are escaped one by one: a slice boundary changes nothing.
+        out.write(_json_string(value[start : start + _STRING_SLICE])[1:-1].encode("ascii"))
+    out.append('"')
+
+
+# Values that parsed JSON cannot contain (absent fields, form data, uploads,
+# raw bytes) are written as tokens that are not JSON, so they can never
+# collide with anything a client spells in a body.
+def _encode(value: Any, out: _Chunks) -> None:
     kind = type(value)
     # What parsers deliver, by exact type first: this runs for every value
     # of every protected request's body.
     if kind is str:
-        out.append(_json_string(value))
+        _encode_string(value, out)
     elif kind is int:
-        out.append(str(value))
+        # Positional, as written, short of an overlong run of digits.
+        out.append(
+            str(value) if -_POSITIONAL_INTEGERS < value < _POSITIONAL_INTEGERS else _number(value)
+        )
+    elif kind is float:
+        out.append(_float(value))
     elif kind is dict:
         _encode_mapping(value, out)
     elif kind is list:
@@ -108,15 +224,19 @@ def _encode(value: Any, out: list[str]) -> None:
     elif isinstance(value, (int, float, Decimal)):
         out.append(_number(value))
     elif isinstance(value, str):
-        out.append(_json_string(value))
+        _encode_string(value, out)
     elif isinstance(value, MultiValueDict):  # QueryDict, request.FILES: every value
-        _encode(dict(value.lists()), out)
+        out.append("form")
+        _encode_mapping(dict(value.lists()), out)
     elif isinstance(value, Mapping):
         _encode_mapping(value, out)
     elif isinstance(value, (list, tuple)):
         _encode_sequence(value, out)
     elif value is _ABSENT:
         out.append("absent")
+    elif isinstance(value, _FormValue):
+        out.append("form")
+        _encode(value.value, out)
     elif isinstance(value, UploadedFile):
         out.append(_file_token(value))
     elif isinstance(value, (bytes, bytearray, memoryview)):
@@ -125,45 +245,73 @@ def _encode(value: Any, out: list[str]) -> None:
         raise TypeError(f"{type(value).__name__} cannot be part of a fingerprint")
 
 
-def _encode_mapping(value: Mapping[Any, Any], out: list[str]) -> None:
+def _encode_mapping(value: Mapping[Any, Any], out: _Chunks) -> None:
     out.append("{")
     for index, name in enumerate(sorted(value, key=str)):
         if index:
             out.append(",")
-        out.append(_json_string(str(name)))
+        _encode_string(str(name), out)
         out.append(":")
         _encode(value[name], out)
+        if len(out) > _PARTS_PER_CHUNK:
+            out.flush()
     out.append("}")
 
 
-def _encode_sequence(value: Sequence[Any], out: list[str]) -> None:
+def _encode_sequence(value: Sequence[Any], out: _Chunks) -> None:
     out.append("[")
     for index, item in enumerate(value):
         if index:
             out.append(",")
         _encode(item, out)
+        if len(out) > _PARTS_PER_CHUNK:
+            out.flush()
     out.append("]")
 
 
-def canonical(value: Any) -> bytes:
-    """The canonical serialisation of a JSON-like value (ASCII bytes)."""
-    out: list[str] = []
+def write_canonical(value: Any, *sinks: Sink) -> None:
+    """Stream the canonical serialisation of ``value`` (ASCII) into ``sinks``.
+
+    Each sink's ``update()`` receives the same chunks, in order; a chunk is
+    at most a few tens of kilobytes whatever the value holds.
+    """
+    out = _Chunks(sinks)
     _encode(value, out)
-    return "".join(out).encode("ascii")
+    out.flush()
+
+
+def canonical(value: Any) -> bytes:
+    """The canonical serialisation of a JSON-like value (ASCII bytes), whole."""
+    chunks: list[bytes] = []
+
+    class Collect:
+        def update(self, data: bytes, /) -> None:
+            chunks.append(data)
+
+    write_canonical(value, Collect())
+    return b"".join(chunks)
 
 
 def fingerprint(value: Any) -> str:
-    return hashlib.sha256(canonical(value)).hexdigest()
+    digest = hashlib.sha256()
+    write_canonical(value, digest)
+    return digest.hexdigest()
 
 
 def select_fields(data: Any, fields: Sequence[str]) -> dict[str, Any]:
-    """Pick dotted paths (``"card.last4"``) out of parsed input."""
+    """Pick dotted paths (``"card.last4"``) out of parsed input.
+
+    A value picked out of form data is marked as such: the form field
+    ``amount=5`` is not the JSON ``{"amount": ["5"]}``.
+    """
     selected: dict[str, Any] = {}
     for path in fields:
         node: Any = data
+        from_form = False
         for part in path.split("."):
-            if isinstance(node, QueryDict):
+            if isinstance(node, MultiValueDict):
                 node = node.getlist(part) if part in node else _ABSENT
+                from_form = True
             elif isinstance(node, Mapping):
                 node = node.get(part, _ABSENT)
             elif isinstance(node, list) and part.isdigit() and int(part) < len(node):
@@ -172,8 +320,16 @@ def select_fields(data: Any, fields: Sequence[str]) -> dict[str, Any]:
                 node = _ABSENT
             if node is _ABSENT:
                 break
-        selected[path] = node
+        selected[path] = _FormValue(node) if from_form and node is not _ABSENT else node
     return selected
+
+
+def _without_csrf_token(form: MultiValueDict[str, Any]) -> MultiValueDict[str, Any]:
+    if CSRF_FORM_FIELD not in form:
+        return form
+    return MultiValueDict(
+        {name: values for name, values in form.lists() if name != CSRF_FORM_FIELD}
+    )
 
 
 def _parsed_body(request: HttpRequest) -> Any:
@@ -185,7 +341,8 @@ def _parsed_body(request: HttpRequest) -> Any:
     else (or JSON that does not parse) by the digest of its bytes.
     """
     if hasattr(request, "query_params"):  # a DRF Request
-        return cast(Any, request).data
+        data = cast(Any, request).data
+        return _without_csrf_token(data) if isinstance(data, MultiValueDict) else data
     content_type = request.content_type or ""
     if content_type == "application/json" or content_type.endswith("+json"):
         try:
@@ -199,8 +356,12 @@ def _parsed_body(request: HttpRequest) -> Any:
         if _body_fits_in_memory(request):
             # Read (and cache) the raw body first: Django parses the form
             # from it, and the view may still read request.body after us.
-            request.body  # noqa: B018
-        return {"form": request.POST, "files": request.FILES}
+            # A middleware (CsrfViewMiddleware, for one) may have parsed a
+            # multipart form already: then the view, too, can only read
+            # request.POST, and so do we.
+            with contextlib.suppress(RawPostDataException):
+                request.body  # noqa: B018
+        return {"form": _without_csrf_token(request.POST), "files": request.FILES}
     return request.body
 
 
@@ -226,15 +387,50 @@ def _reject_constant(name: str) -> Any:
     raise ValueError(f"{name} is not JSON")
 
 
+def _negotiated_renderer(request: HttpRequest) -> dict[str, str] | None:
+    """The renderer DRF chose for the response, if not the view's default one.
+
+    A retry asking for another media type (``Accept: text/html`` after
+    JSON) is another request: it gets 422, never the first response in a
+    media type it did not ask for. The default renderer is left out so that
+    the fingerprints of ordinary requests stay what earlier versions stored.
+    """
+    renderer = getattr(request, "accepted_renderer", None)
+    view = (getattr(request, "parser_context", None) or {}).get("view")
+    if renderer is None or view is None or not hasattr(view, "get_renderers"):
+        return None
+    renderers = view.get_renderers()
+    chosen = (str(renderer.media_type), str(renderer.format))
+    if renderers and chosen == (str(renderers[0].media_type), str(renderers[0].format)):
+        return None
+    return {"media_type": chosen[0], "format": chosen[1]}
+
+
 def request_fingerprint(
     request: HttpRequest,
     spec: FingerprintSpec,
     view_args: Sequence[Any],
     view_kwargs: Mapping[str, Any],
 ) -> str:
-    """Fingerprint a request as ``idempotent(fingerprint=spec)`` asks."""
+    """Fingerprint a request as ``idempotent(fingerprint=spec)`` asks.
+
+    Raises ``NonCanonicalValue`` for input that has no fingerprint.
+    """
+    try:
+        return fingerprint(_fingerprinted_input(request, spec, view_args, view_kwargs))
+    except RecursionError as exc:
+        # The parser (DRF's, inside request.data) or the encoder gave up.
+        raise NestedTooDeeply(gettext("The request body is nested too deeply to be read.")) from exc
+
+
+def _fingerprinted_input(
+    request: HttpRequest,
+    spec: FingerprintSpec,
+    view_args: Sequence[Any],
+    view_kwargs: Mapping[str, Any],
+) -> Any:
     if callable(spec):
-        return fingerprint(spec(request))
+        return spec(request)
     url = {
         "args": [_url_value(value) for value in view_args],
         "kwargs": {
@@ -246,6 +442,13 @@ def request_fingerprint(
     }
     body = _parsed_body(request)
     if spec is None:
-        query = getattr(request, "query_params", request.GET)
-        return fingerprint({"body": body, "query": query, "url": url})
-    return fingerprint({"fields": select_fields(body, spec), "url": url})
+        query = cast("MultiValueDict[str, Any]", getattr(request, "query_params", request.GET))
+        # The query string is never JSON, so it needs no form token: written
+        # as a plain mapping of lists, as earlier versions wrote it.
+        value = {"body": body, "query": dict(query.lists()), "url": url}
+    else:
+        value = {"fields": select_fields(body, spec), "url": url}
+    renderer = _negotiated_renderer(request)
+    if renderer is not None:
+        value["renderer"] = renderer
+    return value

@@ -23,9 +23,20 @@ def parse_key(raw: str, max_length: int) -> str:
     (``"..."``, RFC 8941/9651); most clients send the bare key. Both are
     accepted: a quoted value is unquoted by ``http_sf``, a bare one is taken
     as it is. Either way the key must be 1 to ``max_length`` visible ASCII
-    characters, which keeps it printable in logs and the admin.
+    characters other than the comma, which keeps it printable in logs and
+    the admin and tells it from two header lines joined.
     """
     value = raw.strip(" \t")
+    if "," in value:
+        # Servers join a header sent twice with commas: the lines '"k1' and
+        # 'k2"' arrive as '"k1, k2"', one valid quoted string. Quoted or not
+        # (a quoted string spells a comma as it is), a comma cannot tell one
+        # key from two.
+        raise KeyInvalid(
+            "The Idempotency-Key holds a comma, which a key may not contain: a server joins "
+            "an Idempotency-Key header sent twice into one value with commas, so a comma "
+            "cannot tell one key from two. Send the header once, with one key."
+        )
     if value.startswith('"'):
         try:
             parsed, params = cast(
@@ -37,12 +48,6 @@ def parse_key(raw: str, max_length: int) -> str:
         if not isinstance(parsed, str) or params:
             raise KeyInvalid("A quoted Idempotency-Key must be a plain string.")
         value = parsed
-    elif "," in value:
-        # Servers join a header sent twice with commas: two keys, not one.
-        raise KeyInvalid(
-            "The Idempotency-Key header holds a comma: send the header once, with one "
-            'key (quote it, "...", if the key itself contains a comma).'
-        )
     if not value:
         raise KeyInvalid("The Idempotency-Key header is empty.")
     if len(value) > max_length:

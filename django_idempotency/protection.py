@@ -24,6 +24,7 @@ from django_idempotency.context import IdempotencyContext
 from django_idempotency.database_errors import is_connection_lost, is_contention
 from django_idempotency.db import close_independent_connections
 from django_idempotency.exceptions import (
+    UNREADABLE_RECORD,
     BodyTooLarge,
     InputUnreadable,
     KeyMissing,
@@ -143,8 +144,8 @@ def protect(
         )
     try:
         fingerprint = request_fingerprint(request, options.fingerprint, view_args, view_kwargs)
-    except (NonCanonicalValue, RecursionError) as exc:
-        raise InputUnreadable() from exc
+    except NonCanonicalValue as exc:  # NestedTooDeeply included
+        raise InputUnreadable(str(exc)) from exc
     single = options.single_transaction
     if single is None:
         single = conf.SINGLE_TRANSACTION
@@ -229,7 +230,7 @@ def _answer(
         headers, body = unseal(record.response_headers, record.response_body)
     except UnreadableRecord as exc:
         logger.error("Cannot replay record %s (%s): %s", record.pk, scope, exc)
-        raise StoreUnavailable(retry_after=UNAVAILABLE_RETRY_AFTER) from exc
+        raise StoreUnavailable(str(UNREADABLE_RECORD), retry_after=UNAVAILABLE_RETRY_AFTER) from exc
     signals.notify(signals.response_replayed, request, scope, status=record.response_status)
     return replay(record.response_status or 200, headers, body)
 

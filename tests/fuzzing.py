@@ -465,9 +465,9 @@ def expected_key(raw: str) -> str | None:
     """The key a header value carries under the SPEC, or None if it must be refused.
 
     Written from the SPEC, independently of ``keys.py``: optional whitespace
-    around the value; an RFC 8941 quoted string is unquoted; a bare value
-    with a comma is two keys (the header sent twice); the key must be 1 to
-    255 visible ASCII characters.
+    around the value; an RFC 8941 quoted string is unquoted; a value
+    with a comma, quoted or not, may be two keys (the header sent twice) and
+    is refused; the key must be 1 to 255 visible ASCII characters.
     """
     value = raw.strip(" \t")
     if value.startswith('"'):
@@ -475,7 +475,7 @@ def expected_key(raw: str) -> str | None:
         if unquoted is None:
             return None
         value = unquoted
-    elif "," in value:
+    if "," in value:
         return None
     if not 1 <= len(value) <= KEY_MAX_LENGTH:
         return None

@@ -3,7 +3,9 @@
 from __future__ import annotations
 
 import json
+import math
 import random
+import struct
 from decimal import Decimal
 from typing import Any
 
@@ -222,3 +224,307 @@ def test_every_value_of_a_multi_value_dict_counts() -> None:
     assert fingerprint(MultiValueDict({"f": ["AAA", "BBB"]})) != fingerprint(
         MultiValueDict({"f": ["XXX", "BBB"]})
     )
+
+
+# --- legacy fingerprints: what upgrades must not change ------------------------------------
+
+
+@pytest.mark.parametrize(
+    ("body", "expected"),
+    [
+        (
+            '{"amount": 4200, "currency": "EUR", "order_id": "ORD-1001"}',
+            "d69792dd837be95a06c0974155f1bb6b050ae88133bc19c990d0aec74006a9c0",
+        ),
+        (
+            '{"a": [1, 2.5, -0.0, 1.5e-7, 1e20, 12345678901234567890123, 9007199254740993],'
+            ' "b": {"c": null, "d": true, "e": "\\u00e9\\ud83d\\ude00"}}',
+            "a41711726b4f75e57f56e0c16021233ed09ed9d9e986dd7db7198ee1bbb40740",
+        ),
+        (
+            '{"x": 3.655760495095878e16, "y": 1e-30, "z": 123.456e30}',
+            "93b7c8a4b5dcac1cbc04cc4c4f82d9cb9cbc2c2cd85cc0b9a4e952f1f9a3081c",
+        ),
+    ],
+)
+def test_json_requests_keep_the_fingerprints_earlier_versions_stored(
+    body: str, expected: str
+) -> None:
+    """Computed by the release before the streaming encoder: a retry across the upgrade replays."""
+    django_request = APIRequestFactory().post(
+        "/x?b=2&a=1&a=0", body, content_type="application/json"
+    )
+    request = Request(django_request, parsers=[JSONParser()])
+    assert request_fingerprint(request, None, (), {"pk": 7}) == expected
+
+
+# --- form data is not JSON ----------------------------------------------------------------
+
+
+def drf_request_fingerprint(django_request: Any, spec: Any = None) -> str:
+    from rest_framework.parsers import FormParser, MultiPartParser
+
+    request = Request(django_request, parsers=[JSONParser(), FormParser(), MultiPartParser()])
+    return request_fingerprint(request, spec, (), {})
+
+
+@pytest.mark.parametrize("spec", [None, ["amount"], ["amount.0"]])
+def test_a_form_body_and_the_json_spelling_of_its_lists_differ(spec: Any) -> None:
+    factory = APIRequestFactory()
+    form = factory.post("/x", "amount=5", content_type="application/x-www-form-urlencoded")
+    json_body = factory.post("/x", '{"amount": ["5"]}', content_type="application/json")
+    assert drf_request_fingerprint(form, spec) != drf_request_fingerprint(json_body, spec)
+
+
+def test_a_plain_views_form_body_and_its_json_spelling_differ() -> None:
+    from django.test import RequestFactory
+
+    factory = RequestFactory()
+    form = factory.post("/x", "amount=5", content_type="application/x-www-form-urlencoded")
+    json_body = factory.post(
+        "/x", '{"files": {}, "form": {"amount": ["5"]}}', content_type="application/json"
+    )
+    assert request_fingerprint(form, None, (), {}) != request_fingerprint(json_body, None, (), {})
+
+
+def test_a_multipart_and_an_urlencoded_form_with_the_same_fields_are_one_request() -> None:
+    from django.test.client import BOUNDARY, MULTIPART_CONTENT, encode_multipart
+
+    factory = APIRequestFactory()
+    urlencoded = factory.post(
+        "/x", "amount=5&note=a", content_type="application/x-www-form-urlencoded"
+    )
+    multipart = factory.post(
+        "/x",
+        encode_multipart(BOUNDARY, {"amount": "5", "note": "a"}),
+        content_type=MULTIPART_CONTENT,
+    )
+    assert drf_request_fingerprint(urlencoded) == drf_request_fingerprint(multipart)
+
+
+def test_the_csrf_token_of_a_form_is_not_part_of_it() -> None:
+    """Django masks the token anew for every page: a form rendered again is the same request."""
+    from django.middleware.csrf import _get_new_csrf_string, _mask_cipher_secret
+    from django.test import RequestFactory
+
+    secret = _get_new_csrf_string()
+    one, other = _mask_cipher_secret(secret), _mask_cipher_secret(secret)
+    assert one != other
+    factory = RequestFactory()
+
+    def of(token: str) -> str:
+        request = factory.post("/x", {"amount": "5", "csrfmiddlewaretoken": token})
+        return request_fingerprint(request, None, (), {})
+
+    assert of(one) == of(other)
+
+
+# --- content negotiation ------------------------------------------------------------------
+
+
+@pytest.mark.django_db
+def test_a_retry_asking_another_media_type_is_refused_not_answered_in_the_first_one() -> None:
+    from rest_framework.test import APIClient
+
+    api = APIClient()
+    first = api.post(
+        "/api-view/charges",
+        {"amount": 5},
+        format="json",
+        HTTP_IDEMPOTENCY_KEY="negotiated",
+        HTTP_ACCEPT="text/html",
+    )
+    assert first.status_code == 201
+    assert first["Content-Type"].startswith("text/html")
+
+    as_json = api.post(
+        "/api-view/charges",
+        {"amount": 5},
+        format="json",
+        HTTP_IDEMPOTENCY_KEY="negotiated",
+        HTTP_ACCEPT="application/json",
+    )
+
+    assert as_json.status_code == 422
+    assert as_json.json()["code"] == "idempotency_key_reused"
+
+
+@pytest.mark.django_db
+@pytest.mark.parametrize("accept", ["application/json", "*/*", "application/*", None])
+def test_asking_for_the_default_media_type_is_the_same_request_as_asking_nothing(
+    accept: str | None,
+) -> None:
+    from rest_framework.test import APIClient
+
+    api = APIClient()
+    headers = {} if accept is None else {"HTTP_ACCEPT": accept}
+    first = api.post("/api-view/charges", {"amount": 5}, format="json", HTTP_IDEMPOTENCY_KEY="k")
+    retry = api.post(
+        "/api-view/charges", {"amount": 5}, format="json", HTTP_IDEMPOTENCY_KEY="k", **headers
+    )
+
+    assert retry.status_code == 201
+    assert retry["Idempotent-Replayed"] == "true"
+    assert retry.content == first.content
+
+
+# --- numbers: one bounded spelling per value ---------------------------------------------
+
+
+@pytest.mark.parametrize(
+    ("value", "spelling"),
+    [
+        (1e308, b"1E+308"),
+        (5e-324, b"5E-324"),
+        (-1.7976931348623157e308, b"-1.7976931348623157E+308"),
+        (10**60, b"1E+60"),
+        (10**60 + 1, b"1." + b"0" * 59 + b"1E+60"),
+        (Decimal("1.50E+1000"), b"1.5E+1000"),
+        # Small exponents keep the positional spelling earlier versions stored.
+        (1e20, b"100000000000000000000"),
+        (1.5e-7, b"0.00000015"),
+        (1e-30, b"0.000000000000000000000000000001"),
+        (2**53 + 1, b"9007199254740993"),
+        (2**128, str(2**128).encode()),
+    ],
+)
+def test_numbers_are_spelled_exactly_and_with_bounded_length(value: Any, spelling: bytes) -> None:
+    assert canonical(value) == spelling
+
+
+@settings(max_examples=300, deadline=None)
+@given(st.integers(min_value=-400, max_value=400), st.integers(min_value=1, max_value=10**20))
+def test_an_integer_and_a_float_of_the_same_value_are_spelled_alike(
+    exponent: int, digits: int
+) -> None:
+    value = digits * 10**exponent if exponent >= 0 else None
+    as_float = float(f"{digits}e{exponent}")
+    assume(math.isfinite(as_float) and as_float != 0)
+    exact = Decimal(repr(as_float))
+    assert canonical(as_float) == canonical(exact)
+    if value is not None and Decimal(value) == exact:
+        assert canonical(value) == canonical(as_float)
+    assert canonical(as_float) != canonical(math.nextafter(as_float, math.inf))
+
+
+def test_canonical_form_streams_in_bounded_chunks() -> None:
+    from django_idempotency.fingerprint import write_canonical
+
+    value = {"items": [{"n": index, "x": 1e308, "s": "é" * 10} for index in range(20_000)]}
+    chunks: list[bytes] = []
+
+    class Sink:
+        def update(self, data: bytes) -> None:
+            chunks.append(bytes(data))
+
+    write_canonical(value, Sink())
+
+    assert b"".join(chunks) == canonical(value)
+    assert len(chunks) > 10
+    assert max(len(chunk) for chunk in chunks) <= 256 * 1024
+
+
+def hostile_float_body() -> bytes:
+    """2.6 MB of the floats whose positional spelling is longest."""
+    return ("[" + ",".join(["1e308", "5e-324"] * 220_000) + "]").encode()
+
+
+@pytest.mark.parametrize(
+    "body",
+    [
+        hostile_float_body(),
+        # Each byte escaped to six characters ("\\u0001"): escaped in slices.
+        json.dumps({"note": "\x01" * 2_600_000}).encode(),
+        json.dumps([{"amount": index, "note": "x" * 20} for index in range(60_000)]).encode(),
+    ],
+    ids=["hostile-floats", "control-characters", "ordinary"],
+)
+def test_fingerprinting_a_large_body_needs_less_memory_than_the_body(body: bytes) -> None:
+    import tracemalloc
+
+    value = json.loads(body)
+    tracemalloc.start()
+    try:
+        fingerprint(value)
+        _, peak = tracemalloc.get_traced_memory()
+    finally:
+        tracemalloc.stop()
+
+    # Before: 135 MB for the 2.6 MB hostile body, the whole canonical form
+    # held at once. Now: bounded chunks, whatever the body holds.
+    assert peak < len(body) // 2, (peak, len(body))
+
+
+# --- forms behind CsrfViewMiddleware (it reads request.POST before the view) --------------
+
+
+def csrf_client() -> tuple[Any, str]:
+    """A test client that enforces CSRF, as browsers meet it, with a valid cookie."""
+    from django.middleware.csrf import _get_new_csrf_string
+    from django.test import Client
+
+    client = Client(enforce_csrf_checks=True)
+    secret = _get_new_csrf_string()
+    client.cookies["csrftoken"] = secret
+    return client, secret
+
+
+@pytest.mark.django_db
+@pytest.mark.parametrize("encoding", ["multipart", "urlencoded"])
+def test_a_csrf_protected_plain_form_view_runs_replays_and_refuses_changed_input(
+    encoding: str,
+) -> None:
+    from urllib.parse import urlencode
+
+    from django.core.files.uploadedfile import SimpleUploadedFile
+    from django.middleware.csrf import _mask_cipher_secret
+
+    from django_idempotency.models import IdempotencyRecord
+    from tests.testapp.models import Charge
+
+    client, secret = csrf_client()
+
+    def post(amount: str, token: str) -> Any:
+        fields = {"amount": amount, "csrfmiddlewaretoken": token}
+        if encoding == "multipart":
+            receipt = SimpleUploadedFile("receipt.txt", b"paid")
+            return client.post(
+                "/plain/form-charges", {**fields, "receipt": receipt}, HTTP_IDEMPOTENCY_KEY="form"
+            )
+        return client.post(
+            "/plain/form-charges",
+            urlencode(fields),
+            content_type="application/x-www-form-urlencoded",
+            HTTP_IDEMPOTENCY_KEY="form",
+        )
+
+    first = post("3", _mask_cipher_secret(secret))
+    assert first.status_code == 201, first.content[:500]
+    retry = post("3", _mask_cipher_secret(secret))  # the form rendered again
+    changed = post("4", _mask_cipher_secret(secret))
+
+    assert (retry.status_code, retry["Idempotent-Replayed"]) == (201, "true")
+    assert retry.content == first.content
+    assert changed.status_code == 422
+    assert changed.json()["code"] == "idempotency_key_reused"
+    assert Charge.objects.count() == IdempotencyRecord.objects.count() == 1
+
+
+@pytest.mark.django_db
+def test_a_csrf_protected_plain_view_still_refuses_a_post_without_a_token() -> None:
+    client, _ = csrf_client()
+
+    response = client.post("/plain/form-charges", {"amount": "3"}, HTTP_IDEMPOTENCY_KEY="form")
+
+    assert response.status_code == 403
+
+
+@settings(max_examples=2000, deadline=None)
+@given(
+    st.floats(allow_nan=False, allow_infinity=False)
+    | st.integers(0, 2**64 - 1).map(lambda bits: struct.unpack("<d", struct.pack("<Q", bits))[0])
+)
+def test_floats_are_spelled_as_their_exact_decimal_value_is(value: float) -> None:
+    """The fast path for floats agrees with the Decimal one, at every exponent."""
+    assume(math.isfinite(value))
+    assert canonical(value) == canonical(Decimal(repr(value)))

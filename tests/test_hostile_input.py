@@ -318,3 +318,68 @@ def test_a_plain_view_can_read_a_multipart_body(target: Target) -> None:
     # RawPostDataException, if it could read the body at all.
     seen = send(sent)
     assert not isinstance(seen.raised, RawPostDataException)
+
+
+# --- messages that say what happened -------------------------------------------------------
+
+APP_URLS = pytest.mark.urls("tests.testapp.urls")
+
+
+@APP_URLS
+@pytest.mark.parametrize(
+    ("url", "body", "words"),
+    [
+        ("/api-view/charges", '{"amount": 1e999}', "no finite value"),
+        ("/plain/charges", '{"amount": [-1e999]}', "no finite value"),
+        # DRF's JSON parser gives up on these (RecursionError) inside request.data.
+        ("/api-view/charges", "[" * 5000 + "]" * 5000, "nested too deeply"),
+        ("/api-view/charges", '{"a":' * 3000 + "1" + "}" * 3000, "nested too deeply"),
+    ],
+    ids=["drf-1e999", "plain-1e999", "deep-list", "deep-object"],
+)
+def test_an_unreadable_body_is_refused_with_its_own_cause(url: str, body: str, words: str) -> None:
+    from rest_framework.test import APIClient
+
+    response = APIClient().post(
+        url, body, content_type="application/json", HTTP_IDEMPOTENCY_KEY="k"
+    )
+
+    assert response.status_code == 400, response.content[:300]
+    assert response.json()["code"] == "parse_error"
+    assert words in response.json()["detail"], response.json()
+    assert records() == []
+
+
+@APP_URLS
+def test_a_record_no_key_decrypts_says_why_it_cannot_be_replayed(settings: object) -> None:
+    from cryptography.fernet import Fernet
+    from rest_framework.test import APIClient
+
+    api = APIClient()
+    old, new = Fernet.generate_key().decode(), Fernet.generate_key().decode()
+    settings.IDEMPOTENCY = {"ENCRYPTION_KEYS": [old]}  # type: ignore[attr-defined]
+    api.post("/api-view/charges", {"amount": 1}, format="json", HTTP_IDEMPOTENCY_KEY="k")
+    settings.IDEMPOTENCY = {"ENCRYPTION_KEYS": [new]}  # type: ignore[attr-defined]
+
+    retry = api.post("/api-view/charges", {"amount": 1}, format="json", HTTP_IDEMPOTENCY_KEY="k")
+
+    assert retry.status_code == 503
+    assert retry.json()["code"] == "idempotency_store_unavailable"
+    detail = retry.json()["detail"]
+    assert "could not be stored" not in detail
+    assert "cannot be read" in detail and "encryption key" in detail
+
+
+@APP_URLS
+@pytest.mark.parametrize("raw", ['"k1, k2"', '"k1,k2"', "k1, k2"])
+def test_two_header_lines_joined_into_one_quoted_string_are_refused(raw: str) -> None:
+    from rest_framework.test import APIClient
+
+    response = APIClient().post(
+        "/api-view/charges", {"amount": 1}, format="json", HTTP_IDEMPOTENCY_KEY=raw
+    )
+
+    assert response.status_code == 400
+    assert response.json()["code"] == "idempotency_key_invalid"
+    assert "comma" in response.json()["detail"]
+    assert records() == []

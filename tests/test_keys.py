@@ -15,7 +15,6 @@ from django_idempotency.keys import parse_key
         ('"with\\"quote"', 'with"quote'),
         ("  padded  ", "padded"),
         ("!#$%&'()*+-./:;<=>?@[]^_`{|}~", "!#$%&'()*+-./:;<=>?@[]^_`{|}~"),
-        ('"with,comma"', "with,comma"),
     ],
 )
 def test_valid_keys(raw: str, key: str) -> None:
@@ -37,6 +36,9 @@ def test_valid_keys(raw: str, key: str) -> None:
         "k1,k2",
         "k1, k2",
         '"k1", "k2"',
+        '"with,comma"',
+        '"k1, k2"',
+        '"k1,k2"',
     ],
 )
 def test_invalid_keys(raw: str) -> None:
@@ -46,3 +48,13 @@ def test_invalid_keys(raw: str) -> None:
         "detail": "idempotency_key_invalid",
         "code": "idempotency_key_invalid",
     }
+
+
+@pytest.mark.parametrize("raw", ["k1, k2", '"k1, k2"', '"with,comma"'])
+def test_a_comma_is_refused_with_the_reason(raw: str) -> None:
+    """Two header lines ``"k1`` and ``k2"`` reach Django joined: ``"k1, k2"``, one valid string."""
+    with pytest.raises(KeyInvalid) as refusal:
+        parse_key(raw, 255)
+    detail = str(refusal.value.detail["detail"])  # type: ignore[index]
+    assert "comma" in detail
+    assert "joins" in detail

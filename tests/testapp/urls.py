@@ -22,6 +22,7 @@ urlpatterns = [
     path("mixin/selected", views.MixinSelectedInputView.as_view()),
     path("plain/charges", views.plain_django_charges),
     path("async/charges", views.async_plain_charges),
+    path("plain/form-charges", views.plain_form_charges),
     path("probe", views.TransactionProbeView.as_view()),
     path("api-view/external", views.api_view_external_call),
     path("api-view/unprotected", views.api_view_unprotected),

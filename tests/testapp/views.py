@@ -402,3 +402,15 @@ def api_view_single_transaction(request: Request) -> Response:
     if request.data.get("begin_external"):
         request.idempotency.begin_external()  # type: ignore[attr-defined]
     return charge_response(charge, code)
+
+
+@idempotent
+def plain_form_charges(request: HttpRequest) -> JsonResponse:
+    """A plain Django form view, CSRF-protected (not exempt): reads ``request.POST``.
+
+    Behind ``CsrfViewMiddleware`` the form is parsed before the view, and
+    before the fingerprint, runs.
+    """
+    charge, code = perform(request, request.POST)
+    files = sorted(upload.name or "" for upload in request.FILES.values())
+    return JsonResponse({"id": charge.pk, "amount": charge.amount, "files": files}, status=code)
