@@ -1,6 +1,7 @@
 """Fingerprints: what makes two requests "the same request".
 
-A fingerprint is the SHA-256 of a canonical serialisation of the
+A fingerprint is a keyed digest (``digests.py``: HMAC-SHA256 under a
+server secret, versioned) of a canonical serialisation of the
 operation-defining input: the parsed body, the query parameters and the URL
 arguments. Canonical means sorted object keys, no insignificant whitespace
 and one spelling per number, so ``{"a": 1.0}`` and ``{ "a" : 1e0 }`` are the
@@ -30,6 +31,8 @@ from typing import TYPE_CHECKING, Any, cast
 from django.core.files.uploadedfile import UploadedFile
 from django.http import QueryDict
 from django.utils.datastructures import MultiValueDict
+
+from django_idempotency.digests import Fingerprint, FingerprintHasher
 
 if TYPE_CHECKING:
     from django.http import HttpRequest
@@ -152,8 +155,10 @@ def canonical(value: Any) -> bytes:
     return "".join(out).encode("ascii")
 
 
-def fingerprint(value: Any) -> str:
-    return hashlib.sha256(canonical(value)).hexdigest()
+def fingerprint(value: Any) -> Fingerprint:
+    hasher = FingerprintHasher()
+    hasher.update(canonical(value))
+    return hasher.finish()
 
 
 def select_fields(data: Any, fields: Sequence[str]) -> dict[str, Any]:
@@ -231,7 +236,7 @@ def request_fingerprint(
     spec: FingerprintSpec,
     view_args: Sequence[Any],
     view_kwargs: Mapping[str, Any],
-) -> str:
+) -> Fingerprint:
     """Fingerprint a request as ``idempotent(fingerprint=spec)`` asks."""
     if callable(spec):
         return fingerprint(spec(request))

@@ -21,6 +21,7 @@ from django_idempotency import signals, store
 from django_idempotency.conf import as_timedelta, idempotency_settings
 from django_idempotency.context import IdempotencyContext
 from django_idempotency.db import close_independent_connections
+from django_idempotency.digests import Fingerprint
 from django_idempotency.exceptions import (
     BodyTooLarge,
     InputUnreadable,
@@ -167,7 +168,7 @@ def _declared_length(request: HttpRequest) -> int:
 def _claim_or_answer(
     request: HttpRequest,
     scope: Scope,
-    fingerprint: str,
+    fingerprint: Fingerprint,
     view: Callable[[], HttpResponseBase],
     options: Options,
 ) -> HttpResponseBase:
@@ -197,7 +198,7 @@ def _claim_or_answer(
             retries += 1
             if retries <= _MAX_RECLAIMS:
                 continue
-        elif record.fingerprint != fingerprint or record.is_resolved:
+        elif not fingerprint.matches(record.fingerprint) or record.is_resolved:
             return _answer(request, scope, fingerprint, record)
         elif waiting and time.monotonic() < deadline:
             time.sleep(min(poll, max(deadline - time.monotonic(), 0)))
@@ -209,14 +210,16 @@ def _claim_or_answer(
 
 
 def _answer(
-    request: HttpRequest, scope: Scope, fingerprint: str, record: IdempotencyRecord
+    request: HttpRequest, scope: Scope, fingerprint: Fingerprint, record: IdempotencyRecord
 ) -> HttpResponseBase:
     """The answer a settled record gives: 422 for other input, else its replay."""
-    if record.fingerprint != fingerprint:
+    if not fingerprint.matches(record.fingerprint):
         signals.notify(signals.key_reused, request, scope)
         raise KeyReused()
     try:
-        headers, body = unseal(record.response_headers, record.response_body)
+        headers, body = unseal(
+            record.response_headers, record.response_body, sealed=record.response_sealed
+        )
     except UnreadableRecord as exc:
         logger.error("Cannot replay record %s (%s): %s", record.pk, scope, exc)
         raise StoreUnavailable(retry_after=UNAVAILABLE_RETRY_AFTER) from exc
@@ -227,7 +230,7 @@ def _answer(
 def _claim_in_one_transaction(
     request: HttpRequest,
     scope: Scope,
-    fingerprint: str,
+    fingerprint: Fingerprint,
     view: Callable[[], HttpResponseBase],
     options: Options,
 ) -> HttpResponseBase:
@@ -262,7 +265,9 @@ def _claim_in_one_transaction(
         raise RequestInProgress(retry_after=IN_FLIGHT_RETRY_AFTER) from None
     except InterfaceError as exc:
         return _store_unavailable(request, scope, view, exc)
-    settled = record is not None and (record.fingerprint != fingerprint or record.is_resolved)
+    settled = record is not None and (
+        not fingerprint.matches(record.fingerprint) or record.is_resolved
+    )
     if record is not None and settled and not _expired(record):
         return _answer(request, scope, fingerprint, record)
     # Held by a request of the two-commit kind, expired or just released:
@@ -302,11 +307,11 @@ def _expired(record: IdempotencyRecord) -> bool:
     return record.is_resolved and record.expires_at <= timezone.now()
 
 
-def _abandoned(record: IdempotencyRecord, fingerprint: str) -> bool:
+def _abandoned(record: IdempotencyRecord, fingerprint: Fingerprint) -> bool:
     """A claim for this very request whose owner's lease ran out."""
     return (
         record.state == State.CLAIMED
-        and record.fingerprint == fingerprint
+        and fingerprint.matches(record.fingerprint)
         and record.lease_expires_at is not None
         and record.lease_expires_at <= timezone.now()
     )
