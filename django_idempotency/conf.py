@@ -2,8 +2,9 @@
 
 Each attribute is resolved (defaults filled in, durations made timedeltas,
 dotted paths imported) on first access and kept until ``settings.IDEMPOTENCY``
-(or ``SECRET_KEY``, which the default ``DIGEST_KEYS`` follow) changes: Django sends ``setting_changed`` for ``override_settings`` and the
-pytest-django ``settings`` fixture, and that clears what was kept. (Mutating
+(or ``SECRET_KEY``, which the default ``DIGEST_KEYS`` follow) changes: Django
+sends ``setting_changed`` for ``override_settings`` and the pytest-django
+``settings`` fixture, and that clears what was kept. (Mutating
 the dict in place at run time is not seen; nothing should.) Values are
 validated by the system checks in ``checks.py``; here they are only
 normalised.

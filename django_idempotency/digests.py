@@ -98,7 +98,9 @@ class FingerprintHasher:
     """
 
     def __init__(self) -> None:
-        self._macs = [(secret.version, secret.fingerprint_mac.copy()) for secret in active_secrets()]
+        self._macs = [
+            (secret.version, secret.fingerprint_mac.copy()) for secret in active_secrets()
+        ]
         self._legacy = hashlib.sha256()
 
     def update(self, chunk: str | bytes) -> None:

@@ -43,9 +43,7 @@ class IdempotencyRecord(models.Model):
     response_body = models.BinaryField(_("response body"), null=True, blank=True)
     #: Whether the headers and body are encrypted (``sealing.py``): then the
     #: headers are empty and the body holds one token of both.
-    response_sealed = models.BooleanField(
-        _("response encrypted"), default=False, db_default=False
-    )
+    response_sealed = models.BooleanField(_("response encrypted"), default=False, db_default=False)
     created_at = models.DateTimeField(_("created at"))
     updated_at = models.DateTimeField(_("updated at"))
     expires_at = models.DateTimeField(_("expires at"))

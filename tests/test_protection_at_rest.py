@@ -260,3 +260,42 @@ def test_the_migration_marks_only_well_formed_tokens_with_no_headers_as_sealed()
     assert not migration.looks_sealed([], token[:-3])
     assert not migration.looks_sealed([], token[len(b"fernet:") :])
     assert not migration.looks_sealed([], None)
+
+
+def test_the_migration_marks_existing_encrypted_rows_and_leaves_look_alikes_plain() -> None:
+    from django.db.migrations.executor import MigrationExecutor
+    from django.utils import timezone
+
+    before = [("django_idempotency", "0004_add_decrypted_view_permission")]
+    executor = MigrationExecutor(connection)
+    executor.migrate(before)
+    old_record = executor.loader.project_state(before).apps.get_model(
+        "django_idempotency", "IdempotencyRecord"
+    )
+    token = b"fernet:" + Fernet(NEW).encrypt(b'{"headers": [], "body": "e30="}')
+    now = timezone.now()
+    for key, headers, body in [
+        ("sealed", [], token),
+        ("look-alike", [], b"fernet:a plain body, not a token"),
+        ("plain", [["Content-Type", "application/json"]], b"{}"),
+        ("not-stored", [["Location", "/charges/1"]], None),
+    ]:
+        old_record.objects.create(
+            tenant="t",
+            operation="op",
+            key=key,
+            fingerprint="0" * 64,
+            state="COMPLETED",
+            response_status=201,
+            response_headers=headers,
+            response_body=body,
+            created_at=now,
+            updated_at=now,
+            expires_at=now,
+        )
+
+    executor = MigrationExecutor(connection)
+    executor.migrate(executor.loader.graph.leaf_nodes("django_idempotency"))
+
+    sealed = dict(IdempotencyRecord.objects.values_list("key", "response_sealed"))
+    assert sealed == {"sealed": True, "look-alike": False, "plain": False, "not-stored": False}
