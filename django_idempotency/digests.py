@@ -50,8 +50,8 @@ def _secrets(keys: tuple[tuple[str, bytes], ...]) -> tuple[_Secret, ...]:
     return tuple(
         _Secret(
             version,
-            hmac.new(_derive("fingerprint", secret), digestmod=hashlib.sha256),
-            hmac.new(_derive("provider-key", secret), digestmod=hashlib.sha256),
+            hmac.new(_derive("fingerprint", secret), digestmod="sha256"),
+            hmac.new(_derive("provider-key", secret), digestmod="sha256"),
         )
         for version, secret in keys
     )
