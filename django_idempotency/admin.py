@@ -309,13 +309,12 @@ class IdempotencyRecordAdmin(admin.ModelAdmin):  # type: ignore[type-arg]
 
     def _stored(self, record: IdempotencyRecord) -> tuple[list[list[str]], bytes | None] | str:
         """The stored headers and body, decrypted for those allowed to see them."""
-        if not sealing.is_sealed(record.response_body):
-            body = record.response_body
-            return record.response_headers, None if body is None else bytes(body)
+        if not record.response_sealed:
+            return sealing.unseal(record.response_headers, record.response_body, sealed=False)
         if not _may_decrypt.get():
             return str(_("(encrypted: you lack the permission to view it)"))
         try:
-            return sealing.unseal(record.response_headers, record.response_body)
+            return sealing.unseal(record.response_headers, record.response_body, sealed=True)
         except sealing.UnreadableRecord as exc:
             return str(_("(encrypted: %(reason)s)") % {"reason": exc})
 

@@ -203,6 +203,44 @@ def _check_encryption_keys(value: Any) -> Iterator[CheckMessage]:
             )
 
 
+_DIGEST_VERSION = re.compile(r"^[A-Za-z0-9_.-]{1,16}$")
+#: Fewer bytes than a SHA-256 digest would make the secret the weak link.
+_DIGEST_SECRET_MIN_LENGTH = 32
+
+
+def _digest_keys_problem(value: Any) -> str | None:
+    if not isinstance(value, (list, tuple)) or not value:
+        return f"= {value!r} is not a non-empty list of (version, secret) pairs."
+    versions: set[str] = set()
+    for index, entry in enumerate(value):
+        if not isinstance(entry, (list, tuple)) or len(entry) != 2:
+            return f"[{index}] is not a (version, secret) pair."
+        version, secret = entry
+        if not isinstance(version, str) or not _DIGEST_VERSION.match(version):
+            return f"[{index}] has the version {version!r}, not 1 to 16 of [A-Za-z0-9_.-]."
+        if version in versions:
+            return f"[{index}] repeats the version {version!r}."
+        versions.add(version)
+        if not isinstance(secret, (str, bytes)) or len(secret) < _DIGEST_SECRET_MIN_LENGTH:
+            return f"[{index}] has a secret shorter than {_DIGEST_SECRET_MIN_LENGTH} characters."
+    return None
+
+
+def _check_digest_keys(value: Any) -> Iterator[CheckMessage]:
+    if value is None:  # derived from SECRET_KEY and SECRET_KEY_FALLBACKS
+        return
+    problem = _digest_keys_problem(value)
+    if problem is not None:
+        yield _error(
+            21,
+            f"IDEMPOTENCY['DIGEST_KEYS']{problem}",
+            "Give [(version, secret), ...], newest first: a version of up to 16 letters, "
+            "digits, '_', '.' or '-' that never changes for its secret, and a random "
+            "secret of at least 32 characters. Keep a replaced secret listed for TTL. "
+            "Or leave DIGEST_KEYS unset to derive it from SECRET_KEY.",
+        )
+
+
 def _check_max_fingerprinted_body(value: Any) -> Iterator[CheckMessage]:
     if isinstance(value, bool) or not isinstance(value, int) or value < 1:
         yield _error(
@@ -230,6 +268,7 @@ _CHECKS: Mapping[str, Callable[[Any], Iterator[CheckMessage]]] = {
     "SINGLE_TRANSACTION": _check_bool("SINGLE_TRANSACTION", 20),
     "REDACT": _check_redact,
     "ENCRYPTION_KEYS": _check_encryption_keys,
+    "DIGEST_KEYS": _check_digest_keys,
     "MAX_FINGERPRINTED_BODY": _check_max_fingerprinted_body,
 }
 

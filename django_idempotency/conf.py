@@ -2,8 +2,9 @@
 
 Each attribute is resolved (defaults filled in, durations made timedeltas,
 dotted paths imported) on first access and kept until ``settings.IDEMPOTENCY``
-changes: Django sends ``setting_changed`` for ``override_settings`` and the
-pytest-django ``settings`` fixture, and that clears what was kept. (Mutating
+(or ``SECRET_KEY``, which the default ``DIGEST_KEYS`` follow) changes: Django
+sends ``setting_changed`` for ``override_settings`` and the pytest-django
+``settings`` fixture, and that clears what was kept. (Mutating
 the dict in place at run time is not seen; nothing should.) Values are
 validated by the system checks in ``checks.py``; here they are only
 normalised.
@@ -46,6 +47,8 @@ DEFAULTS: Mapping[str, Any] = {
     "ERROR_FORMAT": "drf",
     "REDACT": None,
     "ENCRYPTION_KEYS": (),
+    #: None: one secret derived from SECRET_KEY, then one per SECRET_KEY_FALLBACKS.
+    "DIGEST_KEYS": None,
     "MAX_FINGERPRINTED_BODY": 2_621_440,
     "PROBLEM_TYPE_BASE": "https://django-idempotency.readthedocs.io/en/latest/errors/#",
 }
@@ -69,6 +72,10 @@ def import_callable(path: str, setting: str) -> Callable[..., Any]:
     if not callable(imported):
         raise ImproperlyConfigured(f"IDEMPOTENCY[{setting!r}] = {path!r} is not callable.")
     return cast(Callable[..., Any], imported)
+
+
+def _as_bytes(secret: str | bytes) -> bytes:
+    return secret.encode("utf-8") if isinstance(secret, str) else bytes(secret)
 
 
 class _resolved(Generic[T]):  # lower case: a decorator, like @property
@@ -182,6 +189,18 @@ class IdempotencySettings:
         return tuple(self._get("ENCRYPTION_KEYS"))
 
     @_resolved
+    def DIGEST_KEYS(self) -> tuple[tuple[str, bytes], ...]:
+        """(version, secret) pairs, newest first; the default follows SECRET_KEY."""
+        value = self._get("DIGEST_KEYS")
+        if value is None:
+            from django_idempotency.digests import default_version
+
+            secrets = [django_settings.SECRET_KEY, *django_settings.SECRET_KEY_FALLBACKS]
+            encoded = [_as_bytes(secret) for secret in secrets]
+            return tuple((default_version(secret), secret) for secret in encoded)
+        return tuple((str(version), _as_bytes(secret)) for version, secret in value)
+
+    @_resolved
     def MAX_FINGERPRINTED_BODY(self) -> int:
         return cast(int, self._get("MAX_FINGERPRINTED_BODY"))
 
@@ -201,8 +220,12 @@ class IdempotencySettings:
 idempotency_settings = IdempotencySettings()
 
 
+#: Settings that resolved values depend on (the default DIGEST_KEYS).
+_WATCHED = frozenset({"IDEMPOTENCY", "SECRET_KEY", "SECRET_KEY_FALLBACKS"})
+
+
 def _forget_resolved(*, setting: str, **kwargs: Any) -> None:
-    if setting == "IDEMPOTENCY":
+    if setting in _WATCHED:
         idempotency_settings.resolved = {}
 
 

@@ -106,11 +106,15 @@ def idempotent_task(
                     scope, digest, ttl=retention, lease=held_for, using=database
                 )
             if held is None:
-                if record is not None and record.fingerprint != digest:
+                if record is not None and not digest.matches(record.fingerprint):
                     raise TaskKeyReused(f"{scope} was used with other arguments")
                 if record is not None and record.is_resolved:
                     logger.info("Duplicate message for %s: returning the stored result", scope)
-                    _, stored_body = unseal(record.response_headers, record.response_body)
+                    _, stored_body = unseal(
+                        record.response_headers,
+                        record.response_body,
+                        sealed=record.response_sealed,
+                    )
                     return json.loads(stored_body or b"null")
                 if record is not None and record.state == store.State.CLAIMED:
                     held = store.take_over(record, scope, lease=held_for, using=database)

@@ -2,14 +2,13 @@
 
 from __future__ import annotations
 
-import hashlib
 import json
 from datetime import timedelta
 
 from asgiref.sync import sync_to_async
 from django.core.exceptions import ImproperlyConfigured
 
-from django_idempotency import store, testing
+from django_idempotency import digests, store, testing
 from django_idempotency.conf import as_timedelta, idempotency_settings
 from django_idempotency.db import snapshot_isolated
 from django_idempotency.exceptions import IsolationNotSupported
@@ -25,12 +24,17 @@ def derive_provider_key(scope: Scope) -> str:
     price: a client key reused after ``expires_at`` (a new operation for us)
     reaches the provider under the old provider key, which answers with the
     old operation's result; a view should check that the provider's answer
-    belongs to the request (the demo compares the order id). Hashed, so it
-    fits any provider's key limits and reveals nothing of the tenant or the
-    client's key.
+    belongs to the request (the demo compares the order id). A keyed digest
+    (``digests.provider_key``) of at most 64 characters, so it fits any
+    provider's key limits and reveals nothing of the tenant or the client's
+    key, even to someone who can guess them.
+
+    Deterministic only under one secret: once ``begin_external()`` wrote it
+    to the record, it is read from there (a takeover, a reconciler), never
+    derived again.
     """
     material = json.dumps([scope.tenant, scope.operation, scope.key])
-    return hashlib.sha256(material.encode("ascii")).hexdigest()
+    return digests.provider_key(material.encode("ascii"))
 
 
 class IdempotencyContext:
@@ -55,6 +59,8 @@ class IdempotencyContext:
         self.external_begun = False
         self.provider_operation_id = ""
         self._isolation_checked = False
+        # The record's own, if it has one (a claim taken over): never a second.
+        self._provider_key = held.provider_key
 
     @property
     def scope(self) -> Scope:
@@ -78,7 +84,9 @@ class IdempotencyContext:
 
     @property
     def provider_key(self) -> str:
-        return derive_provider_key(self._held.scope)
+        if not self._provider_key:
+            self._provider_key = derive_provider_key(self._held.scope)
+        return self._provider_key
 
     def begin_external(self, *, lease: timedelta | float | None = None) -> str:
         """Commit IN_PROGRESS and the provider key; return the provider key.

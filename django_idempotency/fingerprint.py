@@ -1,6 +1,7 @@
 """Fingerprints: what makes two requests "the same request".
 
-A fingerprint is the SHA-256 of a canonical serialisation of the
+A fingerprint is a keyed digest (``digests.py``: HMAC-SHA256 under a
+server secret, versioned) of a canonical serialisation of the
 operation-defining input: the parsed body, the query parameters and the URL
 arguments. Canonical means sorted object keys, no insignificant whitespace
 and one spelling per number, so ``{"a": 1.0}`` and ``{ "a" : 1e0 }`` are the
@@ -37,6 +38,8 @@ from django.core.files.uploadedfile import UploadedFile
 from django.http import RawPostDataException
 from django.utils.datastructures import MultiValueDict
 from django.utils.translation import gettext
+
+from django_idempotency.digests import Fingerprint, FingerprintHasher
 
 if TYPE_CHECKING:
     from django.http import HttpRequest
@@ -292,10 +295,10 @@ def canonical(value: Any) -> bytes:
     return b"".join(chunks)
 
 
-def fingerprint(value: Any) -> str:
-    digest = hashlib.sha256()
-    write_canonical(value, digest)
-    return digest.hexdigest()
+def fingerprint(value: Any) -> Fingerprint:
+    hasher = FingerprintHasher()
+    write_canonical(value, hasher)
+    return hasher.finish()
 
 
 def select_fields(data: Any, fields: Sequence[str]) -> dict[str, Any]:
@@ -411,7 +414,7 @@ def request_fingerprint(
     spec: FingerprintSpec,
     view_args: Sequence[Any],
     view_kwargs: Mapping[str, Any],
-) -> str:
+) -> Fingerprint:
     """Fingerprint a request as ``idempotent(fingerprint=spec)`` asks.
 
     Raises ``NonCanonicalValue`` for input that has no fingerprint.

@@ -9,6 +9,8 @@ from django.utils.translation import gettext_lazy as _
 TENANT_MAX_LENGTH = 128
 OPERATION_MAX_LENGTH = 255
 KEY_MAX_LENGTH = 255  # also in consumers.py, which cannot import this module early
+#: A secret's version (at most 16 characters), a colon, 64 hex digits; room to spare.
+FINGERPRINT_MAX_LENGTH = 96
 
 
 class IdempotencyRecord(models.Model):
@@ -24,7 +26,9 @@ class IdempotencyRecord(models.Model):
     tenant = models.CharField(_("tenant"), max_length=TENANT_MAX_LENGTH)
     operation = models.CharField(_("operation"), max_length=OPERATION_MAX_LENGTH)
     key = models.CharField(_("idempotency key"), max_length=KEY_MAX_LENGTH)
-    fingerprint = models.CharField(_("request fingerprint"), max_length=64)
+    #: ``"<version>:<hex>"`` (``digests.py``); 64 bare hex digits if an older
+    #: release wrote it.
+    fingerprint = models.CharField(_("request fingerprint"), max_length=FINGERPRINT_MAX_LENGTH)
     state = models.CharField(_("state"), max_length=16, choices=State.choices)
     lease_owner = models.CharField(_("lease owner"), max_length=255, blank=True)
     lease_expires_at = models.DateTimeField(_("lease expires at"), null=True, blank=True)
@@ -37,6 +41,9 @@ class IdempotencyRecord(models.Model):
     #: NULL on a resolved record means the body was not stored (too large or
     #: streamed); an empty body is stored as ``b""``.
     response_body = models.BinaryField(_("response body"), null=True, blank=True)
+    #: Whether the headers and body are encrypted (``sealing.py``): then the
+    #: headers are empty and the body holds one token of both.
+    response_sealed = models.BooleanField(_("response encrypted"), default=False, db_default=False)
     created_at = models.DateTimeField(_("created at"))
     updated_at = models.DateTimeField(_("updated at"))
     expires_at = models.DateTimeField(_("expires at"))

@@ -23,6 +23,7 @@ from django_idempotency.conf import as_timedelta, idempotency_settings
 from django_idempotency.context import IdempotencyContext
 from django_idempotency.database_errors import is_connection_lost, is_contention
 from django_idempotency.db import close_independent_connections
+from django_idempotency.digests import Fingerprint
 from django_idempotency.exceptions import (
     UNREADABLE_RECORD,
     BodyTooLarge,
@@ -171,7 +172,7 @@ def _declared_length(request: HttpRequest) -> int:
 def _claim_or_answer(
     request: HttpRequest,
     scope: Scope,
-    fingerprint: str,
+    fingerprint: Fingerprint,
     view: Callable[[], HttpResponseBase],
     options: Options,
 ) -> HttpResponseBase:
@@ -203,7 +204,7 @@ def _claim_or_answer(
             retries += 1
             if retries <= _MAX_RECLAIMS:
                 continue
-        elif record.fingerprint != fingerprint or record.is_resolved:
+        elif not fingerprint.matches(record.fingerprint) or record.is_resolved:
             return _answer(request, scope, fingerprint, record)
         elif waiting and time.monotonic() < deadline:
             time.sleep(min(poll, max(deadline - time.monotonic(), 0)))
@@ -220,14 +221,16 @@ def _in_flight(
 
 
 def _answer(
-    request: HttpRequest, scope: Scope, fingerprint: str, record: IdempotencyRecord
+    request: HttpRequest, scope: Scope, fingerprint: Fingerprint, record: IdempotencyRecord
 ) -> HttpResponseBase:
     """The answer a settled record gives: 422 for other input, else its replay."""
-    if record.fingerprint != fingerprint:
+    if not fingerprint.matches(record.fingerprint):
         signals.notify(signals.key_reused, request, scope)
         raise KeyReused()
     try:
-        headers, body = unseal(record.response_headers, record.response_body)
+        headers, body = unseal(
+            record.response_headers, record.response_body, sealed=record.response_sealed
+        )
     except UnreadableRecord as exc:
         logger.error("Cannot replay record %s (%s): %s", record.pk, scope, exc)
         raise StoreUnavailable(str(UNREADABLE_RECORD), retry_after=UNAVAILABLE_RETRY_AFTER) from exc
@@ -238,7 +241,7 @@ def _answer(
 def _claim_in_one_transaction(
     request: HttpRequest,
     scope: Scope,
-    fingerprint: str,
+    fingerprint: Fingerprint,
     view: Callable[[], HttpResponseBase],
     options: Options,
 ) -> HttpResponseBase:
@@ -294,7 +297,9 @@ def _claim_in_one_transaction(
         raise
     if run is not None:
         return _settle_single_run(request, fingerprint, run, ttl)
-    settled = record is not None and (record.fingerprint != fingerprint or record.is_resolved)
+    settled = record is not None and (
+        not fingerprint.matches(record.fingerprint) or record.is_resolved
+    )
     if record is not None and settled and not _expired(record):
         return _answer(request, scope, fingerprint, record)
     # Held by a request of the two-commit kind, expired or just released:
@@ -340,7 +345,7 @@ def _view_in_the_claims_transaction(
 
 
 def _settle_single_run(
-    request: HttpRequest, fingerprint: str, run: _SingleRun, ttl: timedelta
+    request: HttpRequest, fingerprint: Fingerprint, run: _SingleRun, ttl: timedelta
 ) -> HttpResponseBase:
     """After the commit: store a rolled-back refusal afresh; tell what was stored."""
     status = run.response.status_code
@@ -391,11 +396,11 @@ def _expired(record: IdempotencyRecord) -> bool:
     return record.is_resolved and record.expires_at <= timezone.now()
 
 
-def _abandoned(record: IdempotencyRecord, fingerprint: str) -> bool:
+def _abandoned(record: IdempotencyRecord, fingerprint: Fingerprint) -> bool:
     """A claim for this very request whose owner's lease ran out."""
     return (
         record.state == State.CLAIMED
-        and record.fingerprint == fingerprint
+        and fingerprint.matches(record.fingerprint)
         and record.lease_expires_at is not None
         and record.lease_expires_at <= timezone.now()
     )

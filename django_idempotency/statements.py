@@ -63,8 +63,8 @@ class Statements:
     claim_waiting_at_most: str
     #: tenant, operation, key -> the record's row, if any.
     find: str
-    #: state, status, headers, body, expiry, expiry (again), updated, id,
-    #: fencing token -> rowcount 1, or 0 for a stale owner.
+    #: state, status, headers, body, sealed, expiry, expiry (again), updated,
+    #: id, fencing token -> rowcount 1, or 0 for a stale owner.
     complete: str
     #: now, scan start, limit, now -> (rows deleted, latest expiry deleted).
     #: PostgreSQL only.
@@ -104,6 +104,9 @@ def _build(connection: BaseDatabaseWrapper) -> Statements:
     complete = (
         f"UPDATE {table} SET {quote('state')} = %s, {quote('response_status')} = %s, "
         f"{quote('response_headers')} = %s, {quote('response_body')} = %s, "
+        # In the same statement as the response: a sealed response is never
+        # readable as plaintext, nor a plaintext one taken for ciphertext.
+        f"{quote('response_sealed')} = %s, "
         f"{quote('lease_owner')} = '', {quote('lease_expires_at')} = NULL, "
         # An operator may have extended retention already: never shorten it.
         f"{expires_at} = CASE WHEN {expires_at} > %s THEN {expires_at} ELSE %s END, "

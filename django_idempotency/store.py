@@ -13,7 +13,7 @@ import os
 import socket
 import threading
 from contextlib import nullcontext
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from datetime import UTC, datetime, timedelta
 from typing import Any
 
@@ -22,11 +22,12 @@ from django.db.models import Case, DateTimeField, F, QuerySet, Value, When
 from django.utils import timezone
 
 from django_idempotency.db import commit_now_alias
+from django_idempotency.digests import Fingerprint
 from django_idempotency.exceptions import StaleOwner
 from django_idempotency.models import RESOLVED_STATES, IdempotencyRecord
 from django_idempotency.responses import Outcome, StoredResponse
 from django_idempotency.scope import Scope
-from django_idempotency.sealing import is_sealed, reseal, seal
+from django_idempotency.sealing import UnreadableRecord, encrypt, reseal, seal
 from django_idempotency.statements import record_from_row, statements_for
 
 logger = logging.getLogger("django_idempotency")
@@ -48,6 +49,9 @@ class Claim:
     #: caller's): then the record exists only inside it, and so must every
     #: later write of this owner.
     committed: bool = True
+    #: The provider key the record already holds (a claim taken over): the
+    #: owner sends the provider that one, never a newly derived one.
+    provider_key: str = ""
 
     @property
     def write_now_alias(self) -> str:
@@ -61,7 +65,7 @@ def lease_owner() -> str:
 
 def claim(
     scope: Scope,
-    fingerprint: str,
+    fingerprint: Fingerprint,
     *,
     ttl: timedelta,
     lease: timedelta,
@@ -108,7 +112,7 @@ def claim(
                 tenant=scope.tenant,
                 operation=scope.operation,
                 key=scope.key,
-                fingerprint=fingerprint,
+                fingerprint=fingerprint.stored,
                 state=State.CLAIMED,
                 lease_owner=lease_owner(),
                 lease_expires_at=now + lease,
@@ -123,7 +127,7 @@ def claim(
 
 
 def claim_or_find(
-    scope: Scope, fingerprint: str, *, ttl: timedelta, lease: timedelta, using: str
+    scope: Scope, fingerprint: Fingerprint, *, ttl: timedelta, lease: timedelta, using: str
 ) -> tuple[Claim | None, IdempotencyRecord | None]:
     """``claim()``, and when the key is taken, the record that holds it.
 
@@ -140,13 +144,15 @@ def _scope_params(scope: Scope) -> list[str]:
     return [scope.tenant, scope.operation, scope.key]
 
 
-def _claim_params(scope: Scope, fingerprint: str, *, ttl: timedelta, lease: timedelta) -> list[Any]:
+def _claim_params(
+    scope: Scope, fingerprint: Fingerprint, *, ttl: timedelta, lease: timedelta
+) -> list[Any]:
     now = timezone.now()
     return [
         scope.tenant,
         scope.operation,
         scope.key,
-        fingerprint,
+        fingerprint.stored,
         State.CLAIMED.value,
         lease_owner(),
         now + lease,
@@ -191,7 +197,8 @@ def take_over(
         scope,
         record.lease_expires_at,
     )
-    return Claim(record.pk, token, scope, using, not connections[using].in_atomic_block)
+    committed = not connections[using].in_atomic_block
+    return Claim(record.pk, token, scope, using, committed, record.provider_key)
 
 
 def lookup(scope: Scope, *, using: str) -> IdempotencyRecord | None:
@@ -205,9 +212,11 @@ def lookup(scope: Scope, *, using: str) -> IdempotencyRecord | None:
 def complete(held: Claim, outcome: Outcome, response: StoredResponse, *, ttl: timedelta) -> None:
     """Store the outcome; run inside the view's transaction so both commit together.
 
-    What is written passes ``sealing.seal``: the REDACT hook, then encryption.
+    What is written passes ``sealing.seal``: the REDACT hook, then encryption,
+    and whether it is encrypted is written by the same statement.
     """
-    response = seal(response)
+    sealed = seal(response)
+    response = sealed.response
     connection = connections[held.database]
     adapt = connection.ops.adapt_datetimefield_value
     now = timezone.now()
@@ -219,6 +228,7 @@ def complete(held: Claim, outcome: Outcome, response: StoredResponse, *, ttl: ti
         # reads an untyped literal as jsonb): cheaper than the Jsonb adapter.
         json.dumps(response.headers),
         response.body,
+        sealed.sealed,
         expires_at,
         expires_at,
         adapt(now),
@@ -422,7 +432,7 @@ def take_over_next_stale(*, lease: timedelta, using: str) -> tuple[IdempotencyRe
             record.fencing_token, record.lease_owner = token, owner
             record.lease_expires_at = now + lease
             scope = Scope(record.tenant, record.operation, record.key)
-            return record, Claim(record.pk, token, scope, using)
+            return record, Claim(record.pk, token, scope, using, provider_key=record.provider_key)
 
 
 #: Where the first batch of a purge starts scanning: before any record's expiry.
@@ -503,7 +513,8 @@ def take_over_for_operator(
     if not updated:
         return None
     record.fencing_token = token
-    return Claim(record.pk, token, Scope(record.tenant, record.operation, record.key), using)
+    scope = Scope(record.tenant, record.operation, record.key)
+    return Claim(record.pk, token, scope, using, provider_key=record.provider_key)
 
 
 def extend_retention(record_ids: list[int], *, until: datetime, using: str) -> int:
@@ -524,25 +535,60 @@ def expire_leases(*, using: str) -> int:
     )
 
 
-def reseal_batch(*, after: int, limit: int, using: str) -> tuple[int, int]:
-    """Re-encrypt sealed responses past primary key ``after`` with the newest key.
+@dataclass
+class ResealBatch:
+    """What one batch of ``reseal_batch`` did."""
 
-    Returns (the last primary key looked at, records rewritten); compare-and-set
-    on the fencing token, so a record changed meanwhile is left alone.
+    #: The last primary key looked at: where the next batch starts.
+    last: int
+    #: Encrypted responses re-encrypted with the newest key.
+    rotated: int = 0
+    #: Plaintext responses (stored before encryption was on) encrypted.
+    encrypted: int = 0
+    #: (primary key, scope) of the encrypted responses no key decrypts.
+    unreadable: list[tuple[int, Scope]] = field(default_factory=list)
+
+
+def reseal_batch(*, after: int, limit: int, using: str) -> ResealBatch:
+    """Encrypt with the newest key every stored response past primary key ``after``.
+
+    Sealed responses are re-encrypted; plaintext ones (stored before
+    ``ENCRYPTION_KEYS`` was set) are encrypted, headers included. A record
+    that no key decrypts is reported, and the batch goes on. Each write is a
+    compare-and-set on the fencing token and the sealed flag, so a record
+    changed meanwhile is left alone.
     """
     rows = list(
         IdempotencyRecord.objects.using(using)
-        .filter(pk__gt=after, response_body__isnull=False)
+        .filter(pk__gt=after, state__in=RESOLVED_STATES)
         .order_by("pk")
-        .values_list("pk", "fencing_token", "response_body")[:limit]
+        .values_list(
+            "pk",
+            "fencing_token",
+            "tenant",
+            "operation",
+            "key",
+            "response_status",
+            "response_sealed",
+            "response_headers",
+            "response_body",
+        )[:limit]
     )
-    rewritten = 0
-    for pk, token, body in rows:
-        if not is_sealed(body):
-            continue
-        rewritten += (
-            IdempotencyRecord.objects.using(using)
-            .filter(pk=pk, fencing_token=token)
-            .update(response_body=reseal(body))
+    batch = ResealBatch(rows[-1][0] if rows else after)
+    for pk, token, tenant, operation, key, status, sealed, headers, body in rows:
+        unchanged = IdempotencyRecord.objects.using(using).filter(
+            pk=pk, fencing_token=token, response_sealed=sealed
         )
-    return (rows[-1][0] if rows else after), rewritten
+        if sealed:
+            try:
+                batch.rotated += unchanged.update(response_body=reseal(body))
+            except UnreadableRecord:
+                batch.unreadable.append((pk, Scope(tenant, operation, key)))
+        elif headers or body is not None:
+            encrypted = encrypt(status or 0, headers, None if body is None else bytes(body))
+            batch.encrypted += unchanged.update(
+                response_headers=encrypted.headers,
+                response_body=encrypted.body,
+                response_sealed=True,
+            )
+    return batch

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import hashlib
 import json
 from io import StringIO
 from typing import Any
@@ -9,7 +10,7 @@ from typing import Any
 import pytest
 from cryptography.fernet import Fernet
 from django.contrib.auth.models import Permission
-from django.core.management import call_command
+from django.core.management import CommandError, call_command
 from django.db import connection
 from django.test import Client
 from rest_framework.test import APIClient
@@ -26,10 +27,17 @@ OLD, NEW = Fernet.generate_key().decode(), Fernet.generate_key().decode()
 
 def raw_row() -> tuple[Any, Any]:
     """What the database holds, read past the ORM."""
+    return raw_rows()[0]
+
+
+def raw_rows() -> list[tuple[Any, Any]]:
+    """Every record's headers and body as the database holds them, oldest first."""
     with connection.cursor() as cursor:
-        cursor.execute("SELECT response_headers, response_body FROM django_idempotency_record")
-        headers, body = cursor.fetchone()
-    return headers, bytes(body)
+        cursor.execute(
+            "SELECT response_headers, response_body FROM django_idempotency_record ORDER BY id"
+        )
+        rows = cursor.fetchall()
+    return [(str(headers), None if body is None else bytes(body)) for headers, body in rows]
 
 
 def drop_tenant(response: StoredResponse) -> StoredResponse:
@@ -70,7 +78,7 @@ def test_keys_rotate_without_losing_a_replay(api: APIClient, settings: Any) -> N
 
     out = StringIO()
     call_command("idempotency_rotate_keys", stdout=out)
-    assert "re-encrypted 1 stored response(s)" in out.getvalue()
+    assert "rotated 1, encrypted 0, unreadable 0" in out.getvalue()
 
     # Rewritten under the new key: the old one can go.
     settings.IDEMPOTENCY = {"ENCRYPTION_KEYS": [NEW]}
@@ -124,3 +132,170 @@ def test_a_body_over_the_limit_is_refused_with_413(api: APIClient, settings: Any
     assert response.json()["code"] == "idempotency_body_too_large"
     assert not IdempotencyRecord.objects.exists()
     assert post(api, URL, {"amount": 1}, "k2").status_code == 201
+
+
+def test_headers_are_encrypted_when_the_body_is_too_large_to_store(
+    api: APIClient, settings: Any
+) -> None:
+    settings.IDEMPOTENCY = {
+        "ENCRYPTION_KEYS": [NEW],
+        "MAX_STORED_BODY": 1,
+        "STORED_HEADERS": ["ETag"],
+    }
+    first = post(api, URL, {"amount": 4242}, "k")
+    retry = post(api, URL, {"amount": 4242}, "k")
+
+    headers, body = raw_row()
+    assert "/charges/" not in headers and "ETag" not in headers
+    assert body is not None and b"/charges/" not in body
+    assert retry["Idempotent-Replayed"] == "true" and retry["Idempotent-Body-Omitted"] == "true"
+    assert (retry["Location"], retry["ETag"]) == (first["Location"], first["ETag"])
+    assert retry.content == b""
+
+
+def test_rotation_encrypts_responses_stored_before_encryption_was_turned_on(
+    api: APIClient, settings: Any
+) -> None:
+    small = post(api, URL, {"amount": 4242}, "small")
+    settings.IDEMPOTENCY = {"MAX_STORED_BODY": 1}
+    large = post(api, URL, {"amount": 4343}, "large")
+    assert "/charges/" in raw_rows()[0][0] and b"4242" in raw_rows()[0][1]
+    assert "/charges/" in raw_rows()[1][0] and raw_rows()[1][1] is None
+
+    settings.IDEMPOTENCY = {"ENCRYPTION_KEYS": [NEW]}
+    out = StringIO()
+    call_command("idempotency_rotate_keys", stdout=out)
+
+    assert "rotated 0, encrypted 2, unreadable 0" in out.getvalue()
+    for headers, body in raw_rows():
+        assert "/charges/" not in headers and b"/charges/" not in body
+        assert b"4242" not in body and b"4343" not in body
+    assert post(api, URL, {"amount": 4242}, "small").content == small.content
+    replayed = post(api, URL, {"amount": 4343}, "large")
+    assert replayed["Location"] == large["Location"] and replayed.content == b""
+
+
+def test_a_plaintext_body_that_looks_like_ciphertext_is_still_plaintext(
+    api: APIClient, settings: Any
+) -> None:
+    post(api, URL, {"amount": 1}, "k")
+    IdempotencyRecord.objects.update(response_body=b"fernet:a plain body, not a token")
+
+    retry = post(api, URL, {"amount": 1}, "k")
+
+    assert retry.status_code == 201 and retry["Idempotent-Replayed"] == "true"
+    assert retry.content == b"fernet:a plain body, not a token"
+
+
+def test_the_admin_shows_a_plaintext_body_that_looks_like_ciphertext(
+    api: APIClient, settings: Any
+) -> None:
+    post(api, URL, {"amount": 1}, "k")
+    record = IdempotencyRecord.objects.get()
+    IdempotencyRecord.objects.update(response_body=b"fernet:a plain body, not a token")
+    settings.IDEMPOTENCY = {"ENCRYPTION_KEYS": [NEW]}
+    user = UserFactory(is_staff=True)
+    user.user_permissions.add(*Permission.objects.filter(codename="view_idempotencyrecord"))
+    client = Client()
+    client.force_login(user)
+
+    page = client.get(
+        f"/admin/django_idempotency/idempotencyrecord/{record.pk}/change/"
+    ).content.decode()
+
+    assert "a plain body, not a token" in page and "lack the permission" not in page
+
+
+def test_rotation_encrypts_a_plaintext_body_that_looks_like_ciphertext(
+    api: APIClient, settings: Any
+) -> None:
+    post(api, URL, {"amount": 1}, "k")
+    IdempotencyRecord.objects.update(response_body=b"fernet:a plain body, not a token")
+    settings.IDEMPOTENCY = {"ENCRYPTION_KEYS": [NEW]}
+
+    out = StringIO()
+    call_command("idempotency_rotate_keys", stdout=out)
+
+    assert "rotated 0, encrypted 1, unreadable 0" in out.getvalue()
+    assert b"a plain body" not in raw_row()[1]
+    assert post(api, URL, {"amount": 1}, "k").content == b"fernet:a plain body, not a token"
+
+
+def test_rotation_goes_on_past_a_record_no_key_decrypts_and_fails_with_a_summary(
+    api: APIClient, settings: Any
+) -> None:
+    lost = Fernet.generate_key().decode()
+    settings.IDEMPOTENCY = {"ENCRYPTION_KEYS": [lost]}
+    post(api, URL, {"amount": 1}, "unreadable-key")
+    settings.IDEMPOTENCY = {"ENCRYPTION_KEYS": [OLD]}
+    readable = post(api, URL, {"amount": 2}, "readable-key")
+    unreadable = IdempotencyRecord.objects.get(key="unreadable-key")
+
+    settings.IDEMPOTENCY = {"ENCRYPTION_KEYS": [NEW, OLD]}
+    out, err = StringIO(), StringIO()
+    with pytest.raises(CommandError, match="1 stored response"):
+        call_command("idempotency_rotate_keys", stdout=out, stderr=err)
+
+    assert "rotated 1, encrypted 0, unreadable 1" in out.getvalue()
+    assert f"record {unreadable.pk} " in err.getvalue()
+    assert f"{unreadable.tenant} / {unreadable.operation} / unreadable-key" in err.getvalue()
+    # The record after the unreadable one was rotated all the same.
+    settings.IDEMPOTENCY = {"ENCRYPTION_KEYS": [NEW]}
+    assert post(api, URL, {"amount": 2}, "readable-key").content == readable.content
+
+
+def test_the_migration_marks_only_well_formed_tokens_with_no_headers_as_sealed() -> None:
+    import importlib
+
+    migration = importlib.import_module(
+        "django_idempotency.migrations.0005_mark_sealed_responses_and_key_digests"
+    )
+    token = b"fernet:" + Fernet(NEW).encrypt(b'{"headers": [], "body": "e30="}')
+    look_alike = b"fernet:" + hashlib.sha256(b"x").hexdigest().encode()
+
+    assert migration.looks_sealed([], token)
+    assert not migration.looks_sealed([["Content-Type", "text/plain"]], token)
+    assert not migration.looks_sealed([], b"fernet:a plain body, not a token")
+    assert not migration.looks_sealed([], look_alike)
+    assert not migration.looks_sealed([], token[:-3])
+    assert not migration.looks_sealed([], token[len(b"fernet:") :])
+    assert not migration.looks_sealed([], None)
+
+
+def test_the_migration_marks_existing_encrypted_rows_and_leaves_look_alikes_plain() -> None:
+    from django.db.migrations.executor import MigrationExecutor
+    from django.utils import timezone
+
+    before = [("django_idempotency", "0004_add_decrypted_view_permission")]
+    executor = MigrationExecutor(connection)
+    executor.migrate(before)
+    old_record = executor.loader.project_state(before).apps.get_model(
+        "django_idempotency", "IdempotencyRecord"
+    )
+    token = b"fernet:" + Fernet(NEW).encrypt(b'{"headers": [], "body": "e30="}')
+    now = timezone.now()
+    for key, headers, body in [
+        ("sealed", [], token),
+        ("look-alike", [], b"fernet:a plain body, not a token"),
+        ("plain", [["Content-Type", "application/json"]], b"{}"),
+        ("not-stored", [["Location", "/charges/1"]], None),
+    ]:
+        old_record.objects.create(
+            tenant="t",
+            operation="op",
+            key=key,
+            fingerprint="0" * 64,
+            state="COMPLETED",
+            response_status=201,
+            response_headers=headers,
+            response_body=body,
+            created_at=now,
+            updated_at=now,
+            expires_at=now,
+        )
+
+    executor = MigrationExecutor(connection)
+    executor.migrate(executor.loader.graph.leaf_nodes("django_idempotency"))
+
+    sealed = dict(IdempotencyRecord.objects.values_list("key", "response_sealed"))
+    assert sealed == {"sealed": True, "look-alike": False, "plain": False, "not-stored": False}

@@ -11,8 +11,11 @@ from django_idempotency.management.arguments import positive_int
 
 class Command(BaseCommand):
     help = (
-        "Re-encrypt stored responses with the newest of IDEMPOTENCY['ENCRYPTION_KEYS'] "
-        "(the first), so that older keys can be removed from the list afterwards."
+        "Encrypt every stored response with the newest of IDEMPOTENCY['ENCRYPTION_KEYS'] "
+        "(the first): re-encrypt those encrypted with an older key, so that it can be "
+        "removed from the list afterwards, and encrypt those stored in plaintext before "
+        "encryption was turned on. Records no key decrypts are listed, and the command "
+        "then exits with status 1."
     )
 
     def add_arguments(self, parser: CommandParser) -> None:
@@ -23,13 +26,26 @@ class Command(BaseCommand):
     def handle(self, *args: Any, batch_size: int, **options: Any) -> None:
         if not idempotency_settings.ENCRYPTION_KEYS:
             raise CommandError("IDEMPOTENCY['ENCRYPTION_KEYS'] is empty: nothing to rotate to.")
-        after, total = 0, 0
+        after, rotated, encrypted, unreadable = 0, 0, 0, 0
         while True:
-            last, rewritten = store.reseal_batch(
+            batch = store.reseal_batch(
                 after=after, limit=batch_size, using=idempotency_settings.DATABASE
             )
-            total += rewritten
-            if last == after:
+            rotated += batch.rotated
+            encrypted += batch.encrypted
+            for pk, scope in batch.unreadable:
+                unreadable += 1
+                self.stderr.write(
+                    f"record {pk} ({scope.tenant} / {scope.operation} / {scope.key}): "
+                    "none of ENCRYPTION_KEYS decrypts its response; left as it is"
+                )
+            if batch.last == after:
                 break
-            after = last
-        self.stdout.write(f"re-encrypted {total} stored response(s) with the newest key")
+            after = batch.last
+        self.stdout.write(f"rotated {rotated}, encrypted {encrypted}, unreadable {unreadable}")
+        if unreadable:
+            raise CommandError(
+                f"{unreadable} stored response(s) could not be decrypted with any of "
+                "ENCRYPTION_KEYS (listed above): put the key they were encrypted with back "
+                "into the list and run the command again, or let them expire."
+            )
