@@ -1,0 +1,52 @@
+"""pytest markers for the configuration matrix (loaded with ``-p`` from pyproject.toml).
+
+``@pytest.mark.not_under("name", reason="...")``: the test checks a behaviour
+the configuration ``name`` changes on purpose (a 503 under ``fail-open``, a
+query count under ``atomic-requests``); skipped in that configuration only,
+with the reason. ``@pytest.mark.only_under("name", ...)``: the test is about
+those configurations and skipped in the others.
+"""
+
+from __future__ import annotations
+
+import pytest
+
+from tests import configurations
+
+
+def pytest_configure(config: pytest.Config) -> None:
+    config.addinivalue_line(
+        "markers",
+        "not_under(*names, reason): skipped under these configurations, which change on "
+        "purpose the behaviour the test checks",
+    )
+    config.addinivalue_line(
+        "markers", "only_under(*names): runs only under these configurations"
+    )
+
+
+def pytest_report_header(config: pytest.Config) -> str:
+    return f"idempotency test configuration: {configurations.active()}"
+
+
+def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
+    name = configurations.active()
+    for item in items:
+        for marker in item.iter_markers("not_under"):
+            if name in marker.args:
+                reason = marker.kwargs.get("reason")
+                assert reason, f"{item.nodeid}: not_under() needs a reason"
+                item.add_marker(pytest.mark.skip(reason=f"under {name}: {reason}"))
+        only = item.get_closest_marker("only_under")
+        if only is not None and name not in only.args:
+            item.add_marker(
+                pytest.mark.skip(reason=f"only under the configuration(s) {', '.join(only.args)}")
+            )
+        if name == "read-replica-router":
+            # The replica alias is part of the project: tests may use it.
+            database = item.get_closest_marker("django_db")
+            if database is not None:
+                item.add_marker(
+                    pytest.mark.django_db(**{**database.kwargs, "databases": "__all__"}),
+                    append=False,
+                )
