@@ -17,7 +17,7 @@ from tests.conftest import post
 from tests.testapp.models import Charge
 from tests.testapp.views import ViewFailure
 
-pytestmark = pytest.mark.django_db(transaction=True)
+pytestmark = [pytest.mark.django_db(transaction=True), pytest.mark.guarantees]
 URL = "/api-view/external"
 State = IdempotencyRecord.State
 OPERATION = "POST api-view/external"

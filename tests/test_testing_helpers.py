@@ -20,7 +20,7 @@ from django_idempotency.testing import (
 from tests.conftest import post
 from tests.testapp.models import Charge
 
-pytestmark = pytest.mark.django_db(transaction=True)
+pytestmark = [pytest.mark.django_db(transaction=True), pytest.mark.guarantees]
 State = IdempotencyRecord.State
 
 

@@ -116,6 +116,7 @@ def csrf_real_server(settings: Settings) -> None:
     # tokens over a real server (tests/live/test_configurations_live.py) and
     # with ``Client(enforce_csrf_checks=True)`` (tests/test_configurations.py).
     assert "django.middleware.csrf.CsrfViewMiddleware" in settings["MIDDLEWARE"]
+    settings["ROOT_URLCONF"] = "tests.configurations.forms"
 
 
 def naive_new_york(settings: Settings) -> None:
@@ -173,7 +174,10 @@ def read_replica_router(settings: Settings) -> None:
 #: gunicorn's threaded worker: several requests of one process at once, each
 #: thread with its own Django connections (and its own second connection for
 #: begin_external()). Read by tests/live/server.py.
-GTHREAD = {"IDEMPOTENCY_TEST_GUNICORN_WORKER_CLASS": "gthread", "IDEMPOTENCY_TEST_GUNICORN_THREADS": "4"}
+GTHREAD = {
+    "IDEMPOTENCY_TEST_GUNICORN_WORKER_CLASS": "gthread",
+    "IDEMPOTENCY_TEST_GUNICORN_THREADS": "4",
+}
 
 #: Just before the spring-forward change in New York (02:00 EST -> 03:00 EDT).
 DST_MOMENT = "2027-03-14 01:59:30"
@@ -188,7 +192,7 @@ CONFIGURATIONS: dict[str, Configuration] = {
             "an installed app connects pre_delete/post_delete receivers without a sender "
             "(audit and history packages)",
             delete_signals,
-            live=LIVE,
+            live=LIVE + CRASHES,
         ),
         Configuration(
             "persistent-connections",
@@ -203,7 +207,7 @@ CONFIGURATIONS: dict[str, Configuration] = {
             "MariaDB's InnoDB default",
             repeatable_read,
             databases=("postgres", "mariadb"),
-            live=LIVE,
+            live=LIVE + CRASHES,
         ),
         Configuration(
             "atomic-requests",
@@ -280,8 +284,7 @@ CONFIGURATIONS: dict[str, Configuration] = {
         ),
         Configuration(
             "read-replica-router",
-            "a second alias (a replica, TEST MIRROR of default) and a router sending reads "
-            "to it",
+            "a second alias (a replica, TEST MIRROR of default) and a router sending reads to it",
             read_replica_router,
             databases=("sqlite", "postgres"),
         ),

@@ -6,7 +6,8 @@
    given by ``IDEMPOTENCY_TEST_POSTGRES_URL``,
 2. runs ``python -m django migrate --settings tests.settings`` into it,
 3. starts ``gunicorn tests.live.wsgi:application`` (4 sync workers, one
-   thread each) on a free local port with ``DATABASE_URL`` pointing at it
+   thread each, unless a configuration's ``IDEMPOTENCY_TEST_GUNICORN_*``
+   variables say otherwise) on a free local port with ``DATABASE_URL`` pointing at it
    (or another ``Project``: ``PAYMENTS_PROJECT`` serves the demo project's
    payments API, for the crash tests),
 4. waits until every worker has booted and the server answers, and yields a
@@ -51,7 +52,12 @@ from psycopg import sql
 from tests.live.services import postgres_url, require_postgres
 
 REPO_ROOT = Path(__file__).resolve().parents[2]
-WORKERS = 4
+# gunicorn's worker model, set by a configuration of the matrix
+# (tests/configurations/): e.g. gthread, 2 processes x 4 threads, where
+# requests of one process run at once, each thread on its own connections.
+WORKERS = int(os.environ.get("IDEMPOTENCY_TEST_GUNICORN_WORKERS") or 4)
+WORKER_CLASS = os.environ.get("IDEMPOTENCY_TEST_GUNICORN_WORKER_CLASS") or "sync"
+THREADS = int(os.environ.get("IDEMPOTENCY_TEST_GUNICORN_THREADS") or 1)
 DEFAULT_APP = "tests.live.wsgi:application"
 STARTUP_TIMEOUT = 60.0
 STOP_TIMEOUT = 15.0
@@ -138,9 +144,12 @@ TESTS_PROJECT = Project(
 #: The demo project (testproject/): the payments API, its reconciler and, with
 #: PAYMENTS_CRASH_HOOKS=1, its crash points.
 PAYMENTS_PROJECT = Project(
-    settings="testproject.settings",
+    # testproject.settings with the matrix's configuration applied.
+    settings="tests.live.payments_settings",
     app="testproject.wsgi:application",
-    pythonpath=(REPO_ROOT / "testproject",),
+    # The repository root too: the Celery worker runs from testproject/ and
+    # must import tests.live.payments_settings.
+    pythonpath=(REPO_ROOT / "testproject", REPO_ROOT),
     ready_path="/v1/payments",
     ready_statuses=(401,),  # token authentication: anonymous is refused
 )
@@ -302,7 +311,7 @@ class LiveServer:
     def start(self) -> None:
         command = [
             sys.executable, "-m", "gunicorn", self.app,
-            "-w", str(self.workers), "--threads", "1",
+            "-w", str(self.workers), "-k", WORKER_CLASS, "--threads", str(THREADS),
             "-b", f"127.0.0.1:{self.port}",
             "--timeout", "60", "--graceful-timeout", "5",
             # gunicorn >= 24 opens a control socket at a fixed per-user path by
