@@ -179,6 +179,10 @@ GTHREAD = {
     "IDEMPOTENCY_TEST_GUNICORN_THREADS": "4",
 }
 
+#: Where the live servers run instead of PostgreSQL (tests/live/server.py);
+#: ``{mariadb}`` is replaced by the runner with the MariaDB URL.
+LIVE_MARIADB = "IDEMPOTENCY_TEST_LIVE_MARIADB_URL"
+
 #: Just before the spring-forward change in New York (02:00 EST -> 03:00 EDT).
 DST_MOMENT = "2027-03-14 01:59:30"
 
@@ -242,6 +246,25 @@ CONFIGURATIONS: dict[str, Configuration] = {
             in_process=(),
             live=LIVE,
             environment={**GTHREAD, "IDEMPOTENCY_TEST_GUNICORN_WORKERS": "2"},
+        ),
+        Configuration(
+            "live-on-mariadb",
+            "the live races with gunicorn on MariaDB (PyMySQL, Django's READ COMMITTED); "
+            "the test process, on PostgreSQL, only drives them",
+            baseline,
+            databases=("postgres",),
+            in_process=(),
+            live=("tests/live/test_concurrency.py",),
+            environment={LIVE_MARIADB: "{mariadb}"},
+        ),
+        Configuration(
+            "live-on-mariadb-repeatable-read",
+            "the same with MariaDB at REPEATABLE READ (InnoDB's default)",
+            repeatable_read,
+            databases=("postgres",),
+            in_process=(),
+            live=("tests/live/test_concurrency.py",),
+            environment={LIVE_MARIADB: "{mariadb}"},
         ),
         Configuration(
             "naive-new-york",

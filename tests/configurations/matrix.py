@@ -71,18 +71,18 @@ def _parse_junit(cell: Cell, path: Path) -> None:
             cell.failures.append(f"{module}.py::{case.get('name')}: {first_line}")
 
 
-def run_cell(cell: Cell, url: str, logs: Path, pytest_args: list[str]) -> Cell:
+def run_cell(cell: Cell, urls: Mapping[str, str], logs: Path, pytest_args: list[str]) -> Cell:
     configuration = cell.configuration
     junit = logs / f"{cell.slug}.xml"
     env = {
         **os.environ,
         ENVIRONMENT_VARIABLE: configuration.name,
-        "DATABASE_URL": url,
-        **configuration.environment,
+        "DATABASE_URL": urls[cell.database],
+        **{name: value.format(**urls) for name, value in configuration.environment.items()},
     }
     env.setdefault("CRASH_TRIALS", CELL_CRASH_TRIALS)
     if cell.database == "postgres":
-        env["IDEMPOTENCY_TEST_POSTGRES_URL"] = url
+        env["IDEMPOTENCY_TEST_POSTGRES_URL"] = urls[cell.database]
     command = [
         *configuration.wrapper,
         sys.executable, "-m", "pytest", "-m", "guarantees", "-q", "-p", "no:cacheprovider",
@@ -177,7 +177,7 @@ def main(
     started = time.monotonic()
 
     def run(cell: Cell) -> None:
-        run_cell(cell, urls[cell.database], logs, pytest_args)
+        run_cell(cell, urls, logs, pytest_args)
         with lock:
             status = "ok" if cell.ok else (cell.problem or f"{cell.failed} FAILED")
             print(f"  {cell.name}: {status} ({cell.seconds:.0f}s)", flush=True)

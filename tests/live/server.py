@@ -242,6 +242,69 @@ class LiveDatabase:
             return [dict(zip(names, row, strict=True)) for row in cursor.fetchall()]
 
 
+class MariaDBLiveDatabase(LiveDatabase):
+    """The same on a MariaDB server (``mysql://``), for the matrix's MariaDB live cells."""
+
+    def _admin(self) -> Any:
+        import pymysql
+
+        parts = urlsplit(self.server_url)
+        return pymysql.connect(
+            host=parts.hostname or "127.0.0.1",
+            port=parts.port or 3306,
+            user=parts.username or "root",
+            password=parts.password or "",
+            autocommit=True,
+            connect_timeout=5,
+        )
+
+    def __enter__(self) -> MariaDBLiveDatabase:
+        with self._admin() as admin, admin.cursor() as cursor:
+            cursor.execute(f"CREATE DATABASE `{self.name}` CHARACTER SET utf8mb4")
+        return self
+
+    def __exit__(self, *exc_info: object) -> None:
+        self.close_connection()
+        with self._admin() as admin, admin.cursor() as cursor:
+            cursor.execute(f"DROP DATABASE IF EXISTS `{self.name}`")
+
+    @property
+    def connection(self) -> Any:
+        if self._connection is None or not self._connection.open:  # type: ignore[attr-defined]
+            self._connection = self._admin()
+            with self._connection.cursor() as cursor:  # type: ignore[attr-defined]
+                cursor.execute(f"USE `{self.name}`")
+                # The queries above quote "key" the standard way.
+                cursor.execute("SET SESSION sql_mode = CONCAT(@@sql_mode, ',ANSI_QUOTES')")
+                # Every query sees what the workers committed since the last one.
+                cursor.execute("SET SESSION TRANSACTION ISOLATION LEVEL READ COMMITTED")
+        return self._connection
+
+    def query(self, statement: str, params: Sequence[Any] = ()) -> list[tuple[Any, ...]]:
+        with self._lock, self.connection.cursor() as cursor:
+            cursor.execute(statement, list(params))
+            return list(cursor.fetchall())
+
+    def records(self, key: str) -> list[dict[str, Any]]:
+        with self._lock, self.connection.cursor() as cursor:
+            cursor.execute(
+                'SELECT id, tenant, operation, "key", state, fencing_token, response_status, '
+                "response_body, lease_owner FROM django_idempotency_record "
+                'WHERE "key" = %s ORDER BY id',
+                [key],
+            )
+            names = [column[0] for column in cursor.description or ()]
+            return [dict(zip(names, row, strict=True)) for row in cursor.fetchall()]
+
+
+def live_database(server_url: str | None = None, prefix: str = "idem_live") -> LiveDatabase:
+    """A ``LiveDatabase`` on ``server_url``'s kind of server (PostgreSQL or MariaDB)."""
+    url = server_url or postgres_url()
+    if url.startswith("mysql"):
+        return MariaDBLiveDatabase(url, prefix)
+    return LiveDatabase(url, prefix)
+
+
 class LiveServer:
     """gunicorn serving ``project`` (``tests.live.wsgi`` by default) on ``database``."""
 
@@ -438,7 +501,7 @@ def live_server(
     extra_args: Sequence[str] = (),
 ) -> Iterator[LiveServer]:
     """A migrated fresh database and gunicorn in front of it; both gone afterwards."""
-    with LiveDatabase(server_url) as database:
+    with live_database(server_url) as database:
         server = LiveServer(
             database,
             workers=workers,
@@ -462,8 +525,16 @@ def live_server(
                 print(f"\nlive server log kept at {server.log_path}", file=sys.stderr)
 
 
+#: A MariaDB server (``mysql://...``) for the live servers instead of PostgreSQL:
+#: set by the matrix's MariaDB live cell (tests/configurations/).
+LIVE_MARIADB_URL_ENV = "IDEMPOTENCY_TEST_LIVE_MARIADB_URL"
+
+
 def lazy_live_server(workers: int = WORKERS) -> Lazy[LiveServer]:
     """One ``live_server()`` started on the first ``get()`` (which needs PostgreSQL)."""
+    mariadb = os.environ.get(LIVE_MARIADB_URL_ENV)
+    if mariadb:
+        return Lazy(lambda: live_server(mariadb, workers), lambda: None)
     return Lazy(lambda: live_server(require_postgres(), workers), require_postgres)
 
 
