@@ -38,6 +38,10 @@ def test_unprotected_handlers_keep_atomic_requests(api: APIClient, atomic_reques
     assert body == {"in_atomic_block": True, "committed_claims": 0}
 
 
+@pytest.mark.not_under(
+    "atomic-requests",
+    reason="checks autocommit without ATOMIC_REQUESTS, which the configuration turns on",
+)
 def test_unprotected_handlers_stay_in_autocommit_without_atomic_requests(api: APIClient) -> None:
     assert api.put("/probe", {"amount": 1}, format="json").json()["in_atomic_block"] is False
 
@@ -133,6 +137,11 @@ def _in_thread(target: Any, delay: float) -> threading.Thread:
     "encryption",
     reason="replaces IDEMPOTENCY wholesale, dropping the keys that sealed the stored body",
 )
+@pytest.mark.not_under(
+    "atomic-requests",
+    reason="one SQLite writer: the waiting @api_view's request transaction (W002)",
+    databases=("sqlite",),
+)
 def test_wait_mode_replays_once_the_first_request_finishes(api: APIClient, settings: Any) -> None:
     first = post(api, "/api-view/charges", {"amount": 1}, "k")
     IdempotencyRecord.objects.update(state=State.CLAIMED)
@@ -164,6 +173,11 @@ def test_wait_mode_is_bounded(api: APIClient, settings: Any) -> None:
     assert response.json()["code"] == "idempotency_request_in_progress"
 
 
+@pytest.mark.not_under(
+    "atomic-requests",
+    reason="one SQLite writer: the waiting @api_view's request transaction (W002)",
+    databases=("sqlite",),
+)
 def test_wait_mode_runs_the_view_when_the_first_request_is_released(
     api: APIClient, settings: Any
 ) -> None:

@@ -28,10 +28,18 @@ settings.register_profile(
 def pytest_configure(config: pytest.Config) -> None:
     config.addinivalue_line(
         "markers",
-        "not_under(*names, reason): skipped under these configurations, which change on "
-        "purpose the behaviour the test checks",
+        "not_under(*names, reason, databases=None): skipped under these configurations "
+        "(on these databases), which change on purpose the behaviour the test checks",
     )
     config.addinivalue_line("markers", "only_under(*names): runs only under these configurations")
+
+
+def _database() -> str:
+    """The suite's database as the matrix names it: sqlite, postgres or mariadb."""
+    from django.conf import settings as django_settings
+
+    engine = django_settings.DATABASES["default"]["ENGINE"]
+    return {"postgresql": "postgres", "mysql": "mariadb"}.get(engine.rsplit(".", 1)[-1], "sqlite")
 
 
 def pytest_report_header(config: pytest.Config) -> str:
@@ -42,7 +50,8 @@ def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item
     name = configurations.active()
     for item in items:
         for marker in item.iter_markers("not_under"):
-            if name in marker.args:
+            databases = marker.kwargs.get("databases")
+            if name in marker.args and (databases is None or _database() in databases):
                 reason = marker.kwargs.get("reason")
                 assert reason, f"{item.nodeid}: not_under() needs a reason"
                 item.add_marker(pytest.mark.skip(reason=f"under {name}: {reason}"))
@@ -75,3 +84,17 @@ def pytest_runtest_makereport(item: pytest.Item, call: pytest.CallInfo[None]) ->
             name: value for name, value in report.keywords.items() if name != "postgres"
         }
     return None
+
+
+@pytest.fixture(autouse=True)
+def _configuration_stays_applied() -> None:
+    """Put back what a test fixture reset to the suite's default.
+
+    ``tests.conftest.atomic_requests`` turns ATOMIC_REQUESTS off after its
+    test; under the ``atomic-requests`` configuration every test must run
+    with it on.
+    """
+    if configurations.active() == "atomic-requests":
+        from django.db import connections
+
+        connections["default"].settings_dict["ATOMIC_REQUESTS"] = True
