@@ -9,10 +9,16 @@ those configurations and skipped in the others.
 
 from __future__ import annotations
 
+from collections.abc import Iterator
+from typing import Any
+
 import pytest
 from hypothesis import Phase, settings
 
 from tests import configurations
+
+UNDER = "under the configuration "
+ONLY_UNDER = "only under the configuration(s) "
 
 # The cells' profile (runtests.py --configurations passes it): CI's, without
 # shrinking. A state machine failing under a configuration is reported with
@@ -54,12 +60,10 @@ def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item
             if name in marker.args and (databases is None or _database() in databases):
                 reason = marker.kwargs.get("reason")
                 assert reason, f"{item.nodeid}: not_under() needs a reason"
-                item.add_marker(pytest.mark.skip(reason=f"under {name}: {reason}"))
+                item.add_marker(pytest.mark.skip(reason=f"{UNDER}{name}: {reason}"))
         only = item.get_closest_marker("only_under")
         if only is not None and name not in only.args:
-            item.add_marker(
-                pytest.mark.skip(reason=f"only under the configuration(s) {', '.join(only.args)}")
-            )
+            item.add_marker(pytest.mark.skip(reason=f"{ONLY_UNDER}{', '.join(only.args)}"))
         if name == "read-replica-router":
             # The replica alias is part of the project: tests may use it.
             database = item.get_closest_marker("django_db")
@@ -71,19 +75,17 @@ def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item
 
 
 @pytest.hookimpl(hookwrapper=True)
-def pytest_runtest_makereport(item: pytest.Item, call: pytest.CallInfo[None]) -> object:
-    outcome = yield
+def pytest_runtest_makereport(item: pytest.Item, call: pytest.CallInfo[None]) -> Iterator[None]:
+    outcome: Any = yield
     report = outcome.get_result()
-    if report.skipped and (
-        item.get_closest_marker("only_under") or item.get_closest_marker("not_under")
-    ):
+    reason = report.longrepr[2] if report.skipped and isinstance(report.longrepr, tuple) else ""
+    if reason.startswith((f"Skipped: {UNDER}", f"Skipped: {ONLY_UNDER}")):
         # A skip chosen by the configuration, not a missing PostgreSQL: keep it
         # out of the CI policy that fails a PostgreSQL pass with skipped
         # PostgreSQL tests (tests/conftest.py).
         report.keywords = {
             name: value for name, value in report.keywords.items() if name != "postgres"
         }
-    return None
 
 
 @pytest.fixture(autouse=True)
