@@ -145,7 +145,10 @@ def main(
     databases = [name.strip() for name in options.databases.split(",") if name.strip()]
     cells = [
         Cell(configuration, database)
-        for configuration in (CONFIGURATIONS[name] for name in options.names or CONFIGURATIONS)
+        for configuration in (
+            [CONFIGURATIONS[name] for name in options.names]
+            or [configuration for configuration in CONFIGURATIONS.values() if configuration.default]
+        )
         for database in configuration.databases
         if database in databases
     ]
