@@ -17,7 +17,13 @@ from tests.conftest import post
 from tests.testapp.models import Charge
 from tests.testapp.views import ViewFailure
 
-pytestmark = [pytest.mark.django_db(transaction=True), pytest.mark.guarantees]
+pytestmark = [
+    pytest.mark.django_db(transaction=True),
+    pytest.mark.guarantees,
+    pytest.mark.not_under(
+        "single-transaction", reason="begin_external() is refused in this mode (E020)"
+    ),
+]
 URL = "/api-view/external"
 State = IdempotencyRecord.State
 OPERATION = "POST api-view/external"

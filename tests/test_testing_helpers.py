@@ -61,6 +61,9 @@ def reconciler() -> Iterator[list[str]]:
     "atomic-requests",
     reason="a non-exempt @api_view claims inside the request transaction (W002)",
 )
+@pytest.mark.not_under(
+    "single-transaction", reason="begin_external() is refused in this mode (E020)"
+)
 @pytest.mark.postgres
 def test_a_simulated_crash_leaves_the_intent_for_the_reconciler(
     api: APIClient, reconciler: list[str]
