@@ -313,7 +313,10 @@ CONFIGURATIONS: dict[str, Configuration] = {
             "read-replica-router",
             "a second alias (a replica, TEST MIRROR of default) and a router sending reads to it",
             read_replica_router,
-            databases=("sqlite", "postgres"),
+            databases=("postgres",),
+            # Unfinished: in django_db tests the replica alias is a second
+            # connection that does not see the test's uncommitted rows.
+            default=False,
         ),
     )
 }

@@ -281,8 +281,11 @@ class MariaDBLiveDatabase(LiveDatabase):
         return self._connection
 
     def query(self, statement: str, params: Sequence[Any] = ()) -> list[tuple[Any, ...]]:
+        # PostgreSQL's "= ANY(%s)" with a list: PyMySQL renders a tuple as (a, b, ...).
+        statement = statement.replace("= ANY(%s)", "IN %s")
+        values = [tuple(value) if isinstance(value, list) else value for value in params]
         with self._lock, self.connection.cursor() as cursor:
-            cursor.execute(statement, list(params))
+            cursor.execute(statement, values)
             return list(cursor.fetchall())
 
     def records(self, key: str) -> list[dict[str, Any]]:
