@@ -3,7 +3,7 @@
 PYTHON ?= python3
 VENV ?= .venv
 
-.PHONY: demo test lint docs dist-check matrix matrix-ci clean
+.PHONY: demo test configurations lint docs dist-check matrix matrix-ci clean
 
 $(VENV)/.installed: pyproject.toml
 	$(PYTHON) -m venv $(VENV)
@@ -16,6 +16,13 @@ demo: $(VENV)/.installed
 
 test: $(VENV)/.installed
 	$(VENV)/bin/python runtests.py $(PYTEST_ARGS)
+
+# The configuration matrix (tests/configurations/): the guarantee tests under
+# each real-project configuration, on each database it applies to, one
+# pytest process per cell, two cells at a time. CONFIGURATIONS=name... to
+# pick some; the dst-naive cell needs Debian's `faketime`.
+configurations: $(VENV)/.installed
+	$(VENV)/bin/python runtests.py --configurations $(CONFIGURATIONS) $(PYTEST_ARGS)
 
 lint: $(VENV)/.installed
 	$(VENV)/bin/ruff check .

@@ -2,6 +2,13 @@
 """Run the whole test suite: on SQLite, on PostgreSQL and on MariaDB.
 
     python runtests.py [pytest arguments]
+    python runtests.py --configurations [NAME ...] [--databases sqlite,postgres] [--jobs N]
+
+The second form runs the configuration matrix (tests/configurations/): the
+guarantee tests (``-m guarantees``) under each named real-project
+configuration (all when none is named), on each database it applies to,
+every cell a pytest process of its own, and prints one table. Cell logs go
+to ``.configurations/`` (or ``IDEMPOTENCY_MATRIX_LOGS``).
 
 The server passes use POSTGRES_URL and MARIADB_URL (default: the local
 servers' `test` databases; pytest-django creates and drops a test database
@@ -53,6 +60,11 @@ def run_pass(name: str, database_url: str, args: list[str]) -> int:
 
 
 def main(args: list[str]) -> int:
+    if args[:1] == ["--configurations"]:
+        from tests.configurations.matrix import main as run_matrix
+
+        urls = {"sqlite": "", "postgres": POSTGRES_URL, "mariadb": MARIADB_URL}
+        return run_matrix(args[1:], urls, unreachable, required=REQUIRED)
     results = {"SQLite": run_pass("SQLite", "", args)}
     for name, variable, url in (
         ("PostgreSQL", "POSTGRES_URL", POSTGRES_URL),

@@ -99,3 +99,9 @@ LOGGING = {
     "handlers": {"console": {"class": "logging.StreamHandler"}},
     "loggers": {"django_idempotency": {"handlers": ["console"], "level": "WARNING"}},
 }
+
+# The real-project configuration this run is under (IDEMPOTENCY_TEST_CONFIGURATION,
+# tests/configurations/): last, so that it adjusts everything above.
+from tests.configurations import apply as _apply_configuration  # noqa: E402
+
+_apply_configuration(globals())

@@ -14,12 +14,15 @@ from tests.conftest import post
 from tests.testapp.models import Charge
 from tests.testapp.views import ViewFailure
 
-pytestmark = pytest.mark.django_db(transaction=True)
+pytestmark = [pytest.mark.django_db(transaction=True), pytest.mark.guarantees]
 
 URL = "/api-view/charges"
 State = IdempotencyRecord.State
 
 
+@pytest.mark.not_under(
+    "encryption", reason="reads the stored body raw; ENCRYPTION_KEYS seals it at rest"
+)
 def test_first_execution_runs_the_view_and_echoes_the_key(api: APIClient) -> None:
     response = post(api, URL, {"amount": 100}, "order-1")
 
@@ -228,6 +231,9 @@ def test_safe_methods_are_never_protected(api: APIClient, method: str, url: str)
     assert IdempotencyRecord.objects.count() == 0
 
 
+@pytest.mark.not_under(
+    "encryption", reason="reads the stored body raw; ENCRYPTION_KEYS seals it at rest"
+)
 def test_key_reused_after_expiry_is_a_new_operation(api: APIClient) -> None:
     post(api, URL, {"amount": 100}, "order-1")
     IdempotencyRecord.objects.update(expires_at=timezone.now() - timedelta(seconds=1))

@@ -17,12 +17,22 @@ from tests.conftest import post
 from tests.testapp.models import Charge
 from tests.testapp.views import ViewFailure
 
-pytestmark = pytest.mark.django_db(transaction=True)
+pytestmark = [
+    pytest.mark.django_db(transaction=True),
+    pytest.mark.guarantees,
+    pytest.mark.not_under(
+        "single-transaction", reason="begin_external() is refused in this mode (E020)"
+    ),
+]
 URL = "/api-view/external"
 State = IdempotencyRecord.State
 OPERATION = "POST api-view/external"
 
 
+@pytest.mark.not_under(
+    "atomic-requests",
+    reason="a non-exempt @api_view claims inside the request transaction (W002)",
+)
 def test_intent_commits_before_the_call_while_the_view_transaction_is_open(
     api: APIClient,
 ) -> None:
@@ -110,6 +120,10 @@ def test_begin_external_can_hold_the_lease_for_a_long_call(api: APIClient) -> No
     assert record.lease_expires_at > timezone.now() + timedelta(minutes=29)
 
 
+@pytest.mark.not_under(
+    "atomic-requests",
+    reason="a non-exempt @api_view claims inside the request transaction (W002)",
+)
 def test_a_stale_owner_cannot_begin_an_external_call(
     api: APIClient, caplog: pytest.LogCaptureFixture
 ) -> None:

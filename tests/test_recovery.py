@@ -32,7 +32,7 @@ from tests.conftest import SentSignals, signals_sent
 from tests.factories import RecordFactory
 from tests.testapp.models import Charge
 
-pytestmark = pytest.mark.django_db(transaction=True)
+pytestmark = [pytest.mark.django_db(transaction=True), pytest.mark.guarantees]
 State = IdempotencyRecord.State
 UNRESOLVED = [State.CLAIMED, State.IN_PROGRESS, State.UNCERTAIN]
 #: Slack for comparing timestamps taken by the code under test with ours.
@@ -208,6 +208,9 @@ def test_without_a_reconciler_a_record_stays_uncertain_and_is_reported(
 # -- reconciler outcomes ----------------------------------------------------------------
 
 
+@pytest.mark.not_under(
+    "encryption", reason="reads the stored body raw; ENCRYPTION_KEYS seals it at rest"
+)
 @pytest.mark.parametrize("state", [State.IN_PROGRESS, State.UNCERTAIN])
 def test_completed_stores_the_response_and_commits_the_reconcilers_writes(
     operation: str, reconcile: Callable[..., list[int]], state: str
@@ -249,6 +252,9 @@ def test_completed_stores_the_response_and_commits_the_reconcilers_writes(
     assert (report.completed, report.handled) == (1, 1)
 
 
+@pytest.mark.not_under(
+    "encryption", reason="reads the stored body raw; ENCRYPTION_KEYS seals it at rest"
+)
 def test_completed_keeps_bytes_and_given_content_type(
     operation: str, reconcile: Callable[..., list[int]]
 ) -> None:
@@ -267,6 +273,9 @@ def test_completed_keeps_bytes_and_given_content_type(
     assert after.response_headers == [["Content-Type", "application/xml"]]
 
 
+@pytest.mark.not_under(
+    "encryption", reason="reads the stored body raw; ENCRYPTION_KEYS seals it at rest"
+)
 def test_failed_stores_a_failed_outcome(
     operation: str, reconcile: Callable[..., list[int]]
 ) -> None:

@@ -15,7 +15,7 @@ from django_idempotency.models import IdempotencyRecord
 from tests.conftest import post
 from tests.testapp.models import Charge
 
-pytestmark = [pytest.mark.django_db(transaction=True), pytest.mark.postgres]
+pytestmark = [pytest.mark.django_db(transaction=True), pytest.mark.postgres, pytest.mark.guarantees]
 URL = "/api-view/single"
 State = IdempotencyRecord.State
 

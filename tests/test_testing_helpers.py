@@ -20,7 +20,7 @@ from django_idempotency.testing import (
 from tests.conftest import post
 from tests.testapp.models import Charge
 
-pytestmark = pytest.mark.django_db(transaction=True)
+pytestmark = [pytest.mark.django_db(transaction=True), pytest.mark.guarantees]
 State = IdempotencyRecord.State
 
 
@@ -57,6 +57,13 @@ def reconciler() -> Iterator[list[str]]:
     del recovery._reconcilers["POST api-view/external"]
 
 
+@pytest.mark.not_under(
+    "atomic-requests",
+    reason="a non-exempt @api_view claims inside the request transaction (W002)",
+)
+@pytest.mark.not_under(
+    "single-transaction", reason="begin_external() is refused in this mode (E020)"
+)
 @pytest.mark.postgres
 def test_a_simulated_crash_leaves_the_intent_for_the_reconciler(
     api: APIClient, reconciler: list[str]

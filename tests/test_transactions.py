@@ -17,10 +17,11 @@ from django_idempotency.models import IdempotencyRecord
 from tests.conftest import post
 from tests.testapp.models import Charge
 
-pytestmark = pytest.mark.django_db(transaction=True)
+pytestmark = [pytest.mark.django_db(transaction=True), pytest.mark.guarantees]
 State = IdempotencyRecord.State
 
 
+@pytest.mark.not_under("single-transaction", reason="in this mode the claim commits with the view")
 @pytest.mark.parametrize("atomic", [False, True], ids=["autocommit", "ATOMIC_REQUESTS"])
 def test_claim_is_committed_before_the_view_runs_in_a_transaction(
     api: APIClient, request: pytest.FixtureRequest, atomic: bool
@@ -38,6 +39,10 @@ def test_unprotected_handlers_keep_atomic_requests(api: APIClient, atomic_reques
     assert body == {"in_atomic_block": True, "committed_claims": 0}
 
 
+@pytest.mark.not_under(
+    "atomic-requests",
+    reason="checks autocommit without ATOMIC_REQUESTS, which the configuration turns on",
+)
 def test_unprotected_handlers_stay_in_autocommit_without_atomic_requests(api: APIClient) -> None:
     assert api.put("/probe", {"amount": 1}, format="json").json()["in_atomic_block"] is False
 
@@ -69,6 +74,9 @@ def taken_over_after_claim() -> Iterator[None]:
     signals.request_claimed.disconnect(take_over)
 
 
+@pytest.mark.not_under(
+    "single-transaction", reason="no worker can take over a claim not yet committed"
+)
 @pytest.mark.parametrize("atomic", [False, True], ids=["autocommit", "ATOMIC_REQUESTS"])
 def test_a_stale_owner_changes_nothing(
     api: APIClient,
@@ -129,6 +137,15 @@ def _in_thread(target: Any, delay: float) -> threading.Thread:
     return thread
 
 
+@pytest.mark.not_under(
+    "encryption",
+    reason="replaces IDEMPOTENCY wholesale, dropping the keys that sealed the stored body",
+)
+@pytest.mark.not_under(
+    "atomic-requests",
+    reason="one SQLite writer: the waiting @api_view's request transaction (W002)",
+    databases=("sqlite",),
+)
 def test_wait_mode_replays_once_the_first_request_finishes(api: APIClient, settings: Any) -> None:
     first = post(api, "/api-view/charges", {"amount": 1}, "k")
     IdempotencyRecord.objects.update(state=State.CLAIMED)
@@ -160,6 +177,11 @@ def test_wait_mode_is_bounded(api: APIClient, settings: Any) -> None:
     assert response.json()["code"] == "idempotency_request_in_progress"
 
 
+@pytest.mark.not_under(
+    "atomic-requests",
+    reason="one SQLite writer: the waiting @api_view's request transaction (W002)",
+    databases=("sqlite",),
+)
 def test_wait_mode_runs_the_view_when_the_first_request_is_released(
     api: APIClient, settings: Any
 ) -> None:
@@ -189,6 +211,7 @@ def test_api_view_under_atomic_requests_claims_inside_the_request_transaction(
     assert Charge.objects.count() == 1
 
 
+@pytest.mark.not_under("single-transaction", reason="in this mode the claim commits with the view")
 def test_api_view_exempted_as_documented_commits_its_claim_first(
     api: APIClient, atomic_requests: None
 ) -> None:

@@ -6,7 +6,8 @@
    given by ``IDEMPOTENCY_TEST_POSTGRES_URL``,
 2. runs ``python -m django migrate --settings tests.settings`` into it,
 3. starts ``gunicorn tests.live.wsgi:application`` (4 sync workers, one
-   thread each) on a free local port with ``DATABASE_URL`` pointing at it
+   thread each, unless a configuration's ``IDEMPOTENCY_TEST_GUNICORN_*``
+   variables say otherwise) on a free local port with ``DATABASE_URL`` pointing at it
    (or another ``Project``: ``PAYMENTS_PROJECT`` serves the demo project's
    payments API, for the crash tests),
 4. waits until every worker has booted and the server answers, and yields a
@@ -51,7 +52,12 @@ from psycopg import sql
 from tests.live.services import postgres_url, require_postgres
 
 REPO_ROOT = Path(__file__).resolve().parents[2]
-WORKERS = 4
+# gunicorn's worker model, set by a configuration of the matrix
+# (tests/configurations/): e.g. gthread, 2 processes x 4 threads, where
+# requests of one process run at once, each thread on its own connections.
+WORKERS = int(os.environ.get("IDEMPOTENCY_TEST_GUNICORN_WORKERS") or 4)
+WORKER_CLASS = os.environ.get("IDEMPOTENCY_TEST_GUNICORN_WORKER_CLASS") or "sync"
+THREADS = int(os.environ.get("IDEMPOTENCY_TEST_GUNICORN_THREADS") or 1)
 DEFAULT_APP = "tests.live.wsgi:application"
 STARTUP_TIMEOUT = 60.0
 STOP_TIMEOUT = 15.0
@@ -138,9 +144,12 @@ TESTS_PROJECT = Project(
 #: The demo project (testproject/): the payments API, its reconciler and, with
 #: PAYMENTS_CRASH_HOOKS=1, its crash points.
 PAYMENTS_PROJECT = Project(
-    settings="testproject.settings",
+    # testproject.settings with the matrix's configuration applied.
+    settings="tests.live.payments_settings",
     app="testproject.wsgi:application",
-    pythonpath=(REPO_ROOT / "testproject",),
+    # The repository root too: the Celery worker runs from testproject/ and
+    # must import tests.live.payments_settings.
+    pythonpath=(REPO_ROOT / "testproject", REPO_ROOT),
     ready_path="/v1/payments",
     ready_statuses=(401,),  # token authentication: anonymous is refused
 )
@@ -233,6 +242,72 @@ class LiveDatabase:
             return [dict(zip(names, row, strict=True)) for row in cursor.fetchall()]
 
 
+class MariaDBLiveDatabase(LiveDatabase):
+    """The same on a MariaDB server (``mysql://``), for the matrix's MariaDB live cells."""
+
+    def _admin(self) -> Any:
+        import pymysql
+
+        parts = urlsplit(self.server_url)
+        return pymysql.connect(
+            host=parts.hostname or "127.0.0.1",
+            port=parts.port or 3306,
+            user=parts.username or "root",
+            password=parts.password or "",
+            autocommit=True,
+            connect_timeout=5,
+        )
+
+    def __enter__(self) -> MariaDBLiveDatabase:
+        with self._admin() as admin, admin.cursor() as cursor:
+            cursor.execute(f"CREATE DATABASE `{self.name}` CHARACTER SET utf8mb4")
+        return self
+
+    def __exit__(self, *exc_info: object) -> None:
+        self.close_connection()
+        with self._admin() as admin, admin.cursor() as cursor:
+            cursor.execute(f"DROP DATABASE IF EXISTS `{self.name}`")
+
+    @property
+    def connection(self) -> Any:
+        if self._connection is None or not self._connection.open:  # type: ignore[attr-defined]
+            self._connection = self._admin()
+            with self._connection.cursor() as cursor:  # type: ignore[attr-defined]
+                cursor.execute(f"USE `{self.name}`")
+                # The queries above quote "key" the standard way.
+                cursor.execute("SET SESSION sql_mode = CONCAT(@@sql_mode, ',ANSI_QUOTES')")
+                # Every query sees what the workers committed since the last one.
+                cursor.execute("SET SESSION TRANSACTION ISOLATION LEVEL READ COMMITTED")
+        return self._connection
+
+    def query(self, statement: str, params: Sequence[Any] = ()) -> list[tuple[Any, ...]]:
+        # PostgreSQL's "= ANY(%s)" with a list: PyMySQL renders a tuple as (a, b, ...).
+        statement = statement.replace("= ANY(%s)", "IN %s")
+        values = [tuple(value) if isinstance(value, list) else value for value in params]
+        with self._lock, self.connection.cursor() as cursor:
+            cursor.execute(statement, values)
+            return list(cursor.fetchall())
+
+    def records(self, key: str) -> list[dict[str, Any]]:
+        with self._lock, self.connection.cursor() as cursor:
+            cursor.execute(
+                'SELECT id, tenant, operation, "key", state, fencing_token, response_status, '
+                "response_body, lease_owner FROM django_idempotency_record "
+                'WHERE "key" = %s ORDER BY id',
+                [key],
+            )
+            names = [column[0] for column in cursor.description or ()]
+            return [dict(zip(names, row, strict=True)) for row in cursor.fetchall()]
+
+
+def live_database(server_url: str | None = None, prefix: str = "idem_live") -> LiveDatabase:
+    """A ``LiveDatabase`` on ``server_url``'s kind of server (PostgreSQL or MariaDB)."""
+    url = server_url or postgres_url()
+    if url.startswith("mysql"):
+        return MariaDBLiveDatabase(url, prefix)
+    return LiveDatabase(url, prefix)
+
+
 class LiveServer:
     """gunicorn serving ``project`` (``tests.live.wsgi`` by default) on ``database``."""
 
@@ -302,7 +377,7 @@ class LiveServer:
     def start(self) -> None:
         command = [
             sys.executable, "-m", "gunicorn", self.app,
-            "-w", str(self.workers), "--threads", "1",
+            "-w", str(self.workers), "-k", WORKER_CLASS, "--threads", str(THREADS),
             "-b", f"127.0.0.1:{self.port}",
             "--timeout", "60", "--graceful-timeout", "5",
             # gunicorn >= 24 opens a control socket at a fixed per-user path by
@@ -429,7 +504,7 @@ def live_server(
     extra_args: Sequence[str] = (),
 ) -> Iterator[LiveServer]:
     """A migrated fresh database and gunicorn in front of it; both gone afterwards."""
-    with LiveDatabase(server_url) as database:
+    with live_database(server_url) as database:
         server = LiveServer(
             database,
             workers=workers,
@@ -453,8 +528,16 @@ def live_server(
                 print(f"\nlive server log kept at {server.log_path}", file=sys.stderr)
 
 
+#: A MariaDB server (``mysql://...``) for the live servers instead of PostgreSQL:
+#: set by the matrix's MariaDB live cell (tests/configurations/).
+LIVE_MARIADB_URL_ENV = "IDEMPOTENCY_TEST_LIVE_MARIADB_URL"
+
+
 def lazy_live_server(workers: int = WORKERS) -> Lazy[LiveServer]:
     """One ``live_server()`` started on the first ``get()`` (which needs PostgreSQL)."""
+    mariadb = os.environ.get(LIVE_MARIADB_URL_ENV)
+    if mariadb:
+        return Lazy(lambda: live_server(mariadb, workers), lambda: None)
     return Lazy(lambda: live_server(require_postgres(), workers), require_postgres)
 
 

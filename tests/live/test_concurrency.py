@@ -30,7 +30,7 @@ import pytest
 from tests.live.hooks import slow_note
 from tests.live.server import Call, Lazy, LiveServer, Result, fire_together, post
 
-pytestmark = [pytest.mark.postgres, pytest.mark.live]
+pytestmark = [pytest.mark.postgres, pytest.mark.live, pytest.mark.guarantees]
 
 THREADS = 50
 API_VIEW_ROUNDS = 20

@@ -51,7 +51,7 @@ from payments.demo_data import DEMO_TOKENS
 from tests.live.processes import PaymentsStack, summary_lines
 from tests.live.server import Lazy, Result, post
 
-pytestmark = [pytest.mark.postgres, pytest.mark.live]
+pytestmark = [pytest.mark.postgres, pytest.mark.live, pytest.mark.guarantees]
 
 TRIALS = int(os.environ.get("CRASH_TRIALS", "20"))
 PAYMENTS = "/v1/payments"

@@ -12,7 +12,7 @@ import requests
 from tests.live.server import Call, LiveServer, fire_together, live_server
 from tests.live.services import require_postgres
 
-pytestmark = [pytest.mark.postgres, pytest.mark.live]
+pytestmark = [pytest.mark.postgres, pytest.mark.live, pytest.mark.guarantees]
 
 
 @pytest.fixture(scope="module")

@@ -1,0 +1,1 @@
+"""A custom user model with a UUID primary key (configuration ``uuid-user``)."""
