@@ -21,11 +21,11 @@ from django.core.validators import MaxValueValidator, MinValueValidator
 from django.db.models import QuerySet
 from django.http import HttpRequest
 from django.template.response import TemplateResponse
-from django.utils import timezone
 from django.utils.translation import gettext_lazy as _
 from django.utils.translation import ngettext
 
 from django_idempotency import admin_input, recovery, store
+from django_idempotency.clock import ahead
 from django_idempotency.conf import idempotency_settings
 from django_idempotency.exceptions import StaleOwner
 from django_idempotency.models import IdempotencyRecord
@@ -314,7 +314,7 @@ def extend_retention(
             title=str(_("Extend retention")),
             form=form,
         )
-    until = timezone.now() + timedelta(hours=form.cleaned_data["hours"])
+    until = ahead(timedelta(hours=form.cleaned_data["hours"]))
     shorter = [record for record in queryset if record.expires_at < until]
     extended = store.extend_retention(
         [record.pk for record in shorter], until=until, using=idempotency_settings.DATABASE

@@ -33,6 +33,7 @@ from django.db import transaction
 from django.utils import timezone
 
 from django_idempotency import signals, store
+from django_idempotency.clock import ahead
 from django_idempotency.conf import as_timedelta, idempotency_settings
 from django_idempotency.exceptions import StaleOwner
 from django_idempotency.models import IdempotencyRecord
@@ -183,7 +184,7 @@ def settle(record: IdempotencyRecord, held: store.Claim, report: RecoveryReport)
         return
     reconciler = reconciler_for(record.operation)
     if reconciler is None:
-        store.postpone(held, timezone.now() + DEFAULT_BACKOFF)
+        store.postpone(held, ahead(DEFAULT_BACKOFF))
         report.unreconciled += 1
         logger.error(
             "No reconciler for %r: record %s (%s) stays UNCERTAIN until an operator "
@@ -213,7 +214,7 @@ def settle(record: IdempotencyRecord, held: store.Claim, report: RecoveryReport)
         raise
     except Exception:
         logger.exception("The reconciler of %r failed on record %s", record.operation, record.pk)
-        store.postpone(held, timezone.now() + DEFAULT_BACKOFF)
+        store.postpone(held, ahead(DEFAULT_BACKOFF))
         report.retried += 1
         return
     if isinstance(outcome, Completed):
@@ -227,5 +228,5 @@ def settle(record: IdempotencyRecord, held: store.Claim, report: RecoveryReport)
         else:
             report.stale += 1
     else:
-        store.postpone(held, timezone.now() + as_timedelta(outcome.after))
+        store.postpone(held, ahead(as_timedelta(outcome.after)))
         report.retried += 1

@@ -21,6 +21,7 @@ from django.db import IntegrityError, connections, transaction
 from django.db.models import Case, DateTimeField, F, QuerySet, Value, When
 from django.utils import timezone
 
+from django_idempotency.clock import ahead
 from django_idempotency.db import commit_now_alias
 from django_idempotency.digests import Fingerprint
 from django_idempotency.exceptions import StaleOwner
@@ -115,11 +116,11 @@ def claim(
                 fingerprint=fingerprint.stored,
                 state=State.CLAIMED,
                 lease_owner=lease_owner(),
-                lease_expires_at=now + lease,
+                lease_expires_at=ahead(lease, now=now),
                 fencing_token=1,
                 created_at=now,
                 updated_at=now,
-                expires_at=now + ttl,
+                expires_at=ahead(ttl, now=now),
             )
     except IntegrityError:
         return None
@@ -155,10 +156,10 @@ def _claim_params(
         fingerprint.stored,
         State.CLAIMED.value,
         lease_owner(),
-        now + lease,
+        ahead(lease, now=now),
         now,
         now,
-        now + ttl,
+        ahead(ttl, now=now),
     ]
 
 
@@ -185,7 +186,7 @@ def take_over(
         .update(
             fencing_token=token,
             lease_owner=lease_owner(),
-            lease_expires_at=now + lease,
+            lease_expires_at=ahead(lease, now=now),
             updated_at=now,
         )
     )
@@ -220,7 +221,7 @@ def complete(held: Claim, outcome: Outcome, response: StoredResponse, *, ttl: ti
     connection = connections[held.database]
     adapt = connection.ops.adapt_datetimefield_value
     now = timezone.now()
-    expires_at = adapt(now + ttl)
+    expires_at = adapt(ahead(ttl, now=now))
     params = [
         outcome.value,
         response.status,
@@ -309,7 +310,7 @@ def _owner_update(held: Claim, write: str, *, using: str, states: Any, **values:
 # when either side is NULL; here a NULL lease compares unknown and takes the
 # new one.
 def _lease_at_least(lease: timedelta) -> Case:
-    until = timezone.now() + lease
+    until = ahead(lease)
     return Case(
         When(lease_expires_at__gt=until, then=F("lease_expires_at")),
         default=Value(until, output_field=DateTimeField()),
@@ -424,13 +425,13 @@ def take_over_next_stale(*, lease: timedelta, using: str) -> tuple[IdempotencyRe
                 .update(
                     fencing_token=token,
                     lease_owner=owner,
-                    lease_expires_at=now + lease,
+                    lease_expires_at=ahead(lease, now=now),
                     updated_at=now,
                 )
             )
         if taken:
             record.fencing_token, record.lease_owner = token, owner
-            record.lease_expires_at = now + lease
+            record.lease_expires_at = ahead(lease, now=now)
             scope = Scope(record.tenant, record.operation, record.key)
             return record, Claim(record.pk, token, scope, using, provider_key=record.provider_key)
 
@@ -506,7 +507,7 @@ def take_over_for_operator(
         .update(
             fencing_token=token,
             lease_owner=f"operator:{operator}"[:255],
-            lease_expires_at=now + lease if seen_state not in RESOLVED_STATES else None,
+            lease_expires_at=ahead(lease, now=now) if seen_state not in RESOLVED_STATES else None,
             updated_at=now,
         )
     )

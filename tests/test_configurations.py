@@ -20,6 +20,7 @@ from django.utils import timezone
 from rest_framework.test import APIClient
 
 from django_idempotency import store
+from django_idempotency.fingerprint import fingerprint
 from django_idempotency.models import IdempotencyRecord
 from django_idempotency.recovery import stale_records
 from django_idempotency.scope import Scope
@@ -57,10 +58,9 @@ def test_a_lease_taken_before_spring_forward_still_runs_after_it(api: APIClient)
     )
     post(api, URL, {"amount": 100}, "dst-1")
     # The owner is still running its view: a claim with a two-minute lease,
-    # written as the store writes it (naive local time under USE_TZ=False).
-    IdempotencyRecord.objects.update(
-        state=State.CLAIMED, lease_expires_at=timezone.now() + timedelta(minutes=2)
-    )
+    # written by the store itself (a takeover of the record by recovery).
+    IdempotencyRecord.objects.update(state=State.CLAIMED, lease_expires_at=timezone.now())
+    assert store.take_over_next_stale(lease=timedelta(minutes=2), using="default") is not None
     claimed_at = time.monotonic()
 
     _wait_until_local(SPRING_FORWARD.replace(hour=3))
@@ -87,7 +87,7 @@ def test_a_release_is_one_conditional_delete_whatever_the_receivers() -> None:
     """
     scope = Scope(tenant="anonymous", operation="POST release", key=f"k-{uuid.uuid4()}")
     held = store.claim(
-        scope, "0" * 64, ttl=timedelta(hours=1), lease=timedelta(minutes=2), using="default"
+        scope, fingerprint({}), ttl=timedelta(hours=1), lease=timedelta(minutes=2), using="default"
     )
     assert held is not None
 
