@@ -309,8 +309,9 @@ class IdempotencyRecordAdmin(admin.ModelAdmin):  # type: ignore[type-arg]
 
     def _stored(self, record: IdempotencyRecord) -> tuple[list[list[str]], bytes | None] | str:
         """The stored headers and body, decrypted for those allowed to see them."""
-        if not record.response_sealed:
-            return sealing.unseal(record.response_headers, record.response_body, sealed=False)
+        headers, body = record.response_headers, record.response_body
+        if not record.response_sealed and not sealing.sealed_by_an_earlier_release(headers, body):
+            return headers, None if body is None else bytes(body)
         if not _may_decrypt.get():
             return str(_("(encrypted: you lack the permission to view it)"))
         try:

@@ -78,11 +78,32 @@ def encrypt(status: int, headers: list[list[str]], body: bytes | None) -> Stored
     return StoredResponse(status, [], SEALED_PREFIX + token)
 
 
+def sealed_by_an_earlier_release(headers: list[list[str]], body: Any) -> bool:
+    """Whether an unflagged row holds a response sealed by the previous release.
+
+    During a rolling deploy, workers of the previous release go on sealing
+    responses after migration 0005 added ``response_sealed``, and leave it
+    False. Such a row is recognised only if one of the configured keys
+    decrypts it: a plaintext body that merely starts like a token (defect
+    12) cannot pass that without the key.
+    """
+    keys = idempotency_settings.ENCRYPTION_KEYS
+    if headers or body is None or not keys or not bytes(body).startswith(SEALED_PREFIX):
+        return False
+    from cryptography.fernet import InvalidToken
+
+    try:
+        _fernet(keys).decrypt(_token(body))
+    except InvalidToken:
+        return False
+    return True
+
+
 def unseal(
     headers: list[list[str]], body: Any, *, sealed: bool
 ) -> tuple[list[list[str]], bytes | None]:
     """The headers and body to replay, decrypted if they were sealed."""
-    if not sealed:
+    if not sealed and not sealed_by_an_earlier_release(headers, body):
         return headers, None if body is None else bytes(body)
     from cryptography.fernet import InvalidToken
 

@@ -28,7 +28,13 @@ from django_idempotency.exceptions import StaleOwner
 from django_idempotency.models import RESOLVED_STATES, IdempotencyRecord
 from django_idempotency.responses import Outcome, StoredResponse
 from django_idempotency.scope import Scope
-from django_idempotency.sealing import UnreadableRecord, encrypt, reseal, seal
+from django_idempotency.sealing import (
+    UnreadableRecord,
+    encrypt,
+    reseal,
+    seal,
+    sealed_by_an_earlier_release,
+)
 from django_idempotency.statements import record_from_row, statements_for
 
 logger = logging.getLogger("django_idempotency")
@@ -580,9 +586,9 @@ def reseal_batch(*, after: int, limit: int, using: str) -> ResealBatch:
         unchanged = IdempotencyRecord.objects.using(using).filter(
             pk=pk, fencing_token=token, response_sealed=sealed
         )
-        if sealed:
+        if sealed or sealed_by_an_earlier_release(headers, body):
             try:
-                batch.rotated += unchanged.update(response_body=reseal(body))
+                batch.rotated += unchanged.update(response_body=reseal(body), response_sealed=True)
             except UnreadableRecord:
                 batch.unreadable.append((pk, Scope(tenant, operation, key)))
         elif headers or body is not None:

@@ -7,6 +7,7 @@ from typing import Any
 import pytest
 from cryptography.fernet import Fernet
 from django.db import connection
+from django.db.migrations.exceptions import IrreversibleError
 from django.db.migrations.executor import MigrationExecutor
 from rest_framework.test import APIClient
 
@@ -38,7 +39,7 @@ def test_a_response_sealed_by_a_previous_release_worker_after_the_migration_repl
 
 
 @pytest.mark.django_db(transaction=True)
-def test_migrating_back_to_0004_with_records_of_this_release_does_not_fail_half_way(
+def test_migrating_back_to_0004_with_records_of_this_release_is_refused_before_any_change(
     api: APIClient,
 ) -> None:
     # A release rolled back: `migrate django_idempotency 0004` with records
@@ -47,7 +48,10 @@ def test_migrating_back_to_0004_with_records_of_this_release_does_not_fail_half_
     before = [("django_idempotency", "0004_add_decrypted_view_permission")]
     executor = MigrationExecutor(connection)
     try:
-        executor.migrate(before)
+        with pytest.raises(IrreversibleError, match="Purge them first"):
+            executor.migrate(before)
+        # Nothing was changed: the record is still there, fingerprint whole.
+        assert ":" in IdempotencyRecord.objects.get(key="rollback").fingerprint
     finally:
         executor = MigrationExecutor(connection)
         executor.migrate(executor.loader.graph.leaf_nodes("django_idempotency"))

@@ -30,6 +30,7 @@ import re
 from typing import Any
 
 from django.db import migrations, models
+from django.db.migrations.exceptions import IrreversibleError
 
 _PREFIX = b"fernet:"
 _URLSAFE_BASE64 = re.compile(rb"[A-Za-z0-9_-]+={0,2}")
@@ -75,6 +76,27 @@ def mark_sealed_rows(apps: Any, schema_editor: Any) -> None:
         after = rows[-1][0]
 
 
+def refuse_to_shorten_versioned_fingerprints(apps: Any, schema_editor: Any) -> None:
+    """Migrating back: refuse before any change if records of this release exist.
+
+    Their ``"<version>:<hex>"`` fingerprints do not fit the old 64
+    characters, and the earlier release could not compare them anyway. The
+    refusal comes first, so that MariaDB, which cannot roll DDL back, is not
+    left half way.
+    """
+    from django.db.models.functions import Length
+
+    record = apps.get_model("django_idempotency", "IdempotencyRecord")
+    records = record.objects.using(schema_editor.connection.alias)
+    newer = records.annotate(length=Length("fingerprint")).filter(length__gt=64).count()
+    if newer:
+        raise IrreversibleError(
+            f"{newer} idempotency record(s) carry fingerprints of this release, which the "
+            "earlier release can neither store nor compare. Purge them first (they are "
+            "recognisable by a ':' in the fingerprint), then migrate back."
+        )
+
+
 class Migration(migrations.Migration):
     dependencies = [
         ("django_idempotency", "0004_add_decrypted_view_permission"),
@@ -94,4 +116,6 @@ class Migration(migrations.Migration):
             field=models.CharField(max_length=96, verbose_name="request fingerprint"),
         ),
         migrations.RunPython(mark_sealed_rows, migrations.RunPython.noop, elidable=True),
+        # Last, so that migrating back runs it first.
+        migrations.RunPython(migrations.RunPython.noop, refuse_to_shorten_versioned_fingerprints),
     ]
