@@ -26,6 +26,7 @@ from django.test.utils import CaptureQueriesContext
 from django.utils import timezone
 
 from django_idempotency import store
+from django_idempotency.digests import Fingerprint
 from django_idempotency.models import IdempotencyRecord
 from django_idempotency.responses import Outcome, StoredResponse
 from django_idempotency.scope import Scope
@@ -117,7 +118,7 @@ def taken_over(pk: int) -> Callable[[], None]:
 def claimed(key: str = "k") -> store.Claim:
     held = store.claim(
         Scope("tenant", "POST op", key),
-        "0" * 64,
+        Fingerprint("0" * 64, (), "0" * 64),
         ttl=timedelta(hours=1),
         lease=LEASE,
         using="default",

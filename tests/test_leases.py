@@ -16,6 +16,7 @@ from django.utils import timezone
 
 from django_idempotency import store
 from django_idempotency.context import IdempotencyContext
+from django_idempotency.digests import Fingerprint
 from django_idempotency.models import IdempotencyRecord
 from django_idempotency.scope import Scope
 
@@ -28,7 +29,7 @@ LEASE = timedelta(seconds=120)
 def context() -> IdempotencyContext:
     held = store.claim(
         Scope("tenant", "POST op", "k"),
-        "0" * 64,
+        Fingerprint("0" * 64, (), "0" * 64),
         ttl=timedelta(hours=1),
         lease=LEASE,
         using="default",
