@@ -9,6 +9,7 @@ Records whose owner still holds a live lease are skipped as well.
 
 from __future__ import annotations
 
+import functools
 import json
 from collections.abc import Callable, Iterable
 from datetime import timedelta
@@ -74,23 +75,59 @@ class ExtendForm(forms.Form):
     )
 
 
+#: At most this many records per action. The action's page carries three
+#: form fields per record, and Django refuses a POST of more than
+#: DATA_UPLOAD_MAX_NUMBER_FIELDS (1,000 by default); and each record is taken
+#: over and settled one by one, within one request.
+MAX_RECORDS_PER_ACTION = 300
+
+Action = Callable[[Any, HttpRequest, QuerySet[Any]], TemplateResponse | None]
+
+
+def _bounded(action: Action) -> Action:
+    """Refuse a selection too large for one action (a "select all" over a filter)."""
+
+    @functools.wraps(action)
+    def bounded(
+        modeladmin: Any, request: HttpRequest, queryset: QuerySet[Any]
+    ) -> TemplateResponse | None:
+        if queryset.order_by()[: MAX_RECORDS_PER_ACTION + 1].count() > MAX_RECORDS_PER_ACTION:
+            modeladmin.message_user(
+                request,
+                _(
+                    "Select at most %(max)d records for one action: narrow the list with its "
+                    "filters, or act on it page by page."
+                )
+                % {"max": MAX_RECORDS_PER_ACTION},
+                messages.ERROR,
+            )
+            return None
+        return action(modeladmin, request, queryset)
+
+    return bounded
+
+
 def _operator(request: HttpRequest) -> str:
     return str(getattr(request.user, "get_username", lambda: "?")())
 
 
 def _taken(
-    request: HttpRequest, queryset: Iterable[IdempotencyRecord]
+    request: HttpRequest, queryset: Iterable[IdempotencyRecord], *, from_page: bool = True
 ) -> list[tuple[IdempotencyRecord, store.Claim]]:
-    """Take over each selected record still as the operator saw it."""
+    """Take over each selected record still as the operator saw it.
+
+    ``from_page``: the action's page showed each record's token and state,
+    and a record whose fields are missing from the POST is skipped like one
+    whose fields were made by hand. Reconcile now has no page: what was just
+    read is what the operator saw.
+    """
     conf = idempotency_settings
     taken = []
     for record in queryset:
-        # What the action page showed; without a page (Reconcile now), what
-        # was just read.
-        seen_token = admin_input.ascii_integer(
-            request.POST.get(f"token-{record.pk}", str(record.fencing_token))
-        )
-        seen_state = admin_input.record_state(request.POST.get(f"state-{record.pk}", record.state))
+        shown_token = str(record.fencing_token) if not from_page else ""
+        shown_state = record.state if not from_page else ""
+        seen_token = admin_input.ascii_integer(request.POST.get(f"token-{record.pk}", shown_token))
+        seen_state = admin_input.record_state(request.POST.get(f"state-{record.pk}", shown_state))
         if seen_token is None or seen_state is None:
             continue  # made by hand: no page of ours sends it; counted as skipped
         record.fencing_token = seen_token
@@ -151,10 +188,11 @@ def _skipped_message(count: int) -> str:
 
 
 @admin.action(permissions=["reconcile"], description=_("Reconcile now"))
+@_bounded
 def reconcile_now(modeladmin: Any, request: HttpRequest, queryset: QuerySet[Any]) -> None:
     selected = list(queryset.filter(state__in=store.UNRESOLVED_STATES))
     settled = pending = 0
-    for record, held in _taken(request, selected):
+    for record, held in _taken(request, selected, from_page=False):
         report = recovery.RecoveryReport()
         try:
             recovery.settle(record, held, report)
@@ -219,7 +257,7 @@ def _resolve_action(
                     )
                 ),
             )
-        done = 0
+        done, selected = 0, queryset.count()
         answer = outcome(status=form.cleaned_data["status"], body=form.answer_body())
         for record, held in _taken(request, unresolved):
             try:
@@ -237,7 +275,7 @@ def _resolve_action(
             modeladmin,
             request,
             done,
-            len(request.POST.getlist(ACTION_CHECKBOX_NAME)),
+            selected,
             f"%(count)d record was marked {label}.",
             f"%(count)d records were marked {label}.",
         )
@@ -248,14 +286,15 @@ def _resolve_action(
 
 
 mark_failed = admin.action(permissions=["mark_failed"], description=_("Mark failed…"))(
-    _resolve_action("mark_failed", recovery.Failed, (400, 599))
+    _bounded(_resolve_action("mark_failed", recovery.Failed, (400, 599)))
 )
 mark_completed = admin.action(permissions=["mark_completed"], description=_("Mark completed…"))(
-    _resolve_action("mark_completed", recovery.Completed, (200, 399))
+    _bounded(_resolve_action("mark_completed", recovery.Completed, (200, 399)))
 )
 
 
 @admin.action(permissions=["release"], description=_("Release…"))
+@_bounded
 def release(
     modeladmin: Any, request: HttpRequest, queryset: QuerySet[Any]
 ) -> TemplateResponse | None:
@@ -281,7 +320,7 @@ def release(
             form=form,
             warning=str(warning),
         )
-    done = 0
+    done, selected = 0, queryset.count()
     for record, held in _taken(request, queryset):
         if store.release(held, states=tuple(State.values)):
             modeladmin.log_change(request, record, f"Released (was {record.state}).")
@@ -290,7 +329,7 @@ def release(
         modeladmin,
         request,
         done,
-        len(request.POST.getlist(ACTION_CHECKBOX_NAME)),
+        selected,
         "%(count)d record was released.",
         "%(count)d records were released.",
     )
@@ -298,6 +337,7 @@ def release(
 
 
 @admin.action(permissions=["extend"], description=_("Extend retention…"))
+@_bounded
 def extend_retention(
     modeladmin: Any, request: HttpRequest, queryset: QuerySet[Any]
 ) -> TemplateResponse | None:

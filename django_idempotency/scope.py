@@ -6,7 +6,7 @@ import hashlib
 import re
 from collections.abc import Callable
 from dataclasses import dataclass
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, NoReturn
 
 from django.core.exceptions import ImproperlyConfigured
 from django.utils.crypto import salted_hmac
@@ -42,6 +42,8 @@ def default_tenant(request: HttpRequest) -> str:
     """
     user = getattr(request, "user", None)
     if user is not None and user.is_authenticated:
+        if getattr(user, "pk", None) is None:
+            _no_identity(user)  # every such user would be one tenant, "user:None"
         return f"user:{user.pk}"
     auth = getattr(request, "auth", None)
     # A token authenticating a client whose user is not (or not yet) the
@@ -49,10 +51,26 @@ def default_tenant(request: HttpRequest) -> str:
     user_id = getattr(auth, "user_id", None)
     if user_id is not None:
         return f"user:{user_id}"
+    # An OAuth client-credentials token (django-oauth-toolkit's AccessToken):
+    # the client is the application, whose tokens are renewed every few
+    # hours; a retry with a fresh token is still the same client.
+    application_id = getattr(auth, "application_id", None)
+    if application_id is not None:
+        return f"application:{application_id}"
     auth_id = getattr(auth, "pk", None)
     if auth_id is not None:
         return "auth:" + credential_digest(auth, auth_id)
+    if auth is not None:
+        _no_identity(auth)  # a JWT's claims, say: guessing would merge clients
     return "anonymous"
+
+
+def _no_identity(credential: object) -> NoReturn:
+    raise ImproperlyConfigured(
+        f"The request is authenticated by a {type(credential).__name__} that the default "
+        "tenant cannot tell apart from other clients (no primary key, no user). Set "
+        'IDEMPOTENCY["TENANT"] to a function returning the client\'s stable identity.'
+    )
 
 
 def credential_digest(auth: object, auth_id: object) -> str:

@@ -58,6 +58,9 @@ def stuck_record(**fields: Any) -> IdempotencyRecord:
 
 
 def run(client: Client, action: str, record: IdempotencyRecord, **data: Any) -> Any:
+    if "apply" in data:  # the action page's form posts back what it showed
+        shown = {f"token-{record.pk}": record.fencing_token, f"state-{record.pk}": record.state}
+        data = {**shown, **data}
     return client.post(
         CHANGELIST, {"action": action, "_selected_action": [record.pk], **data}, follow=True
     )
