@@ -73,6 +73,20 @@ def is_contention(exc: BaseException) -> bool:
     return _mysql_errno(exc) in _MYSQL_CONTENTION
 
 
+def is_serialization_failure(exc: BaseException) -> bool:
+    """A row changed after the transaction's snapshot (REPEATABLE READ and above).
+
+    At the claim it means the key was taken, and committed, by a duplicate
+    that this transaction's snapshot cannot see: a fresh look finds it.
+    """
+    if not isinstance(exc, DatabaseError):
+        return False
+    state = _sqlstate(exc)
+    if state is not None:
+        return state == "40001"
+    return _mysql_errno(exc) == 1020
+
+
 def is_connection_lost(exc: BaseException) -> bool:
     """The database could not be reached, or the session ended under us."""
     if isinstance(exc, InterfaceError):

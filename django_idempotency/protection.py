@@ -21,7 +21,11 @@ from django.utils import timezone
 from django_idempotency import signals, store
 from django_idempotency.conf import as_timedelta, idempotency_settings
 from django_idempotency.context import IdempotencyContext
-from django_idempotency.database_errors import is_connection_lost, is_contention
+from django_idempotency.database_errors import (
+    is_connection_lost,
+    is_contention,
+    is_serialization_failure,
+)
 from django_idempotency.db import close_independent_connections
 from django_idempotency.digests import Fingerprint
 from django_idempotency.exceptions import (
@@ -278,6 +282,10 @@ def _claim_in_one_transaction(
                 run = _view_in_the_claims_transaction(held, view, ttl)
     except UNREACHABLE_ERRORS as exc:
         if held is None:  # the claim or the lookup: the only outage FAIL_OPEN may answer
+            if is_serialization_failure(exc):
+                # A duplicate committed the key while this claim waited on it,
+                # and the snapshot (REPEATABLE READ) cannot see it: look again.
+                return _claim_or_answer(request, scope, fingerprint, view, options)
             if is_contention(exc):
                 _in_flight(request, scope, state="waited", cause=exc)
             return _store_unavailable(request, scope, view, exc)

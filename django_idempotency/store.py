@@ -17,11 +17,13 @@ from dataclasses import dataclass, field
 from datetime import UTC, datetime, timedelta
 from typing import Any
 
-from django.db import IntegrityError, connections, transaction
+from django.db import IntegrityError, OperationalError, connections, transaction
+from django.db.backends.base.base import BaseDatabaseWrapper
 from django.db.models import Case, DateTimeField, F, QuerySet, Value, When
 from django.utils import timezone
 
 from django_idempotency.clock import ahead
+from django_idempotency.database_errors import is_serialization_failure
 from django_idempotency.db import commit_now_alias
 from django_idempotency.digests import Fingerprint
 from django_idempotency.exceptions import StaleOwner
@@ -405,41 +407,65 @@ def take_over_next_stale(*, lease: timedelta, using: str) -> tuple[IdempotencyRe
     or resolved in between is never handled twice.
     """
     connection = connections[using]
+    conflicts = 0
     while True:
         now = timezone.now()
-        with transaction.atomic(using=using):
-            stale = IdempotencyRecord.objects.using(using).filter(
-                state__in=UNRESOLVED_STATES, lease_expires_at__lte=now
-            )
-            if connection.features.has_select_for_update_skip_locked:
-                stale = stale.select_for_update(skip_locked=True)
-            elif connection.features.has_select_for_update:
-                stale = stale.select_for_update()
-            record = stale.order_by("lease_expires_at").first()
-            if record is None:
-                return None
-            token = record.fencing_token + 1
-            owner = lease_owner()
-            taken = (
-                IdempotencyRecord.objects.using(using)
-                .filter(
-                    pk=record.pk,
-                    fencing_token=record.fencing_token,
-                    state__in=UNRESOLVED_STATES,
-                    lease_expires_at__lte=now,
-                )
-                .update(
-                    fencing_token=token,
-                    lease_owner=owner,
-                    lease_expires_at=ahead(lease, now=now),
-                    updated_at=now,
-                )
-            )
+        try:
+            taken, record, token, owner = _take_over_oldest_stale(connection, lease, now)
+        except OperationalError as exc:
+            # At REPEATABLE READ, a row another worker took after this
+            # transaction's snapshot is a serialization failure, not a skip:
+            # look again with a fresh snapshot (a few times; then it is news).
+            conflicts += 1
+            if not is_serialization_failure(exc) or conflicts > _MAX_CONFLICTS:
+                raise
+            continue
+        if record is None:
+            return None
         if taken:
             record.fencing_token, record.lease_owner = token, owner
             record.lease_expires_at = ahead(lease, now=now)
             scope = Scope(record.tenant, record.operation, record.key)
             return record, Claim(record.pk, token, scope, using, provider_key=record.provider_key)
+
+
+#: How often recovery looks again after a serialization failure before giving up.
+_MAX_CONFLICTS = 10
+
+
+def _take_over_oldest_stale(
+    connection: BaseDatabaseWrapper, lease: timedelta, now: datetime
+) -> tuple[int, IdempotencyRecord | None, int, str]:
+    using = connection.alias
+    with transaction.atomic(using=using):
+        stale = IdempotencyRecord.objects.using(using).filter(
+            state__in=UNRESOLVED_STATES, lease_expires_at__lte=now
+        )
+        if connection.features.has_select_for_update_skip_locked:
+            stale = stale.select_for_update(skip_locked=True)
+        elif connection.features.has_select_for_update:
+            stale = stale.select_for_update()
+        record = stale.order_by("lease_expires_at").first()
+        if record is None:
+            return 0, None, 0, ""
+        token = record.fencing_token + 1
+        owner = lease_owner()
+        taken = (
+            IdempotencyRecord.objects.using(using)
+            .filter(
+                pk=record.pk,
+                fencing_token=record.fencing_token,
+                state__in=UNRESOLVED_STATES,
+                lease_expires_at__lte=now,
+            )
+            .update(
+                fencing_token=token,
+                lease_owner=owner,
+                lease_expires_at=ahead(lease, now=now),
+                updated_at=now,
+            )
+        )
+    return taken, record, token, owner
 
 
 #: Where the first batch of a purge starts scanning: before any record's expiry.

@@ -23,6 +23,12 @@ pytestmark = [
     pytest.mark.not_under(
         "single-transaction", reason="begin_external() is refused in this mode (E020)"
     ),
+    pytest.mark.not_under(
+        "repeatable-read",
+        reason="begin_external() is refused above READ COMMITTED on PostgreSQL "
+        "(IsolationNotSupported; tests/test_isolation.py)",
+        databases=("postgres",),
+    ),
 ]
 URL = "/api-view/external"
 State = IdempotencyRecord.State
@@ -54,6 +60,11 @@ def test_provider_operation_id_is_stored(api: APIClient) -> None:
     assert IdempotencyRecord.objects.get().provider_operation_id == "ch_123"
 
 
+@pytest.mark.not_under(
+    "atomic-requests",
+    reason="a non-exempt @api_view claims inside the request transaction (W002): an "
+    "exception rolls the intent back with it (docs/guarantees.md)",
+)
 @pytest.mark.parametrize("then", ["raise", 500, 503, 429])
 def test_a_failure_after_begin_external_leaves_the_record_uncertain(
     api: APIClient, then: Any

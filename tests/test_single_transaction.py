@@ -20,6 +20,11 @@ URL = "/api-view/single"
 State = IdempotencyRecord.State
 
 
+@pytest.mark.not_under(
+    "atomic-requests",
+    reason="a non-exempt @api_view runs in the request's transaction (W002): "
+    "single_transaction has no effect there",
+)
 def test_first_execution_commits_once_and_replays(api: APIClient) -> None:
     with CaptureQueriesContext(connection) as captured:
         first = post(api, URL, {"amount": 1}, "k")
@@ -56,6 +61,11 @@ def test_an_exception_rolls_the_claim_back(api: APIClient) -> None:
     assert not IdempotencyRecord.objects.exists() and not Charge.objects.exists()
 
 
+@pytest.mark.not_under(
+    "atomic-requests",
+    reason="a non-exempt @api_view runs in the request's transaction (W002): "
+    "single_transaction has no effect there",
+)
 def test_begin_external_is_refused_in_a_single_transaction(api: APIClient) -> None:
     api.raise_request_exception = False
     assert post(api, URL, {"amount": 1, "begin_external": True}, "k").status_code == 500
@@ -91,6 +101,11 @@ def test_duplicates_wait_on_the_unique_index_and_replay(settings: Any) -> None:
     assert len({r.content for r in results}) == 1
 
 
+@pytest.mark.not_under(
+    "atomic-requests",
+    reason="a non-exempt @api_view runs in the request's transaction (W002): "
+    "single_transaction has no effect there",
+)
 def test_a_duplicate_that_waits_too_long_gets_409(settings: Any) -> None:
     settings.IDEMPOTENCY = {"IN_FLIGHT_WAIT": 0.2}
     started = time.monotonic()

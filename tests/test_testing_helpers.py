@@ -64,6 +64,11 @@ def reconciler() -> Iterator[list[str]]:
 @pytest.mark.not_under(
     "single-transaction", reason="begin_external() is refused in this mode (E020)"
 )
+@pytest.mark.not_under(
+    "repeatable-read",
+    reason="begin_external() is refused above READ COMMITTED on PostgreSQL (IsolationNotSupported)",
+    databases=("postgres",),
+)
 @pytest.mark.postgres
 def test_a_simulated_crash_leaves_the_intent_for_the_reconciler(
     api: APIClient, reconciler: list[str]
