@@ -9,17 +9,16 @@ times out is contention, answered 409, never an outage.
 
 from __future__ import annotations
 
-import contextlib
 from collections.abc import Callable, Iterator
 from typing import Any
 
 import pytest
 from django.db import connection
-from django.utils import timezone
 from rest_framework.test import APIClient
 
 from django_idempotency.models import IdempotencyRecord
 from tests.conftest import post
+from tests.sessions import key_held_by_an_open_transaction
 from tests.testapp.models import Charge
 
 pytestmark = pytest.mark.django_db(transaction=True)
@@ -84,31 +83,6 @@ def test_single_transaction_without_fail_open_does_not_say_not_run_for_a_views_e
     assert not IdempotencyRecord.objects.exists()
 
 
-@contextlib.contextmanager
-def key_held_by_an_open_transaction() -> Iterator[None]:
-    """Another session inserted the record of key "k" and has not committed yet."""
-    from django.db import connections
-
-    other = connections.create_connection("default")
-    try:
-        other.set_autocommit(False)
-        now = timezone.now()
-        with other.cursor() as cursor:
-            cursor.execute(
-                "INSERT INTO django_idempotency_record (tenant, operation, "
-                + connection.ops.quote_name("key")
-                + ", fingerprint, state, lease_owner, lease_expires_at, fencing_token, "
-                "provider_key, provider_operation_id, response_headers, created_at, updated_at, "
-                "expires_at) VALUES (%s, %s, %s, '', 'CLAIMED', 'other', %s, 1, '', '', '[]', "
-                "%s, %s, %s)",
-                ["anonymous", "POST api-view/charges", "k", now, now, now, now],
-            )
-        yield
-    finally:
-        other.rollback()
-        other.close()
-
-
 def _bound_lock_waits() -> None:
     with connection.cursor() as cursor:
         if connection.vendor == "postgresql":
@@ -128,7 +102,7 @@ def test_a_claim_that_times_out_on_a_busy_key_is_409_not_an_outage(
 ) -> None:
     _needs_a_server()
     _bound_lock_waits()
-    with key_held_by_an_open_transaction():
+    with key_held_by_an_open_transaction("POST api-view/charges"):
         response = post(api, "/api-view/charges", {"amount": 1}, "k")
 
     assert response.status_code == 409  # FAIL_OPEN would have run it alongside the holder

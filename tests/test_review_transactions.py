@@ -6,22 +6,20 @@ hold yet. The views are this module's own (``pytest.mark.urls``).
 
 from __future__ import annotations
 
-import contextlib
 from collections.abc import Iterator
 
 import pytest
 from django.db import IntegrityError, connection, connections, transaction
 from django.urls import path
-from django.utils import timezone
 from rest_framework.decorators import api_view
 from rest_framework.request import Request
 from rest_framework.response import Response
 from rest_framework.test import APIClient
 
 from django_idempotency import idempotent
-from django_idempotency.exceptions import IsolationNotSupported
 from django_idempotency.models import IdempotencyRecord
 from tests.conftest import post
+from tests.sessions import key_held_by_an_open_transaction
 from tests.testapp import views as testapp_views
 from tests.testapp.models import Charge
 
@@ -160,54 +158,7 @@ def test_a_success_rolled_back_on_another_atomic_requests_database_is_not_stored
     )
 
 
-# --- 5. MariaDB's snapshot isolation: the call is made, then the writes are lost
-
-
-@pytest.fixture
-def mariadb_snapshot_isolation() -> Iterator[None]:
-    if connection.vendor != "mysql":
-        pytest.skip("MariaDB's innodb_snapshot_isolation (default ON since MariaDB 11.6.2)")
-    with connection.cursor() as cursor:
-        cursor.execute("SET SESSION TRANSACTION ISOLATION LEVEL REPEATABLE READ")
-        cursor.execute("SET SESSION innodb_snapshot_isolation = ON")
-    yield
-    connection.close()
-
-
-def test_mariadb_snapshot_isolation_refuses_begin_external_before_the_call(
-    api: APIClient, mariadb_snapshot_isolation: None
-) -> None:
-    """Defect 5's own failure on MariaDB: the provider is called, the completion then
-    fails with "Record has changed since last read", the view's writes are lost and
-    the record is UNCERTAIN. The PostgreSQL fix (refuse before the call) is not
-    applied here, though the level and the variable can be read at run time."""
-    with pytest.raises(IsolationNotSupported):
-        post(api, "/external", {"amount": 1}, "k")
-
-
 # --- 8. a contention 409 inside a caller's transaction on PostgreSQL ----------
-
-
-@contextlib.contextmanager
-def key_held_by_an_open_transaction(operation: str) -> Iterator[None]:
-    other = connections.create_connection("default")
-    try:
-        other.set_autocommit(False)
-        now = timezone.now()
-        with other.cursor() as cursor:
-            cursor.execute(
-                "INSERT INTO django_idempotency_record (tenant, operation, "
-                + connection.ops.quote_name("key")
-                + ", fingerprint, state, lease_owner, lease_expires_at, fencing_token, "
-                "provider_key, provider_operation_id, response_headers, created_at, updated_at, "
-                "expires_at) VALUES (%s, %s, %s, '', 'CLAIMED', 'other', %s, 1, '', '', '[]', "
-                "%s, %s, %s)",
-                ["anonymous", operation, "k", now, now, now, now],
-            )
-        yield
-    finally:
-        other.rollback()
-        other.close()
 
 
 @pytest.mark.postgres
