@@ -143,9 +143,8 @@ def _in_thread(target: Any, delay: float) -> threading.Thread:
 )
 @pytest.mark.not_under(
     "atomic-requests",
-    reason="the waiting @api_view's request transaction (W002) holds the lock its failed "
-    "INSERT took: SQLite's one writer, InnoDB's shared lock on the duplicate",
-    databases=("sqlite", "mariadb"),
+    reason="one SQLite writer: the waiting @api_view's request transaction (W002)",
+    databases=("sqlite",),
 )
 def test_wait_mode_replays_once_the_first_request_finishes(api: APIClient, settings: Any) -> None:
     first = post(api, "/api-view/charges", {"amount": 1}, "k")
@@ -180,8 +179,9 @@ def test_wait_mode_is_bounded(api: APIClient, settings: Any) -> None:
 
 @pytest.mark.not_under(
     "atomic-requests",
-    reason="one SQLite writer: the waiting @api_view's request transaction (W002)",
-    databases=("sqlite",),
+    reason="the waiting @api_view's request transaction (W002) holds the lock its failed "
+    "INSERT took: SQLite's one writer, InnoDB's shared lock on the duplicate",
+    databases=("sqlite", "mariadb"),
 )
 def test_wait_mode_runs_the_view_when_the_first_request_is_released(
     api: APIClient, settings: Any
