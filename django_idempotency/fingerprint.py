@@ -426,6 +426,12 @@ def request_fingerprint(
         raise NestedTooDeeply(gettext("The request body is nested too deeply to be read.")) from exc
 
 
+def _format_override() -> str | None:
+    from rest_framework.settings import api_settings
+
+    return cast("str | None", api_settings.URL_FORMAT_OVERRIDE)
+
+
 def _fingerprinted_input(
     request: HttpRequest,
     spec: FingerprintSpec,
@@ -447,8 +453,14 @@ def _fingerprinted_input(
     if spec is None:
         query = cast("MultiValueDict[str, Any]", getattr(request, "query_params", request.GET))
         # The query string is never JSON, so it needs no form token: written
-        # as a plain mapping of lists, as earlier versions wrote it.
-        value = {"body": body, "query": dict(query.lists()), "url": url}
+        # as a plain mapping of lists, as earlier versions wrote it. DRF's
+        # ``?format=`` picks a renderer, as the suffix does: the negotiated
+        # renderer below stands for both.
+        lists = dict(query.lists())
+        override = _format_override() if hasattr(request, "query_params") else None
+        if override is not None:
+            lists.pop(override, None)
+        value = {"body": body, "query": lists, "url": url}
     else:
         value = {"fields": select_fields(body, spec), "url": url}
     renderer = _negotiated_renderer(request)

@@ -14,7 +14,7 @@ from hypothesis import assume, given, settings
 from hypothesis import strategies as st
 from rest_framework.parsers import JSONParser
 from rest_framework.request import Request
-from rest_framework.test import APIRequestFactory
+from rest_framework.test import APIClient, APIRequestFactory
 
 from django_idempotency.fingerprint import (
     canonical,
@@ -22,6 +22,7 @@ from django_idempotency.fingerprint import (
     request_fingerprint,
     select_fields,
 )
+from tests.conftest import post
 
 json_scalars = (
     st.none()
@@ -530,3 +531,20 @@ def test_floats_are_spelled_as_their_exact_decimal_value_is(value: float) -> Non
     """The fast path for floats agrees with the Decimal one, at every exponent."""
     assume(math.isfinite(value))
     assert canonical(value) == canonical(Decimal(repr(value)))
+
+
+@pytest.mark.django_db
+def test_drfs_format_query_parameter_picks_a_renderer_like_the_suffix_does(
+    api: APIClient,
+) -> None:
+    """``?format=json`` is the view's default renderer: the same request as none."""
+    first = post(api, "/api-view/charges", {"amount": 1}, "format-query")
+    retry = api.post(
+        "/api-view/charges?format=json",
+        {"amount": 1},
+        format="json",
+        HTTP_IDEMPOTENCY_KEY="format-query",
+    )
+
+    assert first.status_code == 201
+    assert retry["Idempotent-Replayed"] == "true"
