@@ -8,8 +8,10 @@ encrypts, every key decrypts, so keys rotate by putting a new one first and
 re-encrypting with ``manage.py idempotency_rotate_keys`` (which also encrypts
 responses stored before encryption was turned on). The record's
 ``response_sealed`` column says whether its response is encrypted, written
-by the same statement as the response: never guessed from the bytes, which
-a plaintext body could spell alike.
+by the same statement as the response: never guessed from the bytes alone,
+which a plaintext body could spell alike. (An unflagged row counts as
+sealed only if a configured key decrypts it: what the previous release's
+workers seal during a rolling deploy.)
 """
 
 from __future__ import annotations
