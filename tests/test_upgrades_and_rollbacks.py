@@ -1,4 +1,5 @@
-"""Review of the at-rest and input fixes (issue 11: 7, 9, 10, 11, 12, 13, 16, 18): reproductions."""
+"""Upgrades and rollbacks: a rolling deploy's old workers sealing responses after
+migration 0005, and migrating back from it."""
 
 from __future__ import annotations
 

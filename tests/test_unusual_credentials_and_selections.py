@@ -1,9 +1,5 @@
-"""Review of issue 11 defects 3, 4, 14, 15, 17: reproductions that fail today.
-
-Each test states the behaviour the builders' notes and docs promise (or
-that a new user would expect) and fails on the reviewed code; see
-/work/notes/review-admin-store.md for the findings.
-"""
+"""Credentials the default tenant cannot tell apart, and admin selections too
+large for one action or missing what the action's page showed."""
 
 from __future__ import annotations
 
@@ -127,7 +123,7 @@ def test_a_retry_after_the_client_refreshes_its_access_token_replays() -> None:
     retry = _call(client_credentials_view, "charge-1", HTTP_X_TOKEN="101")
 
     assert first.status_code == 201
-    # Today: a tenant per token, so the retry runs the operation again.
+    # A tenant per token would run the operation again: the application is the client.
     assert retry.get("Idempotent-Replayed") == "true"
 
 

@@ -1,7 +1,8 @@
-"""Review of the transaction fixes (issue 11, defects 1, 2, 5, 6, 8): reproductions.
+"""Transactions at their edges: Django's own database errors in a view, a
+success rolled back on another database, a contention 409 inside a caller's
+transaction, a connection lost at COMMIT.
 
-Each test states a guarantee the fixes promise and fails where it does not
-hold yet. The views are this module's own (``pytest.mark.urls``).
+The views are this module's own (``pytest.mark.urls``).
 """
 
 from __future__ import annotations
@@ -25,7 +26,7 @@ from tests.testapp.models import Charge
 
 pytestmark = [
     pytest.mark.django_db(transaction=True),
-    pytest.mark.urls("tests.test_review_transactions"),
+    pytest.mark.urls("tests.test_transaction_edge_cases"),
 ]
 State = IdempotencyRecord.State
 
@@ -92,15 +93,15 @@ urlpatterns = [
 ]
 
 
-# --- 1. a view's own DatabaseError is answered as a store outage -------------
+# --- a view's own DatabaseError is the view's, not a store outage ------------
 
 
 def test_a_django_database_error_in_the_view_is_a_500_not_store_unavailable(
     api: APIClient,
 ) -> None:
-    """``is_connection_lost`` takes a DatabaseError with no driver cause for a lost
-    connection: the view's bug is answered 503 "store unavailable" ("not run",
-    retry later), and the retry hits the same bug with the same 503 forever."""
+    """A DatabaseError Django raises itself (no driver error behind it) is the
+    view's bug, not a lost connection: never 503 "store unavailable" ("not run",
+    retry later), which the retry would hit again and again."""
     api.raise_request_exception = False
     response = post(api, "/no-row", {"amount": 1}, "k")
 
@@ -116,7 +117,7 @@ def test_a_query_after_a_swallowed_integrity_error_is_a_500_not_store_unavailabl
     assert response.status_code == 500, (response.status_code, response.content)
 
 
-# --- 2. a rolled-back success on another ATOMIC_REQUESTS database -------------
+# --- a success rolled back on another ATOMIC_REQUESTS database --------------
 
 
 @pytest.fixture
@@ -141,10 +142,8 @@ def other_atomic_database() -> Iterator[None]:
 def test_a_success_rolled_back_on_another_atomic_requests_database_is_not_stored(
     api: APIClient, other_atomic_database: None
 ) -> None:
-    """docs/databases.md: writes on another ATOMIC_REQUESTS database are "committed
-    in a transaction of its own, which @idempotent opens after the claim". Only
-    the record database is checked for a rollback mark, so here the 201 is stored
-    and replayed for a day while the charge was rolled back."""
+    """Writes on another ATOMIC_REQUESTS database commit in a transaction of
+    their own: a success whose writes roll back there is a 500, never stored."""
     api.raise_request_exception = False
     first = post(api, "/other-db", {"amount": 1}, "k")
     assert first.status_code == 500
@@ -158,14 +157,14 @@ def test_a_success_rolled_back_on_another_atomic_requests_database_is_not_stored
     )
 
 
-# --- 8. a contention 409 inside a caller's transaction on PostgreSQL ----------
+# --- a contention 409 inside a caller's transaction on PostgreSQL -----------
 
 
 @pytest.mark.postgres
 def test_a_contention_409_leaves_a_callers_transaction_usable(api: APIClient) -> None:
-    """On PostgreSQL the claim INSERT runs in the caller's transaction without a
-    savepoint: its lock timeout aborts the caller's transaction, which the 409
-    did not open (defect 8: a refusal must not poison a caller's transaction)."""
+    """In a caller's PostgreSQL transaction the claim runs in a savepoint: its
+    lock timeout leaves the caller's transaction usable (a refusal must not
+    poison a transaction it did not open)."""
     try:
         with transaction.atomic():
             with connection.cursor() as cursor:
