@@ -1,54 +1,25 @@
 from __future__ import annotations
 
-import contextlib
 import itertools
 import os
 import uuid
-from collections.abc import Callable, Iterator, Mapping
-from typing import Any
+from collections.abc import Callable, Iterator
 
 import pytest
 from django.db import connections
-from django.dispatch import Signal
 from hypothesis import settings as hypothesis_settings
 from rest_framework.test import APIClient
 
-from django_idempotency.models import IdempotencyRecord
 from tests.factories import TokenFactory
-
-SentSignals = list[tuple[str, dict[str, Any]]]
-
-
-@contextlib.contextmanager
-def signals_sent(by_name: Mapping[str, Signal]) -> Iterator[SentSignals]:
-    """Record (name, keyword arguments) of every send of these signals meanwhile."""
-    log: SentSignals = []
-    receivers = []
-    for name, signal in by_name.items():
-
-        def receiver(sender: Any, name: str = name, **kwargs: Any) -> None:
-            kwargs.pop("signal")
-            log.append((name, kwargs))
-
-        signal.connect(receiver, weak=False)
-        receivers.append((signal, receiver))
-    try:
-        yield log
-    finally:
-        for signal, receiver in receivers:
-            signal.disconnect(receiver)
+from tests.utils import TokenClient
 
 
 @pytest.fixture
-def client_for() -> Callable[..., APIClient]:
+def client_for() -> Callable[..., TokenClient]:
     """An API client authenticated with a fresh token (a tenant of its own)."""
 
-    def make(**credentials: Any) -> APIClient:
-        token = TokenFactory()
-        client = APIClient()
-        client.credentials(HTTP_AUTHORIZATION=f"Token {token.key}", **credentials)
-        client.user = token.user  # type: ignore[attr-defined]
-        return client
+    def make(**credentials: str) -> TokenClient:
+        return TokenClient(TokenFactory.create(), **credentials)
 
     return make
 
@@ -65,11 +36,6 @@ def new_key() -> Callable[[], str]:
     return lambda: f"key-{run}-{next(counter)}"
 
 
-def post(client: APIClient, url: str, data: Any, key: str | None, **extra: Any) -> Any:
-    headers = {} if key is None else {"HTTP_IDEMPOTENCY_KEY": key}
-    return client.post(url, data, format="json", **headers, **extra)
-
-
 @pytest.fixture
 def atomic_requests() -> Iterator[None]:
     """Turn on ATOMIC_REQUESTS for the default database for one test."""
@@ -79,10 +45,6 @@ def atomic_requests() -> Iterator[None]:
         yield
     finally:
         settings_dict["ATOMIC_REQUESTS"] = False
-
-
-def record_states() -> list[str]:
-    return list(IdempotencyRecord.objects.order_by("pk").values_list("state", flat=True))
 
 
 # --- PostgreSQL tests and the CI policy ------------------------------------

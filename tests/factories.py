@@ -5,13 +5,15 @@ from typing import Any
 
 import factory
 from django.contrib.auth import get_user_model
+from django.contrib.auth.models import User
 from django.utils import timezone
 from rest_framework.authtoken.models import Token
 
 from django_idempotency.models import IdempotencyRecord
 
 
-class UserFactory(factory.django.DjangoModelFactory[Any]):
+# User: what mypy's Django plugin takes get_user_model() to be under tests.settings.
+class UserFactory(factory.django.DjangoModelFactory[User]):
     class Meta:
         model = get_user_model()
         django_get_or_create = ("username",)
@@ -23,7 +25,7 @@ class TokenFactory(factory.django.DjangoModelFactory[Token]):
     class Meta:
         model = Token
 
-    user = factory.SubFactory(UserFactory)
+    user: factory.SubFactory[Any, User] = factory.SubFactory(UserFactory)
 
 
 class RecordFactory(factory.django.DjangoModelFactory[IdempotencyRecord]):

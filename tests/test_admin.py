@@ -16,8 +16,8 @@ from rest_framework.test import APIClient
 
 from django_idempotency import recovery
 from django_idempotency.models import IdempotencyRecord
-from tests.conftest import post
 from tests.factories import RecordFactory, UserFactory
+from tests.utils import post, raw_body
 
 pytestmark = pytest.mark.django_db(transaction=True)
 State = IdempotencyRecord.State
@@ -33,7 +33,7 @@ PERMISSION_OF = {
 
 
 def staff(*codenames: str) -> Client:
-    user = UserFactory(is_staff=True)
+    user = UserFactory.create(is_staff=True)
     user.user_permissions.add(
         *Permission.objects.filter(
             content_type__app_label="django_idempotency",
@@ -46,7 +46,7 @@ def staff(*codenames: str) -> Client:
 
 
 def stuck_record(**fields: Any) -> IdempotencyRecord:
-    defaults = {
+    defaults: dict[str, Any] = {
         "state": State.UNCERTAIN,
         "response_status": None,
         "response_body": None,
@@ -54,7 +54,7 @@ def stuck_record(**fields: Any) -> IdempotencyRecord:
         "lease_expires_at": timezone.now() - timedelta(minutes=1),
         "provider_key": "pk_1",
     }
-    return RecordFactory(**{**defaults, **fields})
+    return RecordFactory.create(**{**defaults, **fields})
 
 
 def run(client: Client, action: str, record: IdempotencyRecord, **data: Any) -> Any:
@@ -69,7 +69,9 @@ def run(client: Client, action: str, record: IdempotencyRecord, **data: Any) -> 
 def test_changelist_shows_counts_per_state_and_stuck() -> None:
     RecordFactory.create_batch(3)
     stuck_record()
-    RecordFactory(state=State.CLAIMED, lease_expires_at=timezone.now() + timedelta(minutes=1))
+    RecordFactory.create(
+        state=State.CLAIMED, lease_expires_at=timezone.now() + timedelta(minutes=1)
+    )
 
     page = staff().get(CHANGELIST)
 
@@ -90,10 +92,10 @@ def test_changelist_shows_counts_per_state_and_stuck() -> None:
 def test_filters_and_exact_search() -> None:
     later = timezone.now() + timedelta(days=2)
     stuck = stuck_record(key="stuck-one", provider_operation_id="ch_42", expires_at=later)
-    held = RecordFactory(
+    held = RecordFactory.create(
         state=State.CLAIMED, lease_expires_at=timezone.now() + timedelta(hours=1), expires_at=later
     )
-    soon = RecordFactory(expires_at=timezone.now() + timedelta(minutes=10))
+    soon = RecordFactory.create(expires_at=timezone.now() + timedelta(minutes=10))
     client = staff()
 
     def listed(query: str) -> set[int]:
@@ -108,7 +110,7 @@ def test_filters_and_exact_search() -> None:
 
 
 def test_change_page_shows_the_stored_response_and_timeline() -> None:
-    record = RecordFactory(
+    record = RecordFactory.create(
         response_body=b'{"id":7,"amount":100}',
         response_headers=[["Content-Type", "application/json"], ["Location", "/v1/payments/7"]],
         provider_operation_id="ch_7",
@@ -124,9 +126,9 @@ def test_change_page_shows_the_stored_response_and_timeline() -> None:
 
 
 def test_nothing_can_be_added_edited_or_deleted() -> None:
-    record = RecordFactory()
+    record = RecordFactory.create()
     client = staff(*PERMISSION_OF.values())
-    client.force_login(UserFactory(is_staff=True, is_superuser=True))
+    client.force_login(UserFactory.create(is_staff=True, is_superuser=True))
 
     assert client.get(CHANGELIST + "add/").status_code == 403
     assert client.post(f"{CHANGELIST}{record.pk}/change/", {"state": "FAILED"}).status_code == 403
@@ -195,7 +197,7 @@ def test_mark_completed_stores_the_response_to_replay() -> None:
 
     record.refresh_from_db()
     assert (record.state, record.response_status) == (State.COMPLETED, 201)
-    assert json.loads(bytes(record.response_body)) == {"id": 9}
+    assert json.loads(raw_body(record)) == {"id": 9}
     assert ["Content-Type", "application/json"] in record.response_headers
 
 
@@ -254,8 +256,8 @@ def test_release_past_the_claim_needs_the_explicit_warning_ticked() -> None:
 
 
 def test_extend_retention_never_shortens() -> None:
-    near = RecordFactory(expires_at=timezone.now() + timedelta(hours=1))
-    far = RecordFactory(expires_at=timezone.now() + timedelta(days=30))
+    near = RecordFactory.create(expires_at=timezone.now() + timedelta(hours=1))
+    far = RecordFactory.create(expires_at=timezone.now() + timedelta(days=30))
     client = staff("extend")
 
     client.post(
@@ -302,7 +304,7 @@ def test_reconcile_now_runs_the_operations_reconciler(reconciler: None) -> None:
     assert "skipped" not in text
     record.refresh_from_db()
     assert record.state == State.COMPLETED
-    assert json.loads(bytes(record.response_body)) == {"settled": "pk_77"}
+    assert json.loads(raw_body(record)) == {"settled": "pk_77"}
     assert "completed" in LogEntry.objects.get().get_change_message()
 
 
@@ -341,7 +343,7 @@ def test_reconcile_now_without_a_reconciler_says_the_record_stays_unresolved() -
 
 
 def test_search_is_exact_and_case_sensitive() -> None:
-    record = RecordFactory(key="Order-ABC")
+    record = RecordFactory.create(key="Order-ABC")
     client = staff()
 
     def found(term: str) -> bool:
@@ -354,8 +356,8 @@ def test_search_is_exact_and_case_sensitive() -> None:
 
 
 def test_the_date_hierarchy_links_the_range_of_expiry_dates() -> None:
-    RecordFactory(expires_at=timezone.now() + timedelta(days=40))
-    RecordFactory(expires_at=timezone.now() + timedelta(days=400))
+    RecordFactory.create(expires_at=timezone.now() + timedelta(days=40))
+    RecordFactory.create(expires_at=timezone.now() + timedelta(days=400))
     text = staff().get(CHANGELIST).content.decode()
 
     this_year = timezone.now().year
@@ -368,7 +370,7 @@ def test_the_date_hierarchy_links_the_range_of_expiry_dates() -> None:
 
 def superuser() -> Client:
     client = Client()
-    client.force_login(UserFactory(is_staff=True, is_superuser=True))
+    client.force_login(UserFactory.create(is_staff=True, is_superuser=True))
     return client
 
 
@@ -396,7 +398,7 @@ def superuser() -> Client:
     ids=lambda query: "&".join(f"{name}={value[:12]!r}" for name, value in query.items()),
 )
 def test_a_lookup_the_admin_does_not_offer_is_refused_with_400(query: dict[str, str]) -> None:
-    RecordFactory()
+    RecordFactory.create()
     assert superuser().get(CHANGELIST, query).status_code == 400
 
 
@@ -414,7 +416,7 @@ def test_a_lookup_the_admin_does_not_offer_is_refused_with_400(query: dict[str, 
 def test_the_documented_filters_dates_search_order_and_pages_are_accepted(
     query: dict[str, str],
 ) -> None:
-    RecordFactory()
+    RecordFactory.create()
     assert superuser().get(CHANGELIST, query).status_code == 200
 
 
@@ -422,7 +424,7 @@ def test_the_documented_filters_dates_search_order_and_pages_are_accepted(
     "term", ["\x00", "key\x00", "x" * 5000], ids=["nul", "nul-inside", "longer-than-any-column"]
 )
 def test_a_search_term_no_column_can_hold_is_refused_or_finds_nothing(term: str) -> None:
-    RecordFactory(key="k")
+    RecordFactory.create(key="k")
     page = superuser().get(CHANGELIST, {"q": term})
 
     # Django's own search form refuses NUL with a message and searches for
@@ -524,5 +526,5 @@ def test_a_hand_made_response_form_is_shown_again_not_applied(data: dict[str, st
     ],
 )
 def test_no_hand_made_url_is_a_server_error(path: str) -> None:
-    RecordFactory()
+    RecordFactory.create()
     assert superuser().get(CHANGELIST + path, follow=True).status_code < 500

@@ -12,7 +12,7 @@ from django.core.management.base import SystemCheckError
 from django_idempotency.checks import check_atomic_requests, check_settings
 
 
-def ids(value: Any) -> list[str]:
+def ids(value: Any) -> list[str | None]:
     from django.test import override_settings
 
     with override_settings(IDEMPOTENCY=value):
@@ -49,7 +49,7 @@ def test_a_complete_valid_configuration_passes() -> None:
     ("settings_value", "expected"),
     [
         ("not a dict", "E001"),
-        ({"HEDAER": "x"}, "W001"),
+        ({"HEDAER": "x"}, "W001"),  # spellchecker:disable-line
         ({"HEADER": "Bad Header"}, "E002"),
         ({"HEADER": ""}, "E002"),
         ({"REQUIRED": "yes"}, "E003"),

@@ -160,7 +160,7 @@ def test_a_stale_owners_release_deletes_nothing_with_delete_receivers_connected(
 def test_a_discard_never_deletes_a_record_whose_retention_was_extended_before_its_delete(
     receivers: Receivers,
 ) -> None:
-    record = RecordFactory(expires_at=timezone.now() - timedelta(seconds=1))
+    record = RecordFactory.create(expires_at=timezone.now() - timedelta(seconds=1))
     receivers.meanwhile = elsewhere(record.pk, expires_at=timezone.now() + timedelta(days=1))
 
     discarded = store.discard_expired(record, using="default")
@@ -174,7 +174,7 @@ def test_a_discard_never_deletes_a_record_whose_retention_was_extended_before_it
 def test_a_purge_never_deletes_a_record_whose_retention_was_extended_before_its_delete(
     receivers: Receivers,
 ) -> None:
-    record = RecordFactory(expires_at=timezone.now() - timedelta(seconds=1))
+    record = RecordFactory.create(expires_at=timezone.now() - timedelta(seconds=1))
     receivers.meanwhile = elsewhere(record.pk, expires_at=timezone.now() + timedelta(days=1))
 
     deleted, _ = store.purge_expired_batch(limit=10, using="default")
@@ -264,7 +264,7 @@ def test_each_takeover_and_discard_is_one_statement_with_model_signal_receivers_
 ) -> None:
     past = timezone.now() - timedelta(seconds=1)
     state = State.COMPLETED if write == "discard_expired" else State.CLAIMED
-    record = RecordFactory(state=state, expires_at=past, lease_expires_at=past)
+    record = RecordFactory.create(state=state, expires_at=past, lease_expires_at=past)
     scope = Scope(record.tenant, record.operation, record.key)
 
     with CaptureQueriesContext(connection) as queries:

@@ -31,4 +31,4 @@ def test_a_resolved_dotted_path_is_imported_once() -> None:
 
 
 def test_a_setting_read_on_the_class_is_its_descriptor() -> None:
-    assert type(idempotency_settings).TTL.name == "TTL"  # type: ignore[attr-defined]
+    assert type(idempotency_settings).TTL.name == "TTL"

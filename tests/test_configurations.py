@@ -10,11 +10,14 @@ from __future__ import annotations
 
 import time
 import uuid
+from collections.abc import Callable
 from datetime import datetime, timedelta
 
 import pytest
+from django.apps import AppConfig
 from django.db import connections
 from django.test import Client, TestCase
+from django.test.client import MULTIPART_CONTENT
 from django.test.utils import CaptureQueriesContext
 from django.utils import timezone
 from rest_framework.test import APIClient
@@ -26,8 +29,8 @@ from django_idempotency.recovery import stale_records
 from django_idempotency.scope import Scope
 from django_idempotency.testing import assert_protected
 from tests import configurations
-from tests.conftest import post
 from tests.testapp.models import Charge
+from tests.utils import TokenClient, post
 
 pytestmark = pytest.mark.guarantees
 
@@ -112,7 +115,7 @@ def test_the_audit_apps_receivers_are_connected_without_a_sender() -> None:
     assert audit.AuditConfig.name in {config.name for config in _app_configs()}
 
 
-def _app_configs() -> list[object]:
+def _app_configs() -> list[AppConfig]:
     from django.apps import apps
 
     return list(apps.get_app_configs())
@@ -144,13 +147,15 @@ class AssertProtectedInATestCase(TestCase):
 def test_a_form_post_with_a_csrf_token_runs_once_and_replays(multipart: bool) -> None:
     client = Client(enforce_csrf_checks=True)
     token = client.get("/forms/csrf-token").json()["token"]
-    data = {"amount": "5", "note": "form", "csrfmiddlewaretoken": token}
-    kwargs = {} if multipart else {"content_type": "application/x-www-form-urlencoded"}
+    fields = {"amount": "5", "note": "form", "csrfmiddlewaretoken": token}
+    data: dict[str, str] | str = fields
+    content_type = MULTIPART_CONTENT
     if not multipart:
-        data = "&".join(f"{name}={value}" for name, value in data.items())  # type: ignore[assignment]
+        data = "&".join(f"{name}={value}" for name, value in fields.items())
+        content_type = "application/x-www-form-urlencoded"
 
-    first = client.post("/forms/charges", data, HTTP_IDEMPOTENCY_KEY="form-1", **kwargs)
-    retry = client.post("/forms/charges", data, HTTP_IDEMPOTENCY_KEY="form-1", **kwargs)
+    first = client.post("/forms/charges", data, content_type, HTTP_IDEMPOTENCY_KEY="form-1")
+    retry = client.post("/forms/charges", data, content_type, HTTP_IDEMPOTENCY_KEY="form-1")
 
     assert first.status_code == 201, first.content
     assert retry.status_code == 201 and retry["Idempotent-Replayed"] == "true"
@@ -177,11 +182,13 @@ def test_a_browser_client_runs_once_and_gets_its_replay(api: APIClient) -> None:
 
 @pytest.mark.only_under("uuid-user")
 @pytest.mark.django_db(transaction=True)
-def test_token_users_with_uuid_keys_are_tenants_of_their_own(client_for: object) -> None:
+def test_token_users_with_uuid_keys_are_tenants_of_their_own(
+    client_for: Callable[..., TokenClient],
+) -> None:
     from django.contrib.auth import get_user_model
 
     assert get_user_model()._meta.pk.get_internal_type() == "UUIDField"
-    alice, bob = client_for(), client_for()  # type: ignore[operator]
+    alice, bob = client_for(), client_for()
     first = post(alice, URL, {"amount": 5}, "shared")
     replay = post(alice, URL, {"amount": 5}, "shared")
     other = post(bob, URL, {"amount": 5}, "shared")
@@ -198,5 +205,6 @@ def test_stored_bodies_are_sealed_at_rest(api: APIClient) -> None:
     replay = post(api, URL, {"amount": 987654321}, "sealed-1")
 
     raw = IdempotencyRecord.objects.values_list("response_body", flat=True).get()
+    assert raw is not None
     assert b"987654321" not in bytes(raw)
     assert replay.content == first.content

@@ -17,9 +17,9 @@ from django.db import connection
 from rest_framework.test import APIClient
 
 from django_idempotency.models import IdempotencyRecord
-from tests.conftest import post
 from tests.sessions import key_held_by_an_open_transaction
 from tests.testapp.models import Charge
+from tests.utils import post
 
 pytestmark = pytest.mark.django_db(transaction=True)
 VIEW_ERRORS = ["deadlock", "serialization", "statement_timeout"]

@@ -14,7 +14,7 @@ from django_idempotency import recovery, testing
 from django_idempotency.fingerprint import canonical, fingerprint
 from django_idempotency.models import IdempotencyRecord
 from django_idempotency.recovery import Completed, register_reconciler
-from tests.conftest import post
+from tests.utils import post
 
 pytestmark = pytest.mark.django_db(transaction=True)
 URL = "/api-view/charges"

@@ -16,7 +16,7 @@ import pytest
 from django.core.management import CommandError, call_command
 from django.utils import timezone
 
-from django_idempotency import eviction, tasks
+from django_idempotency import eviction, store, tasks
 from django_idempotency.models import IdempotencyRecord
 from tests.factories import RecordFactory
 
@@ -41,7 +41,7 @@ def expired(state: str = State.COMPLETED, seconds: float = 60, **fields: Any) ->
             response_headers=[],
         )
     values.update(fields)
-    return RecordFactory(**values)
+    return RecordFactory.create(**values)
 
 
 def remaining() -> set[int]:
@@ -51,8 +51,10 @@ def remaining() -> set[int]:
 def test_only_resolved_records_past_expiry_are_deleted() -> None:
     gone = [expired(State.COMPLETED), expired(State.FAILED, response_status=402)]
     kept = [
-        RecordFactory(state=State.COMPLETED, expires_at=timezone.now() + timedelta(seconds=30)),
-        RecordFactory(state=State.FAILED, expires_at=timezone.now() + timedelta(hours=1)),
+        RecordFactory.create(
+            state=State.COMPLETED, expires_at=timezone.now() + timedelta(seconds=30)
+        ),
+        RecordFactory.create(state=State.FAILED, expires_at=timezone.now() + timedelta(hours=1)),
     ]
     # Unresolved ones, even years past expiry and lease: recovery's business.
     kept += [expired(state, seconds=3 * 365 * 86400) for state in UNRESOLVED]
@@ -74,7 +76,7 @@ def test_an_unresolved_record_is_never_purged(state: str) -> None:
 
 
 def test_purging_nothing_is_a_no_op() -> None:
-    RecordFactory()  # not expired
+    RecordFactory.create()  # not expired
     report = eviction.purge_expired_records()
     assert (report.deleted, report.batches) == (0, 0)
     assert len(remaining()) == 1
@@ -136,13 +138,13 @@ def test_a_slow_batch_halves_the_next_and_quick_ones_grow_it_back(
     for i in range(20):
         expired(seconds=1000 - i)
     limits: list[int] = []
-    real_batch = eviction.store.purge_expired_batch
+    real_batch = store.purge_expired_batch
 
     def batch(**arguments: Any) -> tuple[int, Any]:
         limits.append(arguments["limit"])
         return real_batch(**arguments)
 
-    monkeypatch.setattr(eviction.store, "purge_expired_batch", batch)
+    monkeypatch.setattr(store, "purge_expired_batch", batch)
     # A checkpoint makes the first two batches slow; the rest are quick.
     monkeypatch.setattr(eviction, "monotonic", BatchClock([0.5, 0.3, 0.01, 0.01]))
     pauses: list[float] = []
@@ -185,13 +187,13 @@ def test_each_batch_scans_on_from_where_the_last_one_ended() -> None:
     later = [expired(seconds=1000 + i) for i in range(3)]
     using = "default"
 
-    deleted, reached = eviction.store.purge_expired_batch(limit=3, using=using)
+    deleted, reached = store.purge_expired_batch(limit=3, using=using)
     assert deleted == 3 and remaining() == {record.pk for record in later}
     assert reached == max(record.expires_at for record in first)
 
     # A record expiring before that point is past the scan: the next run's.
     straggler = expired(seconds=5000)
-    deleted, reached_next = eviction.store.purge_expired_batch(limit=3, using=using, after=reached)
+    deleted, reached_next = store.purge_expired_batch(limit=3, using=using, after=reached)
     assert deleted == 3 and remaining() == {straggler.pk}
     assert reached_next == max(record.expires_at for record in later)
     assert eviction.purge_expired_records().deleted == 1
@@ -203,7 +205,7 @@ def test_expired_count_counts_what_a_purge_would_delete() -> None:
         expired(state)
     for state in UNRESOLVED:
         expired(state)
-    RecordFactory()
+    RecordFactory.create()
 
     assert eviction.expired_count() == 4
     assert eviction.purge_expired_records().deleted == 4
@@ -221,7 +223,7 @@ def run_command(*args: str) -> str:
 @pytest.fixture
 def five_expired() -> list[IdempotencyRecord]:
     records = [expired(seconds=500 - i) for i in range(5)]
-    RecordFactory()  # live
+    RecordFactory.create()  # live
     expired(State.UNCERTAIN)
     return records
 

@@ -13,9 +13,9 @@ from django_idempotency import signals
 from django_idempotency.context import derive_provider_key
 from django_idempotency.models import IdempotencyRecord
 from django_idempotency.scope import Scope
-from tests.conftest import post
 from tests.testapp.models import Charge
 from tests.testapp.views import ViewFailure
+from tests.utils import post
 
 pytestmark = [
     pytest.mark.django_db(transaction=True),
@@ -128,6 +128,7 @@ def test_begin_external_can_hold_the_lease_for_a_long_call(api: APIClient) -> No
     IdempotencyContext(held).begin_external(lease=timedelta(minutes=30))
 
     record.refresh_from_db()
+    assert record.lease_expires_at is not None
     assert record.lease_expires_at > timezone.now() + timedelta(minutes=29)
 
 
@@ -177,6 +178,7 @@ def test_renew_lease_extends_the_lease(api: APIClient) -> None:
     IdempotencyContext(held).renew_lease()
 
     record.refresh_from_db()
+    assert record.lease_expires_at is not None
     assert before is None or record.lease_expires_at > before
     IdempotencyRecord.objects.update(fencing_token=F("fencing_token") + 1)
     from django_idempotency.exceptions import StaleOwner

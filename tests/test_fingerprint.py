@@ -16,13 +16,14 @@ from rest_framework.parsers import JSONParser
 from rest_framework.request import Request
 from rest_framework.test import APIClient, APIRequestFactory
 
+from django_idempotency.digests import Fingerprint
 from django_idempotency.fingerprint import (
     canonical,
     fingerprint,
     request_fingerprint,
     select_fields,
 )
-from tests.conftest import post
+from tests.utils import masked_csrf_token, post
 
 json_scalars = (
     st.none()
@@ -75,7 +76,7 @@ def respelled(value: Any, rng: random.Random) -> str:
     return rng.choice([repr(value), f"{exact:E}", f"{exact:e}", f"{exact:f}"])
 
 
-def parsed_request_fingerprint(raw: str) -> str:
+def parsed_request_fingerprint(raw: str) -> Fingerprint:
     django_request = APIRequestFactory().post("/x", raw, content_type="application/json")
     request = Request(django_request, parsers=[JSONParser()])
     return request_fingerprint(request, None, (), {})
@@ -193,7 +194,7 @@ def test_selected_fields_tell_absent_from_null() -> None:
 def test_the_key_and_transport_headers_are_not_part_of_it() -> None:
     factory = APIRequestFactory()
 
-    def of(**headers: str) -> str:
+    def of(**headers: str) -> Fingerprint:
         request = Request(
             factory.post("/x", '{"a": 1}', content_type="application/json", **headers),
             parsers=[JSONParser()],
@@ -264,7 +265,7 @@ def test_json_requests_keep_the_fingerprints_earlier_versions_stored(
 # --- form data is not JSON ----------------------------------------------------------------
 
 
-def drf_request_fingerprint(django_request: Any, spec: Any = None) -> str:
+def drf_request_fingerprint(django_request: Any, spec: Any = None) -> Fingerprint:
     from rest_framework.parsers import FormParser, MultiPartParser
 
     request = Request(django_request, parsers=[JSONParser(), FormParser(), MultiPartParser()])
@@ -307,15 +308,15 @@ def test_a_multipart_and_an_urlencoded_form_with_the_same_fields_are_one_request
 
 def test_the_csrf_token_of_a_form_is_not_part_of_it() -> None:
     """Django masks the token anew for every page: a form rendered again is the same request."""
-    from django.middleware.csrf import _get_new_csrf_string, _mask_cipher_secret
+    from django.middleware.csrf import _get_new_csrf_string
     from django.test import RequestFactory
 
     secret = _get_new_csrf_string()
-    one, other = _mask_cipher_secret(secret), _mask_cipher_secret(secret)
+    one, other = masked_csrf_token(secret), masked_csrf_token(secret)
     assert one != other
     factory = RequestFactory()
 
-    def of(token: str) -> str:
+    def of(token: str) -> Fingerprint:
         request = factory.post("/x", {"amount": "5", "csrfmiddlewaretoken": token})
         return request_fingerprint(request, None, (), {})
 
@@ -360,10 +361,13 @@ def test_asking_for_the_default_media_type_is_the_same_request_as_asking_nothing
     from rest_framework.test import APIClient
 
     api = APIClient()
-    headers = {} if accept is None else {"HTTP_ACCEPT": accept}
     first = api.post("/api-view/charges", {"amount": 5}, format="json", HTTP_IDEMPOTENCY_KEY="k")
     retry = api.post(
-        "/api-view/charges", {"amount": 5}, format="json", HTTP_IDEMPOTENCY_KEY="k", **headers
+        "/api-view/charges",
+        {"amount": 5},
+        format="json",
+        headers=None if accept is None else {"Accept": accept},
+        HTTP_IDEMPOTENCY_KEY="k",
     )
 
     assert retry.status_code == 201
@@ -480,7 +484,6 @@ def test_a_csrf_protected_plain_form_view_runs_replays_and_refuses_changed_input
     from urllib.parse import urlencode
 
     from django.core.files.uploadedfile import SimpleUploadedFile
-    from django.middleware.csrf import _mask_cipher_secret
 
     from django_idempotency.models import IdempotencyRecord
     from tests.testapp.models import Charge
@@ -501,10 +504,10 @@ def test_a_csrf_protected_plain_form_view_runs_replays_and_refuses_changed_input
             HTTP_IDEMPOTENCY_KEY="form",
         )
 
-    first = post("3", _mask_cipher_secret(secret))
+    first = post("3", masked_csrf_token(secret))
     assert first.status_code == 201, first.content[:500]
-    retry = post("3", _mask_cipher_secret(secret))  # the form rendered again
-    changed = post("4", _mask_cipher_secret(secret))
+    retry = post("3", masked_csrf_token(secret))  # the form rendered again
+    changed = post("4", masked_csrf_token(secret))
 
     assert (retry.status_code, retry["Idempotent-Replayed"]) == (201, "true")
     assert retry.content == first.content

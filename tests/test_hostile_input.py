@@ -25,6 +25,7 @@ from __future__ import annotations
 import json
 import random
 import uuid
+from typing import Any
 
 import pytest
 from django.http import RawPostDataException
@@ -53,6 +54,7 @@ from tests.fuzzing import (
     view_owned_failure,
 )
 from tests.testapp.models import Charge
+from tests.utils import raw_body
 
 pytestmark = [pytest.mark.django_db, pytest.mark.urls("tests.fuzzing")]
 State = IdempotencyRecord.State
@@ -76,7 +78,7 @@ def check_common(test: str, sent: Sent, seen: Seen) -> None:
         assert set(seen.body) == {"detail", "code"}, seen.body
 
 
-def new_records(before: list[tuple[object, ...]]) -> list[IdempotencyRecord]:
+def new_records(before: list[tuple[Any, ...]]) -> list[IdempotencyRecord]:
     seen = {row[0] for row in before}
     return list(IdempotencyRecord.objects.exclude(pk__in=seen).order_by("pk"))
 
@@ -93,7 +95,7 @@ def assert_stored(record: IdempotencyRecord, key: str, seen: Seen) -> None:
     assert record.key == key
     assert record.state == (State.COMPLETED if seen.status < 400 else State.FAILED)
     assert record.response_status == seen.status
-    assert bytes(record.response_body) == seen.content
+    assert raw_body(record) == seen.content
 
 
 # --- the Idempotency-Key header -------------------------------------------------------
@@ -153,7 +155,7 @@ def test_key_header_values(raw: str | None, target_name: str, method: str, spell
             assert records() == before
             assert Charge.objects.count() == charges
             return
-        assert first.status == 201 and not first.replayed, (raw[:80], first.label)
+        assert first.status == 201 and not first.replayed, (raw[:80] if raw else raw, first.label)
         assert first.headers["Idempotency-Key"] == raw
         (record,) = new_records(before)
         assert_stored(record, key, first)

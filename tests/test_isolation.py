@@ -19,8 +19,8 @@ from rest_framework.test import APIClient
 
 from django_idempotency.exceptions import IsolationNotSupported
 from django_idempotency.models import IdempotencyRecord
-from tests.conftest import post
 from tests.testapp.models import Charge
+from tests.utils import post
 
 pytestmark = pytest.mark.django_db(transaction=True)
 URL = "/api-view/external"

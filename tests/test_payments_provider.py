@@ -25,7 +25,6 @@ from django.utils import timezone
 from payments import provider_client
 from payments.models import Payment
 from payments.reconcilers import OPERATION
-from rest_framework.authtoken.models import Token
 from rest_framework.test import APIClient
 
 from django_idempotency import signals
@@ -33,7 +32,8 @@ from django_idempotency.context import derive_provider_key
 from django_idempotency.models import IdempotencyRecord
 from django_idempotency.recovery import recover_stale_records
 from django_idempotency.scope import Scope
-from tests.factories import RecordFactory, UserFactory
+from tests.factories import RecordFactory, TokenFactory
+from tests.utils import TokenClient, raw_body
 
 REPO_ROOT = Path(__file__).resolve().parent.parent
 State = IdempotencyRecord.State
@@ -83,14 +83,14 @@ class TestSimulator:
     def test_failures_before_a_charge(
         self, payments_provider: str, mode: str, status: int, charged: bool
     ) -> None:
-        body = {"idempotency_id": unique("id"), "amount": 100, "currency": "EUR"}
+        body: dict[str, Any] = {"idempotency_id": unique("id"), "amount": 100, "currency": "EUR"}
         response = self.charge(payments_provider, body, **{"X-Simulate": mode})
 
         assert response.status_code == status
         assert provider_client.find_charge(body["idempotency_id"]) is None
 
     def test_charge_then_disconnect_charges_without_an_answer(self, payments_provider: str) -> None:
-        body = {"idempotency_id": unique("id"), "amount": 100, "currency": "EUR"}
+        body: dict[str, Any] = {"idempotency_id": unique("id"), "amount": 100, "currency": "EUR"}
         with pytest.raises(requests.ConnectionError):
             self.charge(payments_provider, body, **{"X-Simulate": "charge-then-disconnect"})
         assert provider_client.find_charge(body["idempotency_id"]) is not None
@@ -98,7 +98,7 @@ class TestSimulator:
     def test_charge_then_timeout_charges_and_outlasts_the_client(
         self, payments_provider: str
     ) -> None:
-        body = {"idempotency_id": unique("id"), "amount": 100, "currency": "EUR"}
+        body: dict[str, Any] = {"idempotency_id": unique("id"), "amount": 100, "currency": "EUR"}
         with pytest.raises(requests.Timeout):
             requests.post(
                 f"{payments_provider}/charges",
@@ -119,12 +119,8 @@ class TestSimulator:
 
 
 @pytest.fixture
-def alice(db: None) -> APIClient:
-    user = UserFactory(username=unique("alice"))
-    client = APIClient()
-    client.credentials(HTTP_AUTHORIZATION=f"Token {Token.objects.create(user=user).key}")
-    client.user = user  # type: ignore[attr-defined]
-    return client
+def alice(db: None) -> TokenClient:
+    return TokenClient(TokenFactory.create(user__username=unique("alice")))
 
 
 def pay(client: APIClient, body: dict[str, Any], key: str, **headers: str) -> Any:
@@ -136,12 +132,12 @@ def pay(client: APIClient, body: dict[str, Any], key: str, **headers: str) -> An
 @pytest.mark.django_db(transaction=True)
 @pytest.mark.urls("testproject.urls")
 class TestView:
-    def test_the_payment_records_the_providers_charge(self, alice: APIClient) -> None:
+    def test_the_payment_records_the_providers_charge(self, alice: TokenClient) -> None:
         order = {"order_id": unique("ORD"), "amount": 1234, "currency": "EUR"}
         response = pay(alice, order, "k")
 
         assert response.status_code == 201
-        record = IdempotencyRecord.objects.get(key="k", tenant=f"user:{alice.user.pk}")  # type: ignore[attr-defined]
+        record = IdempotencyRecord.objects.get(key="k", tenant=f"user:{alice.user.pk}")
         charge = provider_client.find_charge(record.provider_key)
         assert charge is not None
         payment = Payment.objects.get(pk=response.json()["id"])
@@ -149,18 +145,18 @@ class TestView:
         assert record.provider_key == derive_provider_key(Scope(record.tenant, OPERATION, "k"))
         assert (charge.amount, charge.currency) == (1234, "EUR")
         assert charge.metadata == {
-            "owner_id": alice.user.pk,  # type: ignore[attr-defined]
+            "owner_id": alice.user.pk,
             "order_id": order["order_id"],
             "amount": 1234,
             "currency": "EUR",
         }
 
-    def test_simulation_headers_are_ignored_unless_enabled(self, alice: APIClient) -> None:
+    def test_simulation_headers_are_ignored_unless_enabled(self, alice: TokenClient) -> None:
         order = {"order_id": unique("ORD"), "amount": 10, "currency": "EUR"}
         response = pay(alice, order, "k", **{"X-Simulate": "decline"})
         assert response.status_code == 201
 
-    def test_a_decline_is_a_stored_402(self, alice: APIClient, settings: Any) -> None:
+    def test_a_decline_is_a_stored_402(self, alice: TokenClient, settings: Any) -> None:
         settings.PAYMENTS_PROVIDER_SIMULATION = True
         order = {"order_id": unique("ORD"), "amount": 10, "currency": "EUR"}
         first = pay(alice, order, "k", **{"X-Simulate": "decline"})
@@ -175,7 +171,7 @@ class TestView:
 
     @pytest.mark.parametrize("mode", ["fail-before-charge", "charge-then-disconnect"])
     def test_an_unknown_outcome_leaves_the_record_uncertain(
-        self, alice: APIClient, settings: Any, mode: str
+        self, alice: TokenClient, settings: Any, mode: str
     ) -> None:
         settings.PAYMENTS_PROVIDER_SIMULATION = True
         order = {"order_id": unique("ORD"), "amount": 10, "currency": "EUR"}
@@ -203,10 +199,10 @@ class TestView:
         charge = provider_client.find_charge(record.provider_key)
         assert charge is not None and charge.id == payment.provider_charge_id
 
-    def test_an_answer_for_another_order_is_refused(self, alice: APIClient) -> None:
+    def test_an_answer_for_another_order_is_refused(self, alice: TokenClient) -> None:
         # A provider that answers with a charge made for another order (its
         # idempotency ids collided): the view refuses to record it as paid.
-        owner = alice.user  # type: ignore[attr-defined]
+        owner = alice.user
 
         def collide(sender: Any, scope: Scope, **kwargs: Any) -> None:
             provider_client.create_charge(
@@ -232,7 +228,7 @@ class TestView:
 
 def stuck_record(owner_id: int, key: str, state: str = State.IN_PROGRESS) -> IdempotencyRecord:
     scope = Scope(f"user:{owner_id}", OPERATION, key)
-    record = RecordFactory(
+    record = RecordFactory.create(
         tenant=scope.tenant,
         operation=OPERATION,
         key=key,
@@ -250,8 +246,8 @@ def stuck_record(owner_id: int, key: str, state: str = State.IN_PROGRESS) -> Ide
 @pytest.mark.django_db(transaction=True)
 @pytest.mark.urls("testproject.urls")
 class TestReconciler:
-    def test_a_charge_becomes_the_payment_and_the_stored_201(self, alice: APIClient) -> None:
-        owner = alice.user  # type: ignore[attr-defined]
+    def test_a_charge_becomes_the_payment_and_the_stored_201(self, alice: TokenClient) -> None:
+        owner = alice.user
         order_id = unique("ORD")
         record = stuck_record(owner.pk, "k")
         charge = provider_client.create_charge(
@@ -279,10 +275,10 @@ class TestReconciler:
         }
         # What the client's retry gets: the answer the view would have given.
         view_answer = alice.get(f"/v1/payments/{payment.pk}")
-        assert bytes(record.response_body) == view_answer.content
+        assert raw_body(record) == view_answer.content
 
-    def test_a_payment_the_dead_request_committed_is_reused(self, alice: APIClient) -> None:
-        owner = alice.user  # type: ignore[attr-defined]
+    def test_a_payment_the_dead_request_committed_is_reused(self, alice: TokenClient) -> None:
+        owner = alice.user
         order_id = unique("ORD")
         record = stuck_record(owner.pk, "k", State.UNCERTAIN)
         charge = provider_client.create_charge(
@@ -295,14 +291,14 @@ class TestReconciler:
         assert recover_stale_records().completed == 1
         assert Payment.objects.filter(order_id=order_id).count() == 1
 
-    def test_no_charge_releases_the_record(self, alice: APIClient) -> None:
-        record = stuck_record(alice.user.pk, unique("k"))  # type: ignore[attr-defined]
+    def test_no_charge_releases_the_record(self, alice: TokenClient) -> None:
+        record = stuck_record(alice.user.pk, unique("k"))
 
         assert recover_stale_records().released == 1
         assert not IdempotencyRecord.objects.filter(pk=record.pk).exists()
 
-    def test_an_order_paid_by_another_charge_fails_with_409(self, alice: APIClient) -> None:
-        owner = alice.user  # type: ignore[attr-defined]
+    def test_an_order_paid_by_another_charge_fails_with_409(self, alice: TokenClient) -> None:
+        owner = alice.user
         order_id = unique("ORD")
         record = stuck_record(owner.pk, "k")
         provider_client.create_charge(
@@ -315,10 +311,10 @@ class TestReconciler:
         assert recover_stale_records().failed == 1
         record.refresh_from_db()
         assert (record.state, record.response_status) == (State.FAILED, 409)
-        assert b"order_already_paid" in bytes(record.response_body)
+        assert b"order_already_paid" in raw_body(record)
 
-    def test_a_charge_of_another_tenant_is_left_for_an_operator(self, alice: APIClient) -> None:
-        owner = alice.user  # type: ignore[attr-defined]
+    def test_a_charge_of_another_tenant_is_left_for_an_operator(self, alice: TokenClient) -> None:
+        owner = alice.user
         record = stuck_record(owner.pk, "k")
         provider_client.create_charge(
             record.provider_key,

@@ -17,8 +17,8 @@ from rest_framework.test import APIClient
 
 from django_idempotency.models import IdempotencyRecord
 from django_idempotency.responses import StoredResponse
-from tests.conftest import post
 from tests.factories import UserFactory
+from tests.utils import post
 
 pytestmark = pytest.mark.django_db(transaction=True)
 URL = "/api-view/charges"
@@ -109,7 +109,7 @@ def test_the_admin_shows_decrypted_bodies_only_with_the_permission(
     )
 
     def viewer(*codenames: str) -> Client:
-        user = UserFactory(is_staff=True)
+        user = UserFactory.create(is_staff=True)
         user.user_permissions.add(
             *Permission.objects.filter(codename__in=["view_idempotencyrecord", *codenames])
         )
@@ -194,7 +194,7 @@ def test_the_admin_shows_a_plaintext_body_that_looks_like_ciphertext(
     record = IdempotencyRecord.objects.get()
     IdempotencyRecord.objects.update(response_body=b"fernet:a plain body, not a token")
     settings.IDEMPOTENCY = {"ENCRYPTION_KEYS": [NEW]}
-    user = UserFactory(is_staff=True)
+    user = UserFactory.create(is_staff=True)
     user.user_permissions.add(*Permission.objects.filter(codename="view_idempotencyrecord"))
     client = Client()
     client.force_login(user)

@@ -11,7 +11,7 @@ from django.test.utils import CaptureQueriesContext
 from rest_framework.test import APIClient
 
 from django_idempotency.models import IdempotencyRecord
-from tests.conftest import post
+from tests.utils import post
 
 pytestmark = pytest.mark.django_db(transaction=True)
 

@@ -28,9 +28,9 @@ from django_idempotency import recovery, signals, tasks
 from django_idempotency.conf import idempotency_settings
 from django_idempotency.models import IdempotencyRecord
 from django_idempotency.recovery import Completed, Failed, Release, Retry, register_reconciler
-from tests.conftest import SentSignals, signals_sent
 from tests.factories import RecordFactory
 from tests.testapp.models import Charge
+from tests.utils import SentSignals, raw_body, signals_sent
 
 pytestmark = [pytest.mark.django_db(transaction=True), pytest.mark.guarantees]
 State = IdempotencyRecord.State
@@ -65,7 +65,7 @@ def stale(state: str, operation: str, **fields: Any) -> IdempotencyRecord:
     if state != State.CLAIMED:
         values["provider_key"] = f"pk-{uuid.uuid4().hex[:16]}"
     values.update(fields)
-    return RecordFactory(**values)
+    return RecordFactory.create(**values)
 
 
 def fresh(record: IdempotencyRecord) -> IdempotencyRecord | None:
@@ -241,7 +241,7 @@ def test_completed_stores_the_response_and_commits_the_reconcilers_writes(
     charge = Charge.objects.get(note=f"reconciled {record.key}")
     assert after.state == State.COMPLETED
     assert after.response_status == 201
-    assert bytes(after.response_body) == f'{{"id":{charge.pk},"amount":42}}'.encode()
+    assert raw_body(after) == f'{{"id":{charge.pk},"amount":42}}'.encode()
     assert dict(after.response_headers) == {
         "Location": "/charges/7",
         "Content-Type": "application/json",
@@ -269,7 +269,7 @@ def test_completed_keeps_bytes_and_given_content_type(
 
     after = fresh(record)
     assert after is not None and after.state == State.COMPLETED
-    assert bytes(after.response_body) == b"<ok/>"
+    assert raw_body(after) == b"<ok/>"
     assert after.response_headers == [["Content-Type", "application/xml"]]
 
 
@@ -287,7 +287,7 @@ def test_failed_stores_a_failed_outcome(
     after = fresh(record)
     assert after is not None
     assert (after.state, after.response_status) == (State.FAILED, 402)
-    assert bytes(after.response_body) == b"card declined"
+    assert raw_body(after) == b"card declined"
     assert after.response_headers == [["Content-Type", "text/plain; charset=utf-8"]]
     assert (report.failed, report.handled) == (1, 1)
 
@@ -430,7 +430,9 @@ def test_records_whose_lease_still_runs_are_untouched(
 
 @pytest.mark.parametrize("state", [State.COMPLETED, State.FAILED])
 def test_resolved_records_are_never_recovered(operation: str, state: str) -> None:
-    RecordFactory(state=state, operation=operation, lease_expires_at=ago(60), expires_at=ago(60))
+    RecordFactory.create(
+        state=state, operation=operation, lease_expires_at=ago(60), expires_at=ago(60)
+    )
     before = snapshot()
 
     assert recovery.recover_stale_records().handled == 0

@@ -16,8 +16,8 @@ from django.test import TestCase
 from rest_framework.test import APIClient
 
 from django_idempotency.testing import assert_protected
-from tests.conftest import post
 from tests.testapp.models import Charge
+from tests.utils import post
 
 URLS = ["/api-view/charges", "/cbv/charges", "/viewset/charges/", "/plain/charges"]
 

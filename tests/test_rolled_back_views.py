@@ -19,8 +19,8 @@ from rest_framework.test import APIClient
 from django_idempotency import signals
 from django_idempotency.exceptions import RolledBackResponse
 from django_idempotency.models import IdempotencyRecord
-from tests.conftest import post, signals_sent
 from tests.testapp.models import Charge
+from tests.utils import post, signals_sent
 
 pytestmark = pytest.mark.django_db(transaction=True)
 State = IdempotencyRecord.State

@@ -35,7 +35,6 @@ import hypothesis.core
 import hypothesis.vendor.pretty
 import pytest
 from django.apps import apps
-from django.contrib.auth import get_user_model
 from django.core.handlers.wsgi import WSGIHandler
 from django.core.signals import request_finished, request_started
 from django.db import close_old_connections
@@ -53,19 +52,20 @@ schemathesis = pytest.importorskip("schemathesis")
 # "test(x=, y=)". Put Hypothesis's own printer back; schemathesis works without
 # its speed-up. (Its pytest plugin does the same at startup: the suite runs
 # with ``-p no:schemathesis``, or this line restores it once this module loads.)
-hypothesis.core.RepresentationPrinter = hypothesis.vendor.pretty.RepresentationPrinter  # type: ignore[misc]
+hypothesis.core.RepresentationPrinter = hypothesis.vendor.pretty.RepresentationPrinter  # type: ignore[attr-defined]
 
 from payments.models import Payment  # noqa: E402
-from rest_framework.authtoken.models import Token  # noqa: E402
 from schemathesis import GenerationMode  # noqa: E402
 from schemathesis.checks import not_a_server_error  # noqa: E402
 from schemathesis.core.failures import Failure, FailureGroup  # noqa: E402
+from schemathesis.core.transport import Response  # noqa: E402
 from schemathesis.specs.openapi.checks import (  # noqa: E402
     content_type_conformance,
     response_schema_conformance,
 )
 
 from tests import fuzzing  # noqa: E402
+from tests.factories import TokenFactory, UserFactory  # noqa: E402
 
 pytestmark = [pytest.mark.django_db, pytest.mark.urls("testproject.urls")]
 TEST = "schemathesis (payments API)"
@@ -99,10 +99,10 @@ def test_payments_api_against_its_schema(payments_provider: str, wsgi_app: WSGIH
     # provider keys derive from (tenant, operation, key): a user id of its
     # own keeps this test's charges apart from theirs (SQLite reuses ids
     # after a rollback).
-    user = get_user_model().objects.create_user(
-        "schemathesis", id=random.SystemRandom().randrange(10**8, 10**9)
+    user = UserFactory.create(
+        username="schemathesis", id=random.SystemRandom().randrange(10**8, 10**9)
     )
-    token = Token.objects.create(user=user).key
+    token = TokenFactory.create(user=user).key
     # Something for the detail and refund operations to find.
     payment = Payment.objects.create(owner=user, order_id="ORD-SEED", amount=10_000, currency="EUR")
     by_operation = []
@@ -250,7 +250,7 @@ def _refused_before_the_view(response: Any) -> bool:
     )
 
 
-def _replayed(response: Any) -> bool:
+def _replayed(response: Response) -> bool:
     return response.headers.get("idempotent-replayed") == ["true"]
 
 
@@ -280,8 +280,7 @@ def test_the_documented_400_admits_the_views_own_validation_errors(
     wsgi_app: WSGIHandler,
 ) -> None:
     schema = schemathesis.openapi.from_wsgi("/v1/schema", wsgi_app)
-    user = get_user_model().objects.create_user("validation")
-    auth = {"Authorization": f"Token {Token.objects.create(user=user).key}"}
+    auth = {"Authorization": f"Token {TokenFactory.create(user__username='validation').key}"}
     case = schema["/v1/payments"]["POST"].Case(
         body={"order_id": "A-1", "amount": 0, "currency": "EUR"},
         headers={"Idempotency-Key": "k-1"},

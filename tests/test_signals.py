@@ -10,7 +10,7 @@ from rest_framework.test import APIClient
 
 from django_idempotency import signals
 from django_idempotency.models import IdempotencyRecord
-from tests.conftest import SentSignals, post, signals_sent
+from tests.utils import SentSignals, post, signals_sent
 
 pytestmark = pytest.mark.django_db(transaction=True)
 

@@ -12,8 +12,8 @@ from django.test.utils import CaptureQueriesContext
 from rest_framework.test import APIClient
 
 from django_idempotency.models import IdempotencyRecord
-from tests.conftest import post
 from tests.testapp.models import Charge
+from tests.utils import post
 
 pytestmark = [pytest.mark.django_db(transaction=True), pytest.mark.postgres, pytest.mark.guarantees]
 URL = "/api-view/single"

@@ -17,6 +17,7 @@ from django_idempotency.models import IdempotencyRecord
 from django_idempotency.responses import Outcome, StoredResponse
 from django_idempotency.scope import Scope
 from tests.factories import RecordFactory
+from tests.utils import raw_body
 
 pytestmark = pytest.mark.django_db(transaction=True)
 State = IdempotencyRecord.State
@@ -30,7 +31,7 @@ def scope_of(record: IdempotencyRecord) -> Scope:
 @pytest.mark.parametrize("use_tz", [True, False, True], ids=["tz", "naive", "tz-again"])
 def test_a_looked_up_record_is_the_one_the_orm_reads(use_tz: bool) -> None:
     with override_settings(USE_TZ=use_tz):
-        record = RecordFactory(
+        record = RecordFactory.create(
             response_headers=[["Content-Type", "application/json"], ["Location", "/é/1"]],
             response_body=b"\x00\xff binary",
             lease_expires_at=timezone.now(),
@@ -52,8 +53,8 @@ def test_a_looked_up_record_is_the_one_the_orm_reads(use_tz: bool) -> None:
 def test_completion_stores_the_response_and_never_shortens_retention(use_tz: bool) -> None:
     with override_settings(USE_TZ=use_tz):
         now = timezone.now()
-        extended = RecordFactory(state=State.CLAIMED, expires_at=now + timedelta(days=30))
-        fresh = RecordFactory(state=State.CLAIMED, expires_at=now + timedelta(minutes=1))
+        extended = RecordFactory.create(state=State.CLAIMED, expires_at=now + timedelta(days=30))
+        fresh = RecordFactory.create(state=State.CLAIMED, expires_at=now + timedelta(minutes=1))
         stored = StoredResponse(201, [["Location", "/charges/ü"]], b"\x00body")
         for record in (extended, fresh):
             held = store.Claim(record.pk, record.fencing_token, scope_of(record), "default")
@@ -66,7 +67,7 @@ def test_completion_stores_the_response_and_never_shortens_retention(use_tz: boo
     for record in (extended, fresh):
         assert record.state == State.COMPLETED and record.lease_expires_at is None
         assert record.response_headers == [["Location", "/charges/ü"]]
-        assert bytes(record.response_body) == b"\x00body"
+        assert raw_body(record) == b"\x00body"
 
 
 @pytest.mark.parametrize("use_tz", [True, False])
@@ -74,8 +75,11 @@ def test_the_purge_works_under_either_time_zone_setting(use_tz: bool) -> None:
     from django_idempotency import eviction
 
     with override_settings(USE_TZ=use_tz):
-        gone = [RecordFactory(expires_at=timezone.now() - timedelta(minutes=i)) for i in (1, 2, 3)]
-        kept = RecordFactory()
+        gone = [
+            RecordFactory.create(expires_at=timezone.now() - timedelta(minutes=i))
+            for i in (1, 2, 3)
+        ]
+        kept = RecordFactory.create()
         report = eviction.purge_expired_records(batch_size=2, batch_seconds=60)
 
     assert (report.deleted, report.batches) == (3, 2)

@@ -15,8 +15,8 @@ from django.db import connections
 from rest_framework.test import APIClient
 
 from django_idempotency.models import IdempotencyRecord
-from tests.conftest import post
 from tests.testapp.models import Charge
+from tests.utils import post
 
 pytestmark = pytest.mark.django_db(transaction=True)
 

@@ -32,7 +32,6 @@ from datetime import timedelta
 from typing import Any
 
 import pytest
-from django.contrib.auth import get_user_model
 from django.contrib.auth.models import AnonymousUser
 from django.db import transaction
 from django.test import override_settings
@@ -47,7 +46,6 @@ from hypothesis.stateful import (
     run_state_machine_as_test,
 )
 from rest_framework.authentication import BaseAuthentication, TokenAuthentication
-from rest_framework.authtoken.models import Token
 from rest_framework.decorators import api_view, authentication_classes, permission_classes
 from rest_framework.request import Request
 from rest_framework.response import Response
@@ -56,6 +54,7 @@ from rest_framework.test import APIRequestFactory
 from django_idempotency import idempotent
 from django_idempotency.models import IdempotencyRecord
 from tests import fuzzing
+from tests.factories import TokenFactory, UserFactory
 from tests.fuzzing import (
     ECHO_API_VIEW,
     ECHO_ASYNC,
@@ -68,6 +67,7 @@ from tests.fuzzing import (
     Target,
     send,
 )
+from tests.utils import idempotency_of
 
 pytestmark = [pytest.mark.django_db, pytest.mark.urls("tests.fuzzing"), pytest.mark.guarantees]
 State = IdempotencyRecord.State
@@ -154,7 +154,7 @@ HEADER_TENANTS = [
     "t" * 129,
     "t" * 129 + "x",
     "x" * 300,
-    "caf\u00e9",
+    "caf\u00e9",  # spellchecker:disable-line
 ]
 
 
@@ -353,9 +353,9 @@ class TokenTenants(TenantMachine):
         self.users = []
         self.tokens = []
         for _ in range(self.tenant_count - 1):
-            user = get_user_model().objects.create_user(f"tenant-{uuid.uuid4().hex[:12]}")
+            user = UserFactory.create(username=f"tenant-{uuid.uuid4().hex[:12]}")
             self.users.append(user)
-            self.tokens.append(Token.objects.create(user=user).key)
+            self.tokens.append(TokenFactory.create(user=user).key)
 
     def tenant_headers(self, tenant: int) -> dict[str, str]:
         if tenant < len(self.tokens):
@@ -412,10 +412,7 @@ def test_tenants_from_a_header_resolver() -> None:
 
 def test_a_replay_is_bound_to_the_tenant_that_created_it() -> None:
     """The guarantee in one picture: one key, two tenants, two operations."""
-    tokens = [
-        Token.objects.create(user=get_user_model().objects.create_user(name)).key
-        for name in ("alice", "bob")
-    ]
+    tokens = [TokenFactory.create(user__username=name).key for name in ("alice", "bob")]
     answers = []
     for token in tokens:
         for target in (ECHO_API_VIEW, ECHO_VIEWSET):
@@ -474,7 +471,7 @@ class ApiKeyAuthentication(BaseAuthentication):
 
 
 def _tenant_echo(request: Request) -> Response:
-    return Response({"tenant": request.idempotency.tenant}, status=201)
+    return Response({"tenant": idempotency_of(request).tenant}, status=201)
 
 
 @api_view(["POST"])
@@ -527,7 +524,7 @@ def _stored_text() -> str:
 
 @pytest.mark.parametrize("view", [token_user_view, token_client_view], ids=["user", "client"])
 def test_a_token_authenticated_request_stores_no_part_of_the_token(view: Any) -> None:
-    token = Token.objects.create(user=get_user_model().objects.create_user("machine"))
+    token = TokenFactory.create(user__username="machine")
 
     response = _call(view, "k", HTTP_AUTHORIZATION=f"Token {token.key}")
 
@@ -540,10 +537,7 @@ def test_a_token_authenticated_request_stores_no_part_of_the_token(view: Any) ->
 
 
 def test_two_users_tokens_remain_two_tenants() -> None:
-    tokens = [
-        Token.objects.create(user=get_user_model().objects.create_user(name))
-        for name in ("alice", "bob")
-    ]
+    tokens = [TokenFactory.create(user__username=name) for name in ("alice", "bob")]
     answers = [
         _call(token_client_view, "same", HTTP_AUTHORIZATION=f"Token {token.key}")
         for token in tokens

@@ -17,8 +17,8 @@ from django_idempotency.testing import (
     fire_duplicates,
     simulate_crash_after_begin_external,
 )
-from tests.conftest import post
 from tests.testapp.models import Charge
+from tests.utils import post
 
 pytestmark = [pytest.mark.django_db(transaction=True), pytest.mark.guarantees]
 State = IdempotencyRecord.State

@@ -25,12 +25,14 @@ if not apps.is_installed("payments"):
 
 from django.contrib.auth import get_user_model
 from django.core.management import call_command
+from django.http.response import HttpResponseBase
 from payments.demo_data import ADMIN_PASSWORD, ADMIN_USERNAME, DEMO_TOKENS
 from payments.models import Payment, Refund
 from rest_framework.authtoken.models import Token
 from rest_framework.test import APIClient
 
 from django_idempotency.models import IdempotencyRecord
+from tests.factories import TokenFactory, UserFactory
 
 REPO_ROOT = Path(__file__).resolve().parent.parent
 State = IdempotencyRecord.State
@@ -43,8 +45,8 @@ class Tenant(APIClient):
 
     def __init__(self, username: str) -> None:
         super().__init__()
-        self.user = get_user_model().objects.create_user(username)
-        token = Token.objects.create(user=self.user)
+        self.user = UserFactory.create(username=username)
+        token = TokenFactory.create(user=self.user)
         self.credentials(HTTP_AUTHORIZATION=f"Token {token.key}")
         self.tenant = f"user:{self.user.pk}"
 
@@ -72,7 +74,7 @@ def bob(db: None) -> Tenant:
 ORDER = {"order_id": "ORD-1", "amount": 2500, "currency": "EUR"}
 
 
-def replayed(response: Any) -> bool:
+def replayed(response: HttpResponseBase) -> bool:
     return response.headers.get("Idempotent-Replayed") == "true"
 
 

@@ -29,6 +29,7 @@ from django_idempotency import idempotent
 from django_idempotency.drf import IdempotentMixin
 from django_idempotency.models import IdempotencyRecord
 from tests.factories import TokenFactory
+from tests.utils import data_of
 
 pytestmark = [pytest.mark.django_db(transaction=True), pytest.mark.urls("tests.test_throttling")]
 
@@ -42,7 +43,7 @@ class TwoAMinute(UserRateThrottle):
 @throttle_classes([TwoAMinute])
 @idempotent
 def throttled_function(request: Request) -> Response:
-    return Response({"amount": request.data.get("amount")}, status=201)
+    return Response({"amount": data_of(request).get("amount")}, status=201)
 
 
 class ThrottledMethod(APIView):
@@ -50,7 +51,7 @@ class ThrottledMethod(APIView):
 
     @idempotent
     def post(self, request: Request) -> Response:
-        return Response({"amount": request.data.get("amount")}, status=201)
+        return Response({"amount": data_of(request).get("amount")}, status=201)
 
 
 class PaymentsScope(ScopedRateThrottle):
@@ -65,14 +66,14 @@ class ThrottledViewSet(viewsets.GenericViewSet):  # type: ignore[type-arg]
 
     @idempotent
     def create(self, request: Request) -> Response:
-        return Response({"amount": request.data.get("amount")}, status=201)
+        return Response({"amount": data_of(request).get("amount")}, status=201)
 
 
 class ThrottledMixin(IdempotentMixin, APIView):
     throttle_classes = [TwoAMinute]
 
     def post(self, request: Request) -> Response:
-        return Response({"amount": request.data.get("amount")}, status=201)
+        return Response({"amount": data_of(request).get("amount")}, status=201)
 
 
 urlpatterns = [
@@ -92,7 +93,7 @@ def _fresh_rates() -> Iterator[None]:
 
 def _client() -> APIClient:
     client = APIClient()
-    client.credentials(HTTP_AUTHORIZATION=f"Token {TokenFactory().key}")
+    client.credentials(HTTP_AUTHORIZATION=f"Token {TokenFactory.create().key}")
     return client
 
 

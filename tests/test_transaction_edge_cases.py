@@ -19,10 +19,10 @@ from rest_framework.test import APIClient
 
 from django_idempotency import idempotent
 from django_idempotency.models import IdempotencyRecord
-from tests.conftest import post
 from tests.sessions import key_held_by_an_open_transaction
 from tests.testapp import views as testapp_views
 from tests.testapp.models import Charge
+from tests.utils import idempotency_of, post
 
 pytestmark = [
     pytest.mark.django_db(transaction=True),
@@ -79,7 +79,7 @@ def swallow_on_the_other_database(request: Request) -> Response:
 def read_then_call_out(request: Request) -> Response:
     """Reads (the snapshot is taken), then begins an external call, then writes."""
     Charge.objects.count()
-    request.idempotency.begin_external()
+    idempotency_of(request).begin_external()
     charge = Charge.objects.create(tenant="t", amount=1)
     return Response({"id": charge.pk}, status=201)
 
@@ -209,7 +209,7 @@ def test_single_transaction_lost_at_commit_is_uncertain_and_not_signalled_releas
     """The commit may have happened: the answer says "uncertain", so the signals
     must not also report the claim released (receivers would, say, re-enqueue)."""
     from django_idempotency import signals
-    from tests.conftest import signals_sent
+    from tests.utils import signals_sent
 
     api.raise_request_exception = False
     with signals_sent({"released": signals.claim_released}) as sent:

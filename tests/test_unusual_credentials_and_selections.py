@@ -23,6 +23,7 @@ from django_idempotency.models import IdempotencyRecord
 from tests.factories import RecordFactory
 from tests.test_admin import CHANGELIST, staff, stuck_record
 from tests.test_tenant_isolation import _call
+from tests.utils import idempotency_of
 
 pytestmark = pytest.mark.django_db(transaction=True)
 State = IdempotencyRecord.State
@@ -49,7 +50,9 @@ class ClaimsAuthentication(BaseAuthentication):
 @permission_classes([])
 @idempotent(operation="POST tenant-echo")
 def claims_view(request: Request) -> Response:
-    return Response({"tenant": request.idempotency.tenant, "sub": request.auth["sub"]}, status=201)
+    claims = request.auth
+    assert isinstance(claims, dict), claims
+    return Response({"tenant": idempotency_of(request).tenant, "sub": claims["sub"]}, status=201)
 
 
 def test_two_authenticated_clients_without_a_pk_never_share_one_tenant() -> None:
@@ -81,7 +84,7 @@ class StatelessUserAuthentication(BaseAuthentication):
 @permission_classes([])
 @idempotent(operation="POST tenant-echo")
 def stateless_user_view(request: Request) -> Response:
-    return Response({"tenant": request.idempotency.tenant}, status=201)
+    return Response({"tenant": idempotency_of(request).tenant}, status=201)
 
 
 def test_authenticated_users_without_a_primary_key_are_not_one_user_none_tenant() -> None:
@@ -114,7 +117,7 @@ class ClientCredentialsAuthentication(BaseAuthentication):
 @permission_classes([])
 @idempotent(operation="POST tenant-echo")
 def client_credentials_view(request: Request) -> Response:
-    return Response({"tenant": request.idempotency.tenant}, status=201)
+    return Response({"tenant": idempotency_of(request).tenant}, status=201)
 
 
 def test_a_retry_after_the_client_refreshes_its_access_token_replays() -> None:
@@ -206,7 +209,7 @@ def test_an_apply_without_the_pages_token_fields_is_skipped_like_a_hand_made_tok
 def test_release_confirmation_of_a_select_across_counts_the_records_it_released() -> None:
     # _report() counts the selection from the POSTed checkboxes; with
     # select_across (one checkbox posted) the message is wrong.
-    records = [RecordFactory(state=State.CLAIMED, key=str(uuid.uuid4())) for _ in range(3)]
+    records = [RecordFactory.create(state=State.CLAIMED, key=str(uuid.uuid4())) for _ in range(3)]
     for record in records:
         record.lease_expires_at = timezone.now() - timedelta(minutes=1)
         record.save()

@@ -13,7 +13,7 @@ from django.db.migrations.executor import MigrationExecutor
 from rest_framework.test import APIClient
 
 from django_idempotency.models import IdempotencyRecord
-from tests.conftest import post
+from tests.utils import post
 
 URL = "/api-view/charges"
 KEY = Fernet.generate_key().decode()

@@ -8,8 +8,8 @@ import pytest
 from rest_framework.test import APIClient
 
 from django_idempotency.models import IdempotencyRecord
-from tests.conftest import post
 from tests.testapp.models import Charge
+from tests.utils import TokenClient, post
 
 pytestmark = pytest.mark.django_db(transaction=True)
 
@@ -88,7 +88,7 @@ def test_mixin_protects_only_unsafe_methods(api: APIClient) -> None:
     assert IdempotencyRecord.objects.count() == 0
 
 
-def test_tenants_never_share_records(client_for: Callable[..., APIClient]) -> None:
+def test_tenants_never_share_records(client_for: Callable[..., TokenClient]) -> None:
     alice, bob = client_for(), client_for()
 
     alice_first = post(alice, "/api-view/charges", {"amount": 5}, "same-key")

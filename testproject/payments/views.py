@@ -22,6 +22,7 @@ from typing import Any
 
 from django.conf import settings
 from django.contrib.auth import get_user_model
+from django.contrib.auth.models import User
 from django.db import IntegrityError, transaction
 from django.db.models import QuerySet, Sum
 from rest_framework import mixins, status, viewsets
@@ -82,6 +83,13 @@ def simulation_of(request: Request) -> dict[str, str | None]:
     }
 
 
+def payer(request: Request) -> User:
+    """The signed-in user, whom IsAuthenticated guarantees (never AnonymousUser)."""
+    user = request.user
+    assert isinstance(user, get_user_model()), user
+    return user
+
+
 class PaymentViewSet(
     mixins.CreateModelMixin,
     mixins.ListModelMixin,
@@ -96,7 +104,7 @@ class PaymentViewSet(
     lookup_value_converter = "int"
 
     def get_queryset(self) -> QuerySet[Payment]:
-        payments = Payment.objects.filter(owner=self.request.user)
+        payments = Payment.objects.filter(owner=payer(self.request))
         if self.action == "list" and "order_id" in self.request.query_params:
             payments = payments.filter(order_id=self.request.query_params["order_id"])
         return payments
@@ -110,8 +118,9 @@ class PaymentViewSet(
         # One payment per order, checked before any money moves. Locking the
         # owner's row serialises their payments, so the check holds until
         # this transaction commits (SQLite serialises writers anyway).
-        get_user_model().objects.select_for_update().get(pk=request.user.pk)
-        if Payment.objects.filter(owner=request.user, order_id=order_id).exists():
+        owner = payer(request)
+        get_user_model().objects.select_for_update().get(pk=owner.pk)
+        if Payment.objects.filter(owner=owner, order_id=order_id).exists():
             # A 409 is "retryable" for django-idempotency: the claim is
             # released and nothing is stored for this key.
             raise OrderAlreadyPaid(order_id)
@@ -175,7 +184,7 @@ class PaymentViewSet(
             with transaction.atomic():
                 payment = serializer.save(owner=request.user, provider_charge_id=charge.id)
         except IntegrityError:
-            if not Payment.objects.filter(owner=request.user, order_id=order_id).exists():
+            if not Payment.objects.filter(owner=owner, order_id=order_id).exists():
                 raise
             # Only if something bypassed the lock above. After the charge,
             # the 409 leaves the record UNCERTAIN; the reconciler answers it

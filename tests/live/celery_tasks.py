@@ -51,7 +51,7 @@ def _mark_start(event_id: str) -> int:
     reject_on_worker_lost=True,
     autoretry_for=(TaskInProgress,),
     retry_backoff=False,
-    default_retry_delay=0.5,
+    retry_kwargs={"countdown": 0.5},  # celery-types take default_retry_delay as whole seconds
     max_retries=240,
 )
 @idempotent_task(key="event_id")

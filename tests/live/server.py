@@ -205,7 +205,7 @@ class LiveDatabase:
 
     def query(self, statement: str, params: Sequence[Any] = ()) -> list[tuple[Any, ...]]:
         with self._lock:
-            return self.connection.execute(statement, params).fetchall()  # type: ignore[arg-type]
+            return self.connection.execute(statement, params).fetchall()
 
     def count_charges(self, note: str | None = None) -> int:
         """Rows in ``testapp_charge`` (with this ``note``): one per execution of a view."""
@@ -272,7 +272,7 @@ class MariaDBLiveDatabase(LiveDatabase):
     def connection(self) -> Any:
         if self._connection is None or not self._connection.open:  # type: ignore[attr-defined]
             self._connection = self._admin()
-            with self._connection.cursor() as cursor:  # type: ignore[attr-defined]
+            with self._connection.cursor() as cursor:
                 cursor.execute(f"USE `{self.name}`")
                 # The queries above quote "key" the standard way.
                 cursor.execute("SET SESSION sql_mode = CONCAT(@@sql_mode, ',ANSI_QUOTES')")

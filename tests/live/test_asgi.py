@@ -9,6 +9,7 @@ import threading
 import time
 from collections.abc import Iterator
 from pathlib import Path
+from typing import Any
 
 import pytest
 import requests
@@ -78,7 +79,7 @@ def _wait_until_ready(url: str, process: subprocess.Popen[bytes], log: Path) -> 
     pytest.fail(f"uvicorn did not start:\n{log.read_text()}")
 
 
-def post(url: str, body: dict[str, object], key: str | None) -> requests.Response:
+def post(url: str, body: dict[str, Any], key: str | None) -> requests.Response:
     headers = {} if key is None else {"Idempotency-Key": key}
     return requests.post(url + "/async/charges", json=body, headers=headers, timeout=30)
 

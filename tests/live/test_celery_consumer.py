@@ -188,7 +188,8 @@ def test_a_worker_killed_mid_task_is_redelivered_to_a_restarted_worker_and_runs_
     wait_for_first_start(setup, event_id)
     # The body has inserted its Charge and sleeps: nothing is committed yet.
     assert setup.charges(event_id) == []
-    assert setup.record(event_id) is not None and setup.record(event_id)[0] == "CLAIMED"
+    row = setup.record(event_id)
+    assert row is not None and row[0] == "CLAIMED"
     first.kill()
 
     second = setup.worker(env, "worker-2", concurrency=1)

@@ -15,9 +15,10 @@ from typing import Any
 
 import pytest
 import requests
-from django.middleware.csrf import _get_new_csrf_string, _mask_cipher_secret
+from django.middleware.csrf import _get_new_csrf_string
 
 from tests.live.server import Lazy, LiveServer
+from tests.utils import masked_csrf_token
 
 pytestmark = [pytest.mark.postgres, pytest.mark.live]
 
@@ -28,7 +29,7 @@ def post_form(server: LiveServer, key: str, secret: str, amount: str) -> request
     """A multipart form post with a file, a CSRF cookie and a freshly masked token."""
     return requests.post(
         server.url + URL,
-        data={"amount": amount, "note": key, "csrfmiddlewaretoken": _mask_cipher_secret(secret)},
+        data={"amount": amount, "note": key, "csrfmiddlewaretoken": masked_csrf_token(secret)},
         files={"receipt": ("receipt.txt", b"paid in full")},
         cookies={"csrftoken": secret},
         headers={"Idempotency-Key": key},

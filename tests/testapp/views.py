@@ -34,6 +34,7 @@ from django_idempotency import idempotent
 from django_idempotency.drf import IdempotentMixin
 from django_idempotency.models import IdempotencyRecord
 from tests.testapp.models import Charge
+from tests.utils import data_of, idempotency_of
 
 
 class ViewFailure(RuntimeError):
@@ -174,7 +175,7 @@ class ChargeDetailAPIView(APIView):
     @idempotent
     def put(self, request: Request, pk: int) -> Response:
         charge = Charge.objects.get(pk=pk)
-        charge.amount = int(request.data["amount"])
+        charge.amount = int(data_of(request)["amount"])
         charge.save()
         return charge_response(charge, status.HTTP_200_OK)
 
@@ -194,7 +195,7 @@ class ChargeSerializer(serializers.ModelSerializer[Charge]):
 class ChargeGenericView(generics.CreateAPIView[Charge]):
     serializer_class = ChargeSerializer
 
-    def perform_create(self, serializer: ChargeSerializer) -> None:
+    def perform_create(self, serializer: serializers.BaseSerializer[Charge]) -> None:
         serializer.save(tenant=_tenant(self.request))
 
     @idempotent
@@ -206,7 +207,7 @@ class ChargeViewSet(viewsets.ModelViewSet[Charge]):
     serializer_class = ChargeSerializer
     queryset = Charge.objects.all()
 
-    def perform_create(self, serializer: ChargeSerializer) -> None:
+    def perform_create(self, serializer: serializers.BaseSerializer[Charge]) -> None:
         serializer.save(tenant=_tenant(self.request))
 
     @idempotent
@@ -234,7 +235,7 @@ class MixinChargeView(IdempotentMixin, generics.ListCreateAPIView[Charge]):
     serializer_class = ChargeSerializer
     queryset = Charge.objects.all()
 
-    def perform_create(self, serializer: ChargeSerializer) -> None:
+    def perform_create(self, serializer: serializers.BaseSerializer[Charge]) -> None:
         serializer.save(tenant=_tenant(self.request))
 
 
@@ -266,13 +267,13 @@ class TransactionProbeView(APIView):
     def probe(self, request: Request) -> Response:
         from django.db import connection
 
-        Charge.objects.create(tenant="probe", amount=int(request.data.get("amount", 0)))
+        Charge.objects.create(tenant="probe", amount=int(data_of(request).get("amount", 0)))
         return Response(
             {
                 "in_atomic_block": connection.in_atomic_block,
                 "committed_claims": committed_claims(),
             },
-            status=int(request.data.get("status", 201)),
+            status=int(data_of(request).get("status", 201)),
         )
 
     @idempotent
@@ -300,17 +301,17 @@ class MixinSelectedInputView(IdempotentMixin, generics.CreateAPIView[Charge]):
     """Mixin options as class attributes, a callable among them."""
 
     serializer_class = ChargeSerializer
-    idempotency_fingerprint = lambda request: {"amount": request.data.get("amount")}  # noqa: E731
+    idempotency_fingerprint = lambda request: {"amount": data_of(request).get("amount")}  # noqa: E731
     idempotency_operation = "mixin-selected"
 
-    def perform_create(self, serializer: ChargeSerializer) -> None:
+    def perform_create(self, serializer: serializers.BaseSerializer[Charge]) -> None:
         serializer.save(tenant=_tenant(self.request))
 
 
 @api_view(["POST"])
 @idempotent
 def api_view_charge_for_reference(request: Request, ref: uuid.UUID) -> Response:
-    charge, code = perform(request, {**request.data, "note": str(ref)})
+    charge, code = perform(request, {**data_of(request), "note": str(ref)})
     return charge_response(charge, code)
 
 
@@ -343,16 +344,17 @@ def api_view_external_call(request: Request) -> Response:
     ``then``: "raise" or a status to answer with after the call;
     ``provider_id``: the id the "provider" gave back.
     """
-    Charge.objects.create(tenant="before-call", amount=int(request.data.get("amount", 0)))
-    if request.data.get("read_first"):  # the transaction's snapshot starts here
-        IdempotencyRecord.objects.filter(key=request.idempotency.key).exists()  # type: ignore[attr-defined]
-    provider_key = request.idempotency.begin_external()  # type: ignore[attr-defined]
+    data = data_of(request)
+    Charge.objects.create(tenant="before-call", amount=int(data.get("amount", 0)))
+    if data.get("read_first"):  # the transaction's snapshot starts here
+        IdempotencyRecord.objects.filter(key=idempotency_of(request).key).exists()
+    provider_key = idempotency_of(request).begin_external()
     seen_after_begin = committed_state()
-    if request.data.get("lose_store"):
+    if data.get("lose_store"):
         _terminate_this_session(refuse_new=False)
-    if request.data.get("provider_id"):
-        request.idempotency.set_provider_operation(request.data["provider_id"])  # type: ignore[attr-defined]
-    then = request.data.get("then")
+    if data.get("provider_id"):
+        idempotency_of(request).set_provider_operation(data["provider_id"])
+    then = data.get("then")
     if then == "raise":
         raise ViewFailure("the provider connection dropped")
     return Response(
@@ -396,11 +398,12 @@ def api_view_single_transaction(request: Request) -> Response:
     import os
     import signal
 
-    charge, code = perform(request, {**request.data, "note": request.data.get("note", "single")})
-    if request.data.get("die") and os.environ.get("TESTAPP_ALLOW_SIGKILL") == "1":
+    data = data_of(request)
+    charge, code = perform(request, {**data, "note": data.get("note", "single")})
+    if data.get("die") and os.environ.get("TESTAPP_ALLOW_SIGKILL") == "1":
         os.kill(os.getpid(), signal.SIGKILL)
-    if request.data.get("begin_external"):
-        request.idempotency.begin_external()  # type: ignore[attr-defined]
+    if data.get("begin_external"):
+        idempotency_of(request).begin_external()
     return charge_response(charge, code)
 
 
@@ -412,5 +415,7 @@ def plain_form_charges(request: HttpRequest) -> JsonResponse:
     before the fingerprint, runs.
     """
     charge, code = perform(request, request.POST)
-    files = sorted(upload.name or "" for upload in request.FILES.values())
+    files = sorted(
+        upload.name or "" for field in request.FILES for upload in request.FILES.getlist(field)
+    )
     return JsonResponse({"id": charge.pk, "amount": charge.amount, "files": files}, status=code)

@@ -1,0 +1,88 @@
+"""Helpers the tests import; fixtures and pytest hooks stay in conftest.py."""
+
+from __future__ import annotations
+
+import contextlib
+from collections.abc import Iterator, Mapping
+from typing import TYPE_CHECKING, Any
+
+from django.dispatch import Signal
+from django.http import HttpRequest
+from django.middleware.csrf import get_token
+from rest_framework.authtoken.models import Token
+from rest_framework.request import Request
+from rest_framework.test import APIClient
+
+from django_idempotency.context import IdempotencyContext
+from django_idempotency.models import IdempotencyRecord
+
+if TYPE_CHECKING:  # the stubs' type of a test client's response; DRF has no such class
+    from rest_framework.response import _MonkeyPatchedResponse
+
+SentSignals = list[tuple[str, dict[str, Any]]]
+
+
+@contextlib.contextmanager
+def signals_sent(by_name: Mapping[str, Signal]) -> Iterator[SentSignals]:
+    """Record (name, keyword arguments) of every send of these signals meanwhile."""
+    log: SentSignals = []
+    receivers = []
+    for name, signal in by_name.items():
+
+        def receiver(sender: Any, name: str = name, **kwargs: Any) -> None:
+            kwargs.pop("signal")
+            log.append((name, kwargs))
+
+        signal.connect(receiver, weak=False)
+        receivers.append((signal, receiver))
+    try:
+        yield log
+    finally:
+        for signal, receiver in receivers:
+            signal.disconnect(receiver)
+
+
+def post(
+    client: APIClient, url: str, data: Any, key: str | None, **extra: Any
+) -> _MonkeyPatchedResponse:
+    """POST ``data`` as JSON, with ``key`` as the Idempotency-Key header unless None."""
+    if key is not None:
+        extra["HTTP_IDEMPOTENCY_KEY"] = key
+    return client.post(url, data, format="json", **extra)
+
+
+class TokenClient(APIClient):
+    """An API client that authenticates with ``token``; ``user`` is the token's owner."""
+
+    def __init__(self, token: Token, **credentials: str) -> None:
+        super().__init__()
+        self.user = token.user
+        self.credentials(HTTP_AUTHORIZATION=f"Token {token.key}", **credentials)
+
+
+def idempotency_of(request: HttpRequest) -> IdempotencyContext:
+    """``request.idempotency``, typed: the package sets it at run time, so no stub declares it."""
+    context = request.idempotency  # type: ignore[attr-defined]
+    assert isinstance(context, IdempotencyContext), context
+    return context
+
+
+def raw_body(record: IdempotencyRecord) -> bytes:
+    """The response body column as stored (PostgreSQL hands back a memoryview)."""
+    assert record.response_body is not None, record
+    return bytes(record.response_body)
+
+
+def data_of(request: HttpRequest) -> dict[str, Any]:
+    """A DRF request's parsed body, for views that take an object (JSON or a form)."""
+    assert isinstance(request, Request), request
+    data = request.data
+    assert isinstance(data, dict), data
+    return data
+
+
+def masked_csrf_token(secret: str) -> str:
+    """A form token for the CSRF cookie ``secret``, masked anew on each call as Django does."""
+    request = HttpRequest()
+    request.META["CSRF_COOKIE"] = secret
+    return get_token(request)
