@@ -3,7 +3,7 @@
 PYTHON ?= python3
 VENV ?= .venv
 
-.PHONY: demo test configurations lint docs dist-check matrix matrix-ci clean
+.PHONY: demo test configurations lint precommit docs dist-check matrix matrix-ci clean
 
 $(VENV)/.installed: pyproject.toml
 	$(PYTHON) -m venv $(VENV)
@@ -14,8 +14,10 @@ $(VENV)/.installed: pyproject.toml
 demo: $(VENV)/.installed
 	$(VENV)/bin/python testproject/demo.py
 
+# Under coverage, with the gate of pyproject.toml's [tool.coverage.report]
+# (judged when the whole suite ran on all three databases).
 test: $(VENV)/.installed
-	$(VENV)/bin/python runtests.py $(PYTEST_ARGS)
+	$(VENV)/bin/python runtests.py --coverage $(PYTEST_ARGS)
 
 # The configuration matrix (tests/configurations/): the guarantee tests under
 # each real-project configuration, on each database it applies to, one
@@ -24,10 +26,16 @@ test: $(VENV)/.installed
 configurations: $(VENV)/.installed
 	$(VENV)/bin/python runtests.py --configurations $(CONFIGURATIONS) $(PYTEST_ARGS)
 
+# mypy checks the tests and the demo project as strictly as the package.
 lint: $(VENV)/.installed
 	$(VENV)/bin/ruff check .
 	$(VENV)/bin/ruff format --check .
-	$(VENV)/bin/mypy django_idempotency
+	$(VENV)/bin/mypy django_idempotency tests testproject
+
+# Every hook of .pre-commit-config.yaml (ruff, ruff-format, django-upgrade,
+# typos) on every file; the hooks' environments come from PyPI on first use.
+precommit: $(VENV)/.installed
+	$(VENV)/bin/pre-commit run --all-files --show-diff-on-failure
 
 # The documentation site (mkdocs.yml), warnings as errors.
 docs: $(VENV)/.installed
