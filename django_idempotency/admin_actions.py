@@ -30,7 +30,22 @@ from django_idempotency.clock import ahead
 from django_idempotency.conf import idempotency_settings
 from django_idempotency.exceptions import StaleOwner
 from django_idempotency.models import IdempotencyRecord
-from django_idempotency.responses import Outcome
+from django_idempotency.responses import Verdict
+
+__all__ = [
+    "ACTIONS",
+    "MAX_RECORDS_PER_ACTION",
+    "TEMPLATE",
+    "Action",
+    "ExtendForm",
+    "ReleaseForm",
+    "ResponseForm",
+    "extend_retention",
+    "mark_completed",
+    "mark_failed",
+    "reconcile_now",
+    "release",
+]
 
 State = IdempotencyRecord.State
 TEMPLATE = "admin/django_idempotency/idempotencyrecord/action_form.html"
@@ -263,8 +278,8 @@ def _resolve_action(
             try:
                 store.complete(
                     held,
-                    Outcome.COMPLETED if outcome is recovery.Completed else Outcome.FAILED,
-                    answer.stored(),
+                    Verdict.COMPLETED if outcome is recovery.Completed else Verdict.FAILED,
+                    answer.stored_response(),
                     ttl=idempotency_settings.TTL,
                 )
             except StaleOwner:

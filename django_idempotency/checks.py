@@ -17,6 +17,11 @@ from django.core.exceptions import ImproperlyConfigured
 from django_idempotency.conf import DEFAULTS, as_timedelta, idempotency_settings, import_callable
 from django_idempotency.models import KEY_MAX_LENGTH
 
+__all__ = [
+    "check_atomic_requests",
+    "check_settings",
+]
+
 _HEADER_NAME = re.compile(r"^[!#$%&'*+\-.^_`|~0-9A-Za-z]+$")
 
 

@@ -20,6 +20,10 @@ from datetime import UTC, datetime, timedelta
 from django.conf import settings
 from django.utils import timezone
 
+__all__ = [
+    "ahead",
+]
+
 
 def ahead(duration: timedelta, *, now: datetime | None = None) -> datetime:
     """``now`` (default: the current time) plus ``duration``, never sooner in real time."""

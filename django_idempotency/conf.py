@@ -27,6 +27,15 @@ if TYPE_CHECKING:
 
     from django_idempotency.responses import StoredResponse
 
+__all__ = [
+    "DEFAULTS",
+    "IdempotencySettings",
+    "TenantResolver",
+    "as_timedelta",
+    "idempotency_settings",
+    "import_callable",
+]
+
 TenantResolver = Callable[["HttpRequest"], str]
 T = TypeVar("T")
 

@@ -8,11 +8,17 @@ from datetime import timedelta
 from asgiref.sync import sync_to_async
 from django.core.exceptions import ImproperlyConfigured
 
-from django_idempotency import digests, store, testing
+from django_idempotency import digests, store
 from django_idempotency.conf import as_timedelta, idempotency_settings
-from django_idempotency.db import snapshot_isolated
 from django_idempotency.exceptions import IsolationNotSupported
 from django_idempotency.scope import Scope
+from django_idempotency.simulated_crash import SimulatedCrash, crash_requested
+from django_idempotency.store.connections import snapshot_isolated
+
+__all__ = [
+    "IdempotencyContext",
+    "derive_provider_key",
+]
 
 
 def derive_provider_key(scope: Scope) -> str:
@@ -106,8 +112,8 @@ class IdempotencyContext:
         held_for = as_timedelta(lease) if lease is not None else idempotency_settings.LEASE
         store.begin_external(self._held, self.provider_key, lease=held_for)
         self.external_begun = True
-        if testing.crash_requested():
-            raise testing.SimulatedCrash(self._held.scope)
+        if crash_requested():
+            raise SimulatedCrash(self._held.scope)
         return self.provider_key
 
     def _refuse_snapshot_isolation(self) -> None:

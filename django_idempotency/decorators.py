@@ -4,27 +4,33 @@ from __future__ import annotations
 
 import functools
 import types
-from collections.abc import Callable, Iterator
-from contextlib import contextmanager
+from collections.abc import Callable
 from datetime import timedelta
 from inspect import iscoroutinefunction
 from typing import Any, TypeVar, cast, overload
 
 from asgiref.sync import async_to_sync, sync_to_async
 from django.core.exceptions import ImproperlyConfigured, PermissionDenied
-from django.db import DatabaseError, connections
 from django.http import Http404, HttpRequest, HttpResponseBase
-from django.template.response import SimpleTemplateResponse
 from rest_framework.exceptions import APIException
 from rest_framework.request import Request
 from rest_framework.views import APIView
 
-from django_idempotency.conf import as_timedelta, idempotency_settings
+from django_idempotency.conf import as_timedelta
 from django_idempotency.exceptions import IdempotencyRefusal
 from django_idempotency.fingerprint import FingerprintSpec
-from django_idempotency.problems import problem_response
 from django_idempotency.protection import Options, protect, run_unprotected
+from django_idempotency.refusals import render_refusal, rendered
 from django_idempotency.scope import OperationSpec
+
+__all__ = [
+    "DRF_HANDLED",
+    "EVERY_DATABASE",
+    "EveryDatabase",
+    "IdempotentView",
+    "idempotent",
+    "mark_views_non_atomic",
+]
 
 ViewFunc = TypeVar("ViewFunc", bound=Callable[..., Any])
 
@@ -52,12 +58,6 @@ class EveryDatabase(set[str]):
 EVERY_DATABASE = EveryDatabase()
 
 
-def _rendered(response: HttpResponseBase) -> HttpResponseBase:
-    if isinstance(response, SimpleTemplateResponse):
-        response.render()
-    return response
-
-
 def _call_drf(
     view: APIView, request: Request, call: Callable[[], HttpResponseBase], args: Any, kwargs: Any
 ) -> HttpResponseBase:
@@ -68,50 +68,7 @@ def _call_drf(
     # Finalise and render now, inside the transaction, so that the stored
     # body is the exact bytes the client receives. DRF's dispatch finalises
     # again afterwards, which changes nothing on a rendered response.
-    return _rendered(view.finalize_response(request, response, *args, **kwargs))  # type: ignore[arg-type]
-
-
-@contextmanager
-def _transactions_left_alone(refusal: IdempotencyRefusal) -> Iterator[None]:
-    """Keep DRF's exception handler from dooming transactions a refusal did not open.
-
-    DRF's handler marks the open atomic block of every ``ATOMIC_REQUESTS``
-    database for rollback. A protected view opens none before its claim, so
-    an open block is the caller's: ``TestCase``'s, pytest-django's
-    ``django_db``, or an ``atomic()`` around the call. A refusal wrote
-    nothing there, and must not make the caller's next query raise
-    ``TransactionManagementError``. (One caused by a database error keeps
-    the mark: that transaction may well be broken.)
-    """
-    marks = {
-        connection.alias: connection.needs_rollback
-        for connection in connections.all(initialized_only=True)
-        if connection.in_atomic_block
-    }
-    try:
-        yield
-    finally:
-        if not isinstance(refusal.__cause__, DatabaseError):
-            for alias, mark in marks.items():
-                connections[alias].needs_rollback = mark
-
-
-def _refusal_response(request: HttpRequest, exc: IdempotencyRefusal) -> HttpResponseBase:
-    """Render a refusal for a plain Django view with the project's DRF handler."""
-    from rest_framework.renderers import JSONRenderer
-    from rest_framework.response import Response
-    from rest_framework.settings import api_settings
-
-    context: dict[str, Any] = {"request": request, "view": None, "args": (), "kwargs": {}}
-    handler = cast(Callable[..., Response | None], api_settings.EXCEPTION_HANDLER)
-    with _transactions_left_alone(exc):
-        response = handler(exc, context)
-    if response is None:
-        response = Response(exc.detail, status=exc.status_code)
-    response.accepted_renderer = JSONRenderer()
-    response.accepted_media_type = "application/json"
-    response.renderer_context = context  # type: ignore[attr-defined]
-    return _rendered(response)
+    return rendered(view.finalize_response(request, response, *args, **kwargs))  # type: ignore[arg-type]
 
 
 class IdempotentView:
@@ -149,22 +106,12 @@ class IdempotentView:
         else:
 
             def run() -> HttpResponseBase:
-                return _rendered(call())
+                return rendered(call())
 
         try:
             return protect(request, run, self.options, view_args, kwargs)
         except IdempotencyRefusal as exc:
-            if drf_view is not None and idempotency_settings.ERROR_FORMAT == "drf":
-                # The project's EXCEPTION_HANDLER renders it, as if raised.
-                with _transactions_left_alone(exc):
-                    return drf_view.handle_exception(exc)
-            return _refused(request, exc)
-
-
-def _refused(request: HttpRequest, exc: IdempotencyRefusal) -> HttpResponseBase:
-    if idempotency_settings.ERROR_FORMAT == "problem":
-        return problem_response(exc)
-    return _refusal_response(request, exc)
+            return render_refusal(request, exc, drf_view=drf_view)
 
 
 def _async_view(func: Callable[..., Any], options: Options) -> Callable[..., Any]:
@@ -181,13 +128,13 @@ def _async_view(func: Callable[..., Any], options: Options) -> Callable[..., Any
     @functools.wraps(func)
     async def view(request: HttpRequest, *args: Any, **kwargs: Any) -> HttpResponseBase:
         def call() -> HttpResponseBase:
-            return _rendered(async_to_sync(func)(request, *args, **kwargs))
+            return rendered(async_to_sync(func)(request, *args, **kwargs))
 
         def run() -> HttpResponseBase:
             try:
                 return protect(request, call, options, args, kwargs)
             except IdempotencyRefusal as exc:
-                return _refused(request, exc)
+                return render_refusal(request, exc)
 
         return await sync_to_async(run, thread_sensitive=True)()
 

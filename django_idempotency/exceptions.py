@@ -12,6 +12,26 @@ from django.utils.translation import gettext_lazy as _
 from rest_framework import status
 from rest_framework.exceptions import APIException
 
+__all__ = [
+    "REFUSAL_CODES",
+    "UNREADABLE_RECORD",
+    "BodyTooLarge",
+    "IdempotencyError",
+    "IdempotencyRefusal",
+    "InputUnreadable",
+    "IsolationNotSupported",
+    "KeyInvalid",
+    "KeyMissing",
+    "KeyReused",
+    "OutcomeUncertain",
+    "RequestInProgress",
+    "RolledBackResponse",
+    "StaleOwner",
+    "StoreUnavailable",
+    "TaskInProgress",
+    "TaskKeyReused",
+]
+
 
 class IdempotencyError(Exception):
     """Base class of everything django-idempotency raises."""
@@ -154,3 +174,20 @@ class TaskKeyReused(IdempotencyError):
 
 class StaleOwner(IdempotencyError):
     """An owner's write found the record's fencing token moved on: it lost the lease."""
+
+
+#: The ``code`` of every refusal the package answers itself. Not
+#: ``InputUnreadable``'s: it is DRF's own ``parse_error``, which a view's
+#: parser answers too.
+REFUSAL_CODES = frozenset(
+    refusal.default_code
+    for refusal in (
+        KeyMissing,
+        KeyInvalid,
+        BodyTooLarge,
+        KeyReused,
+        RequestInProgress,
+        StoreUnavailable,
+        OutcomeUncertain,
+    )
+)

@@ -44,6 +44,20 @@ from django_idempotency.digests import Fingerprint, FingerprintHasher
 if TYPE_CHECKING:
     from django.http import HttpRequest
 
+__all__ = [
+    "CSRF_FORM_FIELD",
+    "MAX_POSITIONAL_EXPONENT",
+    "FingerprintSpec",
+    "NestedTooDeeply",
+    "NonCanonicalValue",
+    "Sink",
+    "canonical",
+    "fingerprint",
+    "request_fingerprint",
+    "select_fields",
+    "write_canonical",
+]
+
 FingerprintSpec = None | Sequence[str] | Callable[["HttpRequest"], Any]
 
 

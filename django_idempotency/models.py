@@ -3,12 +3,22 @@ from __future__ import annotations
 from django.db import models
 from django.utils.translation import gettext_lazy as _
 
+__all__ = [
+    "FINGERPRINT_MAX_LENGTH",
+    "KEY_MAX_LENGTH",
+    "OPERATION_MAX_LENGTH",
+    "RESOLVED_STATES",
+    "TENANT_MAX_LENGTH",
+    "UNRESOLVED_STATES",
+    "IdempotencyRecord",
+]
+
 #: Column sizes. The unique index spans all three scope columns, so their sum
 #: has to stay inside MySQL/MariaDB's 3072-byte index limit at 4 bytes a
 #: character: (128 + 255 + 255) * 4 = 2552.
 TENANT_MAX_LENGTH = 128
 OPERATION_MAX_LENGTH = 255
-KEY_MAX_LENGTH = 255  # also in consumers.py, which cannot import this module early
+KEY_MAX_LENGTH = 255
 #: A secret's version (at most 16 characters), a colon, 64 hex digits; room to spare.
 FINGERPRINT_MAX_LENGTH = 96
 
@@ -102,4 +112,13 @@ class IdempotencyRecord(models.Model):
         return self.state in RESOLVED_STATES
 
 
-RESOLVED_STATES = frozenset({IdempotencyRecord.State.COMPLETED, IdempotencyRecord.State.FAILED})
+#: The states of the five that are final: the outcome is stored and replayed.
+#: Every other module (and the SQL of ``store.statements``) uses these two.
+RESOLVED_STATES = (IdempotencyRecord.State.COMPLETED, IdempotencyRecord.State.FAILED)
+#: Somebody holds or held the key and nothing is stored yet: the owner, a
+#: reconciler or an operator settles it.
+UNRESOLVED_STATES = (
+    IdempotencyRecord.State.CLAIMED,
+    IdempotencyRecord.State.IN_PROGRESS,
+    IdempotencyRecord.State.UNCERTAIN,
+)

@@ -20,6 +20,11 @@ from django_idempotency.conf import idempotency_settings
 from django_idempotency.drf import protection_of
 from django_idempotency.protection import Options
 
+__all__ = [
+    "IdempotencySchemaMixin",
+    "IdempotentViewExtension",
+]
+
 _ERROR = build_object_type(
     properties={
         "detail": build_basic_type(OpenApiTypes.STR),

@@ -16,7 +16,6 @@ from datetime import timedelta
 from typing import TYPE_CHECKING, Any, NoReturn
 
 from django.db import DatabaseError, InterfaceError, OperationalError, connections, transaction
-from django.utils import timezone
 
 from django_idempotency import signals, store
 from django_idempotency.conf import as_timedelta, idempotency_settings
@@ -26,7 +25,6 @@ from django_idempotency.database_errors import (
     is_contention,
     is_serialization_failure,
 )
-from django_idempotency.db import close_independent_connections
 from django_idempotency.digests import Fingerprint
 from django_idempotency.exceptions import (
     UNREADABLE_RECORD,
@@ -45,15 +43,27 @@ from django_idempotency.fingerprint import (
     NonCanonicalValue,
     request_fingerprint,
 )
-from django_idempotency.keys import parse_key
+from django_idempotency.key_header import parse_key
 from django_idempotency.models import IdempotencyRecord
-from django_idempotency.responses import Outcome, StoredResponse, capture, outcome_of, replay
+from django_idempotency.responses import StoredResponse, Verdict, capture, replay, verdict_of
 from django_idempotency.scope import OperationSpec, Scope, resolve_operation, resolve_tenant
-from django_idempotency.sealing import UnreadableRecord, unseal
-from django_idempotency.testing import SimulatedCrash
+from django_idempotency.simulated_crash import SimulatedCrash
+from django_idempotency.store.connections import close_independent_connections
+from django_idempotency.store.sealing import UnreadableRecord, unseal
 
 if TYPE_CHECKING:
     from django.http import HttpRequest, HttpResponseBase
+
+__all__ = [
+    "IN_FLIGHT_RETRY_AFTER",
+    "PROTECTED_METHODS",
+    "UNAVAILABLE_RETRY_AFTER",
+    "UNREACHABLE_ERRORS",
+    "Options",
+    "protect",
+    "run_unprotected",
+    "view_transactions",
+]
 
 logger = logging.getLogger("django_idempotency")
 State = IdempotencyRecord.State
@@ -65,9 +75,6 @@ PROTECTED_METHODS = frozenset({"POST", "PUT", "PATCH", "DELETE"})
 UNREACHABLE_ERRORS = (OperationalError, InterfaceError)
 IN_FLIGHT_RETRY_AFTER = 1
 UNAVAILABLE_RETRY_AFTER = 5
-#: How often a request may find the key taken yet claimable (released,
-#: expired or taken over in between) before answering 409 instead of looping.
-_MAX_RECLAIMS = 3
 #: The "wait" mode polls the record, backing off from the first interval
 #: to the last (seconds).
 _FIRST_POLL = 0.05
@@ -186,34 +193,26 @@ def _claim_or_answer(
     waiting = conf.IN_FLIGHT == "wait"
     deadline = time.monotonic() + conf.IN_FLIGHT_WAIT.total_seconds()
     poll = _FIRST_POLL
-    retries = 0
     while True:
         try:
-            held, record = store.claim_or_find(
+            held, record = store.claim_or_take_over(
                 scope, fingerprint, ttl=ttl, lease=conf.LEASE, using=database
             )
-            if record is not None and _abandoned(record, fingerprint):
-                held = store.take_over(record, scope, lease=conf.LEASE, using=database)
-            if record is not None and _expired(record):
-                store.discard_expired(record, using=database)
         except UNREACHABLE_ERRORS as exc:
             if is_contention(exc):  # a busy database, most likely this very key
                 _in_flight(request, scope, state="contended", cause=exc)
             return _store_unavailable(request, scope, view, exc)
         if held is not None:
             return _run_owned(request, held, view, ttl)
-        if record is None or _expired(record) or _abandoned(record, fingerprint):
-            # The holder released it, it expired, or another request took it
-            # over first: claim again, a bounded number of times.
-            retries += 1
-            if retries <= _MAX_RECLAIMS:
-                continue
-        elif not fingerprint.matches(record.fingerprint) or record.is_resolved:
+        if record is not None and (
+            not fingerprint.matches(record.fingerprint) or record.is_resolved
+        ):
             return _answer(request, scope, fingerprint, record)
-        elif waiting and time.monotonic() < deadline:
+        if record is not None and waiting and time.monotonic() < deadline:
             time.sleep(min(poll, max(deadline - time.monotonic(), 0)))
             poll = min(poll * 2, _LAST_POLL)
             continue
+        # In flight, or (None) the key kept changing hands: ask again later.
         _in_flight(request, scope, state="unknown" if record is None else record.state)
 
 
@@ -308,7 +307,7 @@ def _claim_in_one_transaction(
     settled = record is not None and (
         not fingerprint.matches(record.fingerprint) or record.is_resolved
     )
-    if record is not None and settled and not _expired(record):
+    if record is not None and settled and not store.past_retention(record):
         return _answer(request, scope, fingerprint, record)
     # Held by a request of the two-commit kind, expired or just released:
     # the general path handles all of these.
@@ -321,7 +320,7 @@ class _SingleRun:
 
     held: store.Claim
     response: HttpResponseBase
-    outcome: Outcome
+    verdict: Verdict
     #: Stored with the view's writes and the claim, in their transaction.
     stored: bool
     #: A definitive 4xx from a transaction marked for rollback (DRF does so
@@ -335,21 +334,21 @@ def _view_in_the_claims_transaction(
     conf = idempotency_settings
     with view_transactions() as opened:  # other ATOMIC_REQUESTS databases
         response = view()
-        outcome = outcome_of(response.status_code)
+        verdict = verdict_of(response.status_code)
         rolled_back = transaction.get_rollback(using=held.database)
-        if outcome is Outcome.COMPLETED and _writes_discarded():
+        if verdict is Verdict.COMPLETED and _writes_discarded():
             raise _rolled_back_success(held, response)
-        if outcome is Outcome.RELEASE or rolled_back:
+        if verdict is Verdict.RELEASE or rolled_back:
             # Roll everything back, the claim included: the retry runs.
             for alias in [held.database, *opened]:
                 transaction.set_rollback(True, using=alias)
-        if outcome is Outcome.RELEASE:
-            return _SingleRun(held, response, outcome, stored=False)
+        if verdict is Verdict.RELEASE:
+            return _SingleRun(held, response, verdict, stored=False)
         stored = capture(response, conf.STORED_HEADERS, conf.MAX_STORED_BODY)
         if rolled_back:
-            return _SingleRun(held, response, outcome, stored=False, store_after=stored)
-        store.complete(held, outcome, stored, ttl=ttl)
-        return _SingleRun(held, response, outcome, stored=True)
+            return _SingleRun(held, response, verdict, stored=False, store_after=stored)
+        store.complete(held, verdict, stored, ttl=ttl)
+        return _SingleRun(held, response, verdict, stored=True)
 
 
 def _settle_single_run(
@@ -365,12 +364,12 @@ def _settle_single_run(
                 run.held.scope, fingerprint, ttl=ttl, lease=conf.LEASE, using=run.held.database
             )
             if again is not None:
-                store.complete(again, run.outcome, run.store_after, ttl=ttl)
+                store.complete(again, run.verdict, run.store_after, ttl=ttl)
                 stored = True
         except (StaleOwner, DatabaseError) as exc:
             _log_unsettled(exc, f"store the refusal of {run.held.scope}", "its retry runs again")
     if stored:
-        _stored(request, run.held, run.outcome, status)
+        _signal_stored(request, run.held, run.verdict, status)
     else:
         signals.notify(signals.claim_released, request, run.held.scope, reason=status)
     return run.response
@@ -396,21 +395,6 @@ def _rolled_back_success(held: store.Claim, response: HttpResponseBase) -> Rolle
         "without a savepoint?), so its writes are discarded. Not stored; the claim is "
         "released and the retry runs. Wrap the statement that may fail in its own "
         "transaction.atomic() block."
-    )
-
-
-def _expired(record: IdempotencyRecord) -> bool:
-    """A resolved record past retention: its key may start a new operation."""
-    return record.is_resolved and record.expires_at <= timezone.now()
-
-
-def _abandoned(record: IdempotencyRecord, fingerprint: Fingerprint) -> bool:
-    """A claim for this very request whose owner's lease ran out."""
-    return (
-        record.state == State.CLAIMED
-        and fingerprint.matches(record.fingerprint)
-        and record.lease_expires_at is not None
-        and record.lease_expires_at <= timezone.now()
     )
 
 
@@ -442,12 +426,12 @@ def _run_owned(
         with view_transactions(records_database=held.database) as opened:
             response = view()
             step = _Step.COMPLETING
-            outcome = outcome_of(response.status_code)
-            if outcome is Outcome.RELEASE:
+            verdict = verdict_of(response.status_code)
+            if verdict is Verdict.RELEASE:
                 # The retry must start from a clean slate.
                 for alias in opened:
                     transaction.set_rollback(True, using=alias)
-            elif outcome is Outcome.COMPLETED and _writes_discarded():
+            elif verdict is Verdict.COMPLETED and _writes_discarded():
                 raise _rolled_back_success(held, response)
             else:
                 stored = capture(response, conf.STORED_HEADERS, conf.MAX_STORED_BODY)
@@ -457,11 +441,11 @@ def _run_owned(
                     # writes are undone, so the refusal is stored on its own.
                     store_after = stored
                 else:
-                    store.complete(held, outcome, stored, ttl=ttl)
+                    store.complete(held, verdict, stored, ttl=ttl)
             step = _Step.COMMITTING
         if store_after is not None:
             step = _Step.COMPLETING
-            store.complete(held, outcome, store_after, ttl=ttl)
+            store.complete(held, verdict, store_after, ttl=ttl)
     except StaleOwner:
         signals.notify(signals.request_in_flight, request, held.scope, state="taken over")
         raise RequestInProgress(retry_after=IN_FLIGHT_RETRY_AFTER) from None
@@ -482,10 +466,10 @@ def _run_owned(
         # request's alone: close it now, not at request_finished, which may
         # run on another thread (ASGI).
         close_independent_connections()
-    if outcome is Outcome.RELEASE:
+    if verdict is Verdict.RELEASE:
         _give_up(request, held, context, reason=response.status_code)
     else:
-        _stored(request, held, outcome, response.status_code)
+        _signal_stored(request, held, verdict, response.status_code)
     return response
 
 
@@ -515,8 +499,8 @@ def _answer_a_database_error(
         raise StoreUnavailable(retry_after=lease_seconds) from exc
 
 
-def _stored(request: HttpRequest, held: store.Claim, outcome: Outcome, status: int) -> None:
-    signals.notify(signals.response_stored, request, held.scope, state=outcome.value, status=status)
+def _signal_stored(request: HttpRequest, held: store.Claim, verdict: Verdict, status: int) -> None:
+    signals.notify(signals.response_stored, request, held.scope, state=verdict.value, status=status)
 
 
 def _give_up(

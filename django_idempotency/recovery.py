@@ -37,7 +37,23 @@ from django_idempotency.clock import ahead
 from django_idempotency.conf import as_timedelta, idempotency_settings
 from django_idempotency.exceptions import StaleOwner
 from django_idempotency.models import IdempotencyRecord
-from django_idempotency.responses import Outcome, StoredResponse
+from django_idempotency.responses import StoredResponse, Verdict
+
+__all__ = [
+    "DEFAULT_BACKOFF",
+    "Completed",
+    "Failed",
+    "Reconciler",
+    "ReconcilerOutcome",
+    "RecoveryReport",
+    "Release",
+    "Retry",
+    "reconciler_for",
+    "recover_stale_records",
+    "register_reconciler",
+    "settle",
+    "stale_records",
+]
 
 logger = logging.getLogger("django_idempotency")
 State = IdempotencyRecord.State
@@ -56,7 +72,8 @@ class _Answer:
     body: Any = b""
     headers: Mapping[str, str] = field(default_factory=dict)
 
-    def stored(self) -> StoredResponse:
+    def stored_response(self) -> StoredResponse:
+        """What is stored and replayed for this answer."""
         headers = dict(self.headers)
         if isinstance(self.body, bytes):
             body = self.body
@@ -205,8 +222,8 @@ def settle(record: IdempotencyRecord, held: store.Claim, report: RecoveryReport)
                     "return Completed, Failed, Retry or Release."
                 )
             if isinstance(outcome, (Completed, Failed)):
-                state = Outcome.COMPLETED if isinstance(outcome, Completed) else Outcome.FAILED
-                store.complete(held, state, outcome.stored(), ttl=idempotency_settings.TTL)
+                state = Verdict.COMPLETED if isinstance(outcome, Completed) else Verdict.FAILED
+                store.complete(held, state, outcome.stored_response(), ttl=idempotency_settings.TTL)
             else:
                 # Nothing the reconciler wrote may outlive an unsettled record.
                 transaction.set_rollback(True, using=held.database)

@@ -16,6 +16,18 @@ from django_idempotency.models import OPERATION_MAX_LENGTH, TENANT_MAX_LENGTH
 if TYPE_CHECKING:
     from django.http import HttpRequest
 
+__all__ = [
+    "DIGEST_PREFIX",
+    "OperationSpec",
+    "Scope",
+    "credential_digest",
+    "default_operation",
+    "default_tenant",
+    "digest",
+    "resolve_operation",
+    "resolve_tenant",
+]
+
 OperationSpec = None | str | Callable[["HttpRequest"], str]
 
 #: Stored tenants that are digests of the real one start with this.

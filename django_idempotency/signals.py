@@ -16,6 +16,19 @@ if TYPE_CHECKING:
 
     from django_idempotency.scope import Scope
 
+__all__ = [
+    "claim_released",
+    "key_reused",
+    "notify",
+    "record_uncertain",
+    "record_unreconciled",
+    "request_claimed",
+    "request_in_flight",
+    "response_replayed",
+    "response_stored",
+    "store_unavailable",
+]
+
 logger = logging.getLogger("django_idempotency")
 
 #: This request won the claim and runs the view. Also: ``fencing_token``.

@@ -22,8 +22,8 @@ except ImportError as exc:  # pragma: no cover - depends on the installed extras
         'django_idempotency.tasks needs Celery: pip install "django-idempotency[celery]"'
     ) from exc
 
-from django_idempotency.consumers import idempotent_task
 from django_idempotency.exceptions import TaskInProgress, TaskKeyReused
+from django_idempotency.task_protection import idempotent_task
 
 __all__ = [
     "BEAT_SCHEDULE",
@@ -55,9 +55,9 @@ def purge_expired_records(
     With the defaults a run deletes at most 1,000,000 records, in about a
     minute on a small server (docs/performance.md).
     """
-    from django_idempotency import eviction
+    from django_idempotency import purge
 
-    report = eviction.purge_expired_records(
+    report = purge.purge_expired_records(
         batch_size=batch_size,
         max_batches=max_batches,
         batch_seconds=batch_seconds,

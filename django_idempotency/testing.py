@@ -23,20 +23,18 @@ from django.db import connections
 
 from django_idempotency import store
 from django_idempotency.conf import idempotency_settings
+from django_idempotency.exceptions import REFUSAL_CODES
+from django_idempotency.simulated_crash import SimulatedCrash, armed
 
-_crash = threading.local()
-
-
-class SimulatedCrash(BaseException):
-    """Raised where ``simulate_crash_after_begin_external`` makes the process "die".
-
-    A BaseException, so that no ``except Exception`` in the view catches it;
-    the package lets it pass without any cleanup, as a killed process would.
-    """
-
-
-def crash_requested() -> bool:
-    return bool(getattr(_crash, "armed", False))
+__all__ = [
+    "REFUSAL_CODES",
+    "Duplicates",
+    "SimulatedCrash",
+    "assert_protected",
+    "expire_leases",
+    "fire_duplicates",
+    "simulate_crash_after_begin_external",
+]
 
 
 @contextmanager
@@ -58,11 +56,8 @@ def simulate_crash_after_begin_external() -> Iterator[None]:
             "simulate_crash_after_begin_external() needs PostgreSQL or MySQL/MariaDB: on "
             "SQLite a crash leaves a CLAIMED record and no reconciler is asked."
         )
-    _crash.armed = True
-    try:
+    with armed():
         yield
-    finally:
-        _crash.armed = False
 
 
 def expire_leases() -> int:
@@ -108,18 +103,6 @@ def assert_protected(
     other = dict(changed) if changed is not None else {**data, "_assert_protected": 1}
     mismatch = send(json.dumps(other), **{header: key})
     assert mismatch.status_code == 422, f"changed input: expected 422, got {mismatch.status_code}"
-
-
-REFUSAL_CODES = frozenset(
-    {
-        "idempotency_key_missing",
-        "idempotency_key_invalid",
-        "idempotency_key_reused",
-        "idempotency_request_in_progress",
-        "idempotency_store_unavailable",
-        "idempotency_outcome_uncertain",
-    }
-)
 
 
 @dataclass

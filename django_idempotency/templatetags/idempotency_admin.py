@@ -20,6 +20,11 @@ from django.utils import formats, timezone
 from django.utils.text import capfirst
 from django.utils.translation import gettext as _
 
+__all__ = [
+    "idempotency_date_hierarchy",
+    "register",
+]
+
 register = template.Library()
 
 
