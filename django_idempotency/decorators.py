@@ -19,9 +19,10 @@ from rest_framework.views import APIView
 from django_idempotency.conf import as_timedelta
 from django_idempotency.exceptions import IdempotencyRefusal
 from django_idempotency.fingerprint import FingerprintSpec
-from django_idempotency.protection import Options, protect, run_unprotected
+from django_idempotency.protection import Options, protect
 from django_idempotency.refusals import render_refusal, rendered
 from django_idempotency.scope import OperationSpec
+from django_idempotency.view_transactions import run_unprotected
 
 __all__ = [
     "DRF_HANDLED",
@@ -45,7 +46,7 @@ class EveryDatabase(set[str]):
 
     Protected views take over ``ATOMIC_REQUESTS``: the claim must commit
     before the view's transaction opens, so the decorator opens that
-    transaction itself, after the claim (see ``protection.view_transactions``).
+    transaction itself, after the claim (see ``view_transactions``).
     """
 
     def __contains__(self, alias: object) -> bool:

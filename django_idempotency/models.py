@@ -51,7 +51,7 @@ class IdempotencyRecord(models.Model):
     #: NULL on a resolved record means the body was not stored (too large or
     #: streamed); an empty body is stored as ``b""``.
     response_body = models.BinaryField(_("response body"), null=True, blank=True)
-    #: Whether the headers and body are encrypted (``sealing.py``): then the
+    #: Whether the headers and body are encrypted (``store/sealing.py``): then the
     #: headers are empty and the body holds one token of both.
     response_sealed = models.BooleanField(_("response encrypted"), default=False, db_default=False)
     created_at = models.DateTimeField(_("created at"))

@@ -1,5 +1,5 @@
-"""Celery tasks for recovery and eviction, a ready beat schedule, and
-``idempotent_task`` for deduplicating consumers.
+"""Celery tasks for recovery and the purge, a ready beat schedule, and
+``idempotent_task`` for deduplicating Celery tasks.
 
 Merge the schedule into yours, in settings (this module imports no models,
 so it can be imported before Django is set up)::

@@ -1,4 +1,4 @@
-"""The hot path's SQL (statements.py) reads and writes what the ORM would.
+"""The hot path's SQL (store/statements.py) reads and writes what the ORM would.
 
 Run on every database of the suite, under both settings of USE_TZ: some
 backends convert datetimes only with it, and the converters are cached.
