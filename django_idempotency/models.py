@@ -24,9 +24,42 @@ FINGERPRINT_MAX_LENGTH = 96
 
 
 class IdempotencyRecord(models.Model):
-    """One idempotent operation: who asked, what they asked, and the outcome."""
+    """One idempotent operation: who asked, what they asked, and the outcome.
+
+    Unique on (``tenant``, ``operation``, ``key``). Only the package writes
+    records; the admin shows them as a read-only log.
+
+    Attributes:
+        tenant: Who asked (``IDEMPOTENCY["TENANT"]``), up to 128 characters.
+        operation: What for, up to 255 characters.
+        key: The client's ``Idempotency-Key``, up to 255 characters.
+        fingerprint: A keyed digest of the request's canonical input,
+            ``"<version>:<hex>"``.
+        state: One of ``State``.
+        lease_owner: ``host:pid:thread`` of the owner, or
+            ``operator:<username>``; empty when resolved.
+        lease_expires_at: The end of the lease; NULL when resolved.
+        fencing_token: Moved on by every takeover; an owner's writes are
+            conditional on it.
+        provider_key: The key given to the external provider, set by
+            ``begin_external()``.
+        provider_operation_id: The provider's id for the call, set by
+            ``set_provider_operation()``.
+        response_status: The stored status.
+        response_headers: The stored headers, ``[[name, value], ...]``.
+        response_body: The stored body; NULL on a resolved record when it
+            was not stored (too large, or streamed).
+        response_sealed: Whether the stored response is encrypted
+            (``ENCRYPTION_KEYS``).
+        created_at: When the record was claimed.
+        updated_at: When it was last written.
+        expires_at: When a resolved record stops being replayed and may be
+            purged.
+    """
 
     class State(models.TextChoices):
+        """A record's state: unresolved (CLAIMED, IN_PROGRESS, UNCERTAIN) or resolved."""
+
         CLAIMED = "CLAIMED", _("claimed")
         IN_PROGRESS = "IN_PROGRESS", _("in progress")
         UNCERTAIN = "UNCERTAIN", _("uncertain")
@@ -109,6 +142,7 @@ class IdempotencyRecord(models.Model):
 
     @property
     def is_resolved(self) -> bool:
+        """Whether the state is COMPLETED or FAILED: an outcome is stored."""
         return self.state in RESOLVED_STATES
 
 
