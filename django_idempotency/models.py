@@ -30,35 +30,36 @@ class IdempotencyRecord(models.Model):
     records; the admin shows them as a read-only log.
 
     Attributes:
-        tenant: Who asked (``IDEMPOTENCY["TENANT"]``), up to 128 characters.
-        operation: What for, up to 255 characters.
-        key: The client's ``Idempotency-Key``, up to 255 characters.
-        fingerprint: A keyed digest of the request's canonical input,
+        tenant (str): Who asked (``IDEMPOTENCY["TENANT"]``), up to 128 characters.
+        operation (str): What for, up to 255 characters.
+        key (str): The client's ``Idempotency-Key``, up to 255 characters.
+        fingerprint (str): A keyed digest of the request's canonical input,
             ``"<version>:<hex>"``.
-        state: One of ``State``.
-        lease_owner: ``host:pid:thread`` of the owner, or
+        state (str): One of ``State``.
+        lease_owner (str): ``host:pid:thread`` of the owner, or
             ``operator:<username>``; empty when resolved.
-        lease_expires_at: The end of the lease; NULL when resolved.
-        fencing_token: Moved on by every takeover; an owner's writes are
+        lease_expires_at (datetime | None): The end of the lease; NULL when resolved.
+        fencing_token (int): Moved on by every takeover; an owner's writes are
             conditional on it.
-        provider_key: The key given to the external provider, set by
+        provider_key (str): The key given to the external provider, set by
             ``begin_external()``.
-        provider_operation_id: The provider's id for the call, set by
+        provider_operation_id (str): The provider's id for the call, set by
             ``set_provider_operation()``.
-        response_status: The stored status.
-        response_headers: The stored headers, ``[[name, value], ...]``.
-        response_body: The stored body; NULL on a resolved record when it
-            was not stored (too large, or streamed).
-        response_sealed: Whether the stored response is encrypted
+        response_status (int | None): The stored status.
+        response_headers (list[list[str]]): The stored headers, ``[[name, value], ...]``.
+        response_body (bytes | memoryview | None): The stored body (a
+            ``memoryview`` as PostgreSQL returns it); NULL on a resolved
+            record when it was not stored (too large, or streamed).
+        response_sealed (bool): Whether the stored response is encrypted
             (``ENCRYPTION_KEYS``).
-        created_at: When the record was claimed.
-        updated_at: When it was last written.
-        expires_at: When a resolved record stops being replayed and may be
+        created_at (datetime): When the record was claimed.
+        updated_at (datetime): When it was last written.
+        expires_at (datetime): When a resolved record stops being replayed and may be
             purged.
     """
 
     class State(models.TextChoices):
-        """A record's state: unresolved (CLAIMED, IN_PROGRESS, UNCERTAIN) or resolved."""
+        """A record's state: CLAIMED, IN_PROGRESS or UNCERTAIN (unresolved), COMPLETED or FAILED."""
 
         CLAIMED = "CLAIMED", _("claimed")
         IN_PROGRESS = "IN_PROGRESS", _("in progress")
