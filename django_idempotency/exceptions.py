@@ -210,9 +210,6 @@ class StaleOwner(IdempotencyError):
     """An owner's write found the record's fencing token moved on: it lost the lease."""
 
 
-#: The ``code`` of every refusal the package answers itself. Not
-#: ``InputUnreadable``'s: it is DRF's own ``parse_error``, which a view's
-#: parser answers too.
 REFUSAL_CODES = frozenset(
     refusal.default_code
     for refusal in (
@@ -225,3 +222,8 @@ REFUSAL_CODES = frozenset(
         OutcomeUncertain,
     )
 )
+"""The ``code`` of every refusal the package answers itself.
+
+Not ``InputUnreadable``'s: it is DRF's own ``parse_error``, which a view's
+parser answers too.
+"""

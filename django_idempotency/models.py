@@ -147,13 +147,18 @@ class IdempotencyRecord(models.Model):
         return self.state in RESOLVED_STATES
 
 
-#: The states of the five that are final: the outcome is stored and replayed.
-#: Every other module (and the SQL of ``store.statements``) uses these two.
 RESOLVED_STATES = (IdempotencyRecord.State.COMPLETED, IdempotencyRecord.State.FAILED)
-#: Somebody holds or held the key and nothing is stored yet: the owner, a
-#: reconciler or an operator settles it.
+"""The states of the five that are final: the outcome is stored and replayed.
+
+Every other module (and the SQL of ``store.statements``) uses these two.
+"""
+
 UNRESOLVED_STATES = (
     IdempotencyRecord.State.CLAIMED,
     IdempotencyRecord.State.IN_PROGRESS,
     IdempotencyRecord.State.UNCERTAIN,
 )
+"""Somebody holds or held the key and nothing is stored yet.
+
+The owner, a reconciler or an operator settles it.
+"""

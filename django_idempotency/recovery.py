@@ -140,7 +140,10 @@ class Release:
 
 
 ReconcilerOutcome: TypeAlias = Completed | Failed | Retry | Release
+"""What a reconciler returns: ``Completed``, ``Failed``, ``Retry`` or ``Release``."""
+
 Reconciler: TypeAlias = Callable[[IdempotencyRecord], ReconcilerOutcome]
+"""A reconciler: takes the stuck record, returns a ``ReconcilerOutcome``."""
 
 _reconcilers: dict[str, Reconciler] = {}
 
