@@ -200,18 +200,40 @@ def idempotent(
     """Run the decorated view once per ``Idempotency-Key`` and replay its outcome.
 
     Works on DRF ``@api_view`` functions (place it under ``@api_view``), on
-    methods of APIView / GenericAPIView / ViewSet classes, and on plain
-    Django function views. Only POST, PUT, PATCH and DELETE are protected.
+    methods of APIView / GenericAPIView / ViewSet classes (``post``, ``put``,
+    ``patch``, ``delete``, ``create``, ``update``, ``partial_update``,
+    ``destroy``, custom ``@action``s, placed under ``@action``), and on plain
+    Django function views, sync or ``async def``. Usable bare
+    (``@idempotent``) or with arguments (``@idempotent(ttl=3600)``). Only
+    POST, PUT, PATCH and DELETE are protected; other methods run the view
+    unprotected. A method decorated with it keeps its own options inside an
+    ``IdempotentMixin`` view.
 
-    ``fingerprint``: ``None`` for the whole canonical input (body, query
-    parameters, URL arguments); a list of field names, dotted for nested
-    ones; or a callable taking the request. ``operation``: a stable name
-    (default: method plus URL route pattern), or a callable taking the
-    request. ``required``: whether a missing key is refused (default
-    ``IDEMPOTENCY["REQUIRED"]``). ``ttl``: retention as seconds or a
-    timedelta (default ``IDEMPOTENCY["TTL"]``). ``single_transaction``: on
-    PostgreSQL, claim in the view's own transaction (one commit; for views
-    that make no external call; default ``IDEMPOTENCY["SINGLE_TRANSACTION"]``).
+    Args:
+        view: The view, when used bare; ``None`` when called with arguments.
+        fingerprint: What makes two requests the same request. ``None``: the
+            whole canonical input (body, query parameters, URL arguments); a
+            list of field names, dotted for nested ones (``"card.token"``); or
+            a callable taking the request and returning a JSON-like value.
+        operation: The record's namespace within the tenant: a stable name,
+            or a callable taking the request. ``None``: the method plus the
+            URL route pattern, ``"POST v1/payments"``.
+        required: Whether a request without a key is refused with 400 (else
+            it runs unprotected). ``None``: ``IDEMPOTENCY["REQUIRED"]``.
+        ttl: How long the outcome is kept and replayed, in seconds or as a
+            ``timedelta``; must be positive. ``None``: ``IDEMPOTENCY["TTL"]``.
+        single_transaction: On PostgreSQL, claim inside the view's own
+            transaction: one commit instead of two, for views that make no
+            external call (``begin_external()`` is then refused). ``None``:
+            ``IDEMPOTENCY["SINGLE_TRANSACTION"]``.
+
+    Returns:
+        The protected view (an async view for an ``async def`` one), or,
+        called with arguments, a decorator returning it.
+
+    Raises:
+        ImproperlyConfigured: ``fingerprint`` is a string (a list of names
+            was meant), or ``ttl`` is not positive.
     """
     options = Options(
         fingerprint=fingerprint,

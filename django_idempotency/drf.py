@@ -18,9 +18,22 @@ __all__ = ["IdempotentMixin", "protection_of"]
 class IdempotentMixin:
     """Protect the POST, PUT, PATCH and DELETE handlers of a DRF view or viewset.
 
-    Place it before the view class: ``class PaymentViewSet(IdempotentMixin,
-    viewsets.ModelViewSet)``. Configure with the class attributes below; they
-    mean what the keyword arguments of ``@idempotent`` mean.
+    Place it first among the bases: ``class PaymentViewSet(IdempotentMixin,
+    viewsets.ModelViewSet)``. Configure it with the class attributes below;
+    they mean what the keyword arguments of ``@idempotent`` mean, and
+    ``None`` takes the setting's value. A callable given as a class attribute
+    receives only the request (it is read off the class, not bound).
+
+    The protected handler is swapped in by ``initial()``, after
+    authentication, permissions and throttling. A handler already decorated
+    with ``@idempotent`` keeps its own options.
+
+    Attributes:
+        idempotency_fingerprint: As ``idempotent(fingerprint=...)``.
+        idempotency_operation: As ``idempotent(operation=...)``.
+        idempotency_required: As ``idempotent(required=...)``.
+        idempotency_ttl: As ``idempotent(ttl=...)``: seconds or a ``timedelta``.
+        idempotency_single_transaction: As ``idempotent(single_transaction=...)``.
     """
 
     idempotency_fingerprint: ClassVar[FingerprintSpec] = None

@@ -24,9 +24,43 @@ FINGERPRINT_MAX_LENGTH = 96
 
 
 class IdempotencyRecord(models.Model):
-    """One idempotent operation: who asked, what they asked, and the outcome."""
+    """One idempotent operation: who asked, what they asked, and the outcome.
+
+    Unique on (``tenant``, ``operation``, ``key``). Only the package writes
+    records; the admin shows them as a read-only log.
+
+    Attributes:
+        tenant (str): Who asked (``IDEMPOTENCY["TENANT"]``), up to 128 characters.
+        operation (str): What for, up to 255 characters.
+        key (str): The client's ``Idempotency-Key``, up to 255 characters.
+        fingerprint (str): A keyed digest of the request's canonical input,
+            ``"<version>:<hex>"``.
+        state (str): One of ``State``.
+        lease_owner (str): ``host:pid:thread`` of the owner, or
+            ``operator:<username>``; empty when resolved.
+        lease_expires_at (datetime | None): The end of the lease; NULL when resolved.
+        fencing_token (int): Moved on by every takeover; an owner's writes are
+            conditional on it.
+        provider_key (str): The key given to the external provider, set by
+            ``begin_external()``.
+        provider_operation_id (str): The provider's id for the call, set by
+            ``set_provider_operation()``.
+        response_status (int | None): The stored status.
+        response_headers (list[list[str]]): The stored headers, ``[[name, value], ...]``.
+        response_body (bytes | memoryview | None): The stored body (a
+            ``memoryview`` as PostgreSQL returns it); NULL on a resolved
+            record when it was not stored (too large, or streamed).
+        response_sealed (bool): Whether the stored response is encrypted
+            (``ENCRYPTION_KEYS``).
+        created_at (datetime): When the record was claimed.
+        updated_at (datetime): When it was last written.
+        expires_at (datetime): When a resolved record stops being replayed and may be
+            purged.
+    """
 
     class State(models.TextChoices):
+        """A record's state: CLAIMED, IN_PROGRESS or UNCERTAIN (unresolved), COMPLETED or FAILED."""
+
         CLAIMED = "CLAIMED", _("claimed")
         IN_PROGRESS = "IN_PROGRESS", _("in progress")
         UNCERTAIN = "UNCERTAIN", _("uncertain")
@@ -109,16 +143,22 @@ class IdempotencyRecord(models.Model):
 
     @property
     def is_resolved(self) -> bool:
+        """Whether the state is COMPLETED or FAILED: an outcome is stored."""
         return self.state in RESOLVED_STATES
 
 
-#: The states of the five that are final: the outcome is stored and replayed.
-#: Every other module (and the SQL of ``store.statements``) uses these two.
 RESOLVED_STATES = (IdempotencyRecord.State.COMPLETED, IdempotencyRecord.State.FAILED)
-#: Somebody holds or held the key and nothing is stored yet: the owner, a
-#: reconciler or an operator settles it.
+"""The states of the five that are final: the outcome is stored and replayed.
+
+Every other module (and the SQL of ``store.statements``) uses these two.
+"""
+
 UNRESOLVED_STATES = (
     IdempotencyRecord.State.CLAIMED,
     IdempotencyRecord.State.IN_PROGRESS,
     IdempotencyRecord.State.UNCERTAIN,
 )
+"""Somebody holds or held the key and nothing is stored yet.
+
+The owner, a reconciler or an operator settles it.
+"""

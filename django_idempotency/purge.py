@@ -20,9 +20,17 @@ __all__ = [
 
 @dataclass
 class PurgeReport:
+    """What one purge did.
+
+    Attributes:
+        deleted: Records deleted.
+        batches: DELETE statements that deleted any.
+        longest_batch: The longest single DELETE, in seconds: what live
+            traffic felt.
+    """
+
     deleted: int = 0
     batches: int = 0
-    #: The longest single DELETE, in seconds: what live traffic felt.
     longest_batch: float = 0.0
 
 
@@ -53,7 +61,23 @@ def purge_expired_records(
     pauses ``pause_factor`` times as long as the batch took, so that it
     leaves the database to live traffic most of the time (at 2.0, two
     thirds of it); 0 runs the batches back to back. Unresolved records are never
-    deleted here.
+    deleted here. On PostgreSQL each batch is one statement that skips rows
+    locked by someone else, and each scan starts where the previous batch
+    ended.
+
+    What the ``purge_expired_records`` Celery task and the
+    ``idempotency_purge`` command run.
+
+    Args:
+        batch_size: Rows per DELETE, at most.
+        max_batches: Batches in this run, at most; ``None``: until no expired
+            record is left.
+        batch_seconds: A batch that took longer halves the next one.
+        pause_factor: After each batch, pause this many times as long as the
+            batch took.
+
+    Returns:
+        What the purge deleted, in how many batches.
     """
     report = PurgeReport()
     database = idempotency_settings.DATABASE

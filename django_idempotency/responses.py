@@ -23,13 +23,17 @@ __all__ = [
 
 logger = logging.getLogger("django_idempotency")
 
-#: Always stored (when the view set them), beside ``STORED_HEADERS``.
 BASE_HEADERS = ("Content-Type", "Location")
-REPLAYED_HEADER = "Idempotent-Replayed"
-BODY_OMITTED_HEADER = "Idempotent-Body-Omitted"
+"""Response headers always stored (when the view set them), beside ``STORED_HEADERS``."""
 
-#: Statuses that say "try again": the claim is released, nothing is stored.
+REPLAYED_HEADER = "Idempotent-Replayed"
+"""Set to ``true`` on every replayed response."""
+
+BODY_OMITTED_HEADER = "Idempotent-Body-Omitted"
+"""Set to ``true`` on a replay whose body was not stored (too large, or streamed)."""
+
 RETRYABLE_STATUSES = frozenset({408, 409, 425, 429})
+"""Statuses that say "try again": the claim is released, nothing is stored."""
 
 
 class Verdict(enum.Enum):
@@ -47,6 +51,11 @@ class Verdict(enum.Enum):
 
 
 def verdict_of(status: int) -> Verdict:
+    """Whether an answer with this status is stored, as COMPLETED or FAILED, or released.
+
+    5xx and ``RETRYABLE_STATUSES`` release the claim; any other 4xx is a
+    definitive failure, stored and replayed; the rest is stored as COMPLETED.
+    """
     if status >= 500 or status in RETRYABLE_STATUSES:
         return Verdict.RELEASE
     if status >= 400:

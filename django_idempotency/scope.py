@@ -29,6 +29,12 @@ __all__ = [
 ]
 
 OperationSpec = None | str | Callable[["HttpRequest"], str]
+"""What ``idempotent(operation=...)`` accepts: ``None``, a name, or a callable.
+
+``None`` names the operation by the method plus the URL route pattern
+(``"POST v1/payments"``); a callable takes the request and returns the name.
+A name is 1 to 255 characters.
+"""
 
 #: Stored tenants that are digests of the real one start with this.
 DIGEST_PREFIX = "sha256:"
@@ -37,7 +43,15 @@ _CREDENTIAL_SALT = "django_idempotency.scope.credential_digest"
 
 @dataclass(frozen=True)
 class Scope:
-    """The (tenant, operation, key) triple that names one record."""
+    """The (tenant, operation, key) triple that names one record.
+
+    Passed to signal receivers as ``scope``, and ``request.idempotency.scope``.
+
+    Attributes:
+        tenant: Who asked, as ``IDEMPOTENCY["TENANT"]`` resolved it.
+        operation: What for: the operation name.
+        key: The client's ``Idempotency-Key``, unquoted.
+    """
 
     tenant: str
     operation: str
@@ -51,6 +65,20 @@ def default_tenant(request: HttpRequest) -> str:
     and the tenant is shown in the admin and kept in the database.
     Anonymous clients share one key space; an API open to them should set
     ``IDEMPOTENCY["TENANT"]`` to something that tells them apart.
+
+    Args:
+        request: The request, after authentication.
+
+    Returns:
+        ``"user:<pk>"`` (the request's user, or the credential's),
+        ``"application:<id>"`` (an OAuth application's token),
+        ``"auth:<keyed digest>"`` (another credential with a primary key), or
+        ``"anonymous"``.
+
+    Raises:
+        ImproperlyConfigured: The request is authenticated by a credential the
+            default cannot tell apart from others (no primary key, no user):
+            set ``IDEMPOTENCY["TENANT"]``.
     """
     user = getattr(request, "user", None)
     if user is not None and user.is_authenticated:

@@ -72,17 +72,37 @@ def idempotent_task(
 ) -> Callable[[Task], Task]:
     """Run the decorated task body once per key; duplicates return its result.
 
-    ``key``: the name of the argument holding the message's id, or a callable
-    taking the task's arguments and returning it. The body's database writes
-    and the stored result commit in one transaction; the result must be
-    JSON-serialisable, and every run returns it as JSON gives it back (the
-    first run too). ``lease`` (default ``IDEMPOTENCY["LEASE"]``) must outlast
-    the body: a duplicate arriving after it takes the task over. Give it your
-    task's time limit. Place it under Celery's decorator::
+    The body's database writes and the stored result commit in one
+    transaction; the result must be JSON-serialisable, and every run returns
+    it as JSON gives it back (the first run too). Place it under Celery's
+    decorator:
 
-        @shared_task(bind=True, acks_late=True, autoretry_for=(TaskInProgress,))
-        @idempotent_task(key="event_id")
-        def ship_order(self, event_id, order_id): ...
+    ```python
+    @shared_task(bind=True, acks_late=True, autoretry_for=(TaskInProgress,))
+    @idempotent_task(key="event_id")
+    def ship_order(self, event_id, order_id): ...
+    ```
+
+    Args:
+        key: The name of the argument holding the message's id, or a
+            callable taking the task's arguments and returning it. An id
+            longer than 255 characters is stored by its SHA-256 digest.
+        operation: The records' operation name; ``None``:
+            ``"task <module>.<qualname>"``.
+        ttl: How long the result is kept for duplicates, in seconds or as a
+            ``timedelta``; ``None``: ``IDEMPOTENCY["TTL"]``.
+        lease: How long a run holds the key, in seconds or as a
+            ``timedelta``; ``None``: ``IDEMPOTENCY["LEASE"]``. It must outlast
+            the body: a duplicate arriving after it takes the task over.
+            Give it your task's time limit.
+
+    Returns:
+        The decorator.
+
+    Raises:
+        TaskInProgress: (from the task) Another worker runs the same key
+            right now, or took it over.
+        TaskKeyReused: (from the task) The key was used with other arguments.
     """
 
     def decorate(func: Task) -> Task:

@@ -50,6 +50,9 @@ def simulate_crash_after_begin_external() -> Iterator[None]:
     Needs PostgreSQL or MySQL/MariaDB: on SQLite the intent is written
     inside the view's transaction (one writer at a time), so a crash leaves
     a CLAIMED record that recovery releases without asking the reconciler.
+
+    Raises:
+        ImproperlyConfigured: ``IDEMPOTENCY["DATABASE"]`` is SQLite.
     """
     if connections[idempotency_settings.DATABASE].vendor == "sqlite":
         raise ImproperlyConfigured(
@@ -61,7 +64,11 @@ def simulate_crash_after_begin_external() -> Iterator[None]:
 
 
 def expire_leases() -> int:
-    """End every unresolved record's lease now, as if its owner were long gone."""
+    """End every unresolved record's lease now, as if its owner were long gone.
+
+    Returns:
+        How many records' leases it ended.
+    """
     return store.expire_leases(using=idempotency_settings.DATABASE)
 
 
@@ -75,13 +82,24 @@ def assert_protected(
 ) -> None:
     """Assert that POSTing ``data`` to ``url`` is protected as the SPEC says.
 
-    ``client`` is a Django (or DRF) test client, authenticated as needed.
     Checks: a missing key is refused with 400 (when keys are required); a
-    retry with the same key replays the first answer byte for byte; the same
-    key with ``changed`` input (default: ``data`` plus a field) is refused
-    with 422. Pass ``changed`` when the view fingerprints selected fields
-    only, and ``required`` when the view's ``required=`` differs from
-    ``IDEMPOTENCY["REQUIRED"]``.
+    retry with the same key replays the first answer byte for byte, with
+    ``Idempotent-Replayed: true``; the same key with changed input is
+    refused with 422.
+
+    Args:
+        client: A Django (or DRF) test client, authenticated as needed.
+        url: The protected endpoint.
+        data: The JSON body to POST.
+        changed: Input that must count as a different request. ``None``:
+            ``data`` plus a field; pass it when the view fingerprints
+            selected fields only.
+        required: Whether the view refuses a request without a key; pass it
+            when the view's ``required=`` differs from
+            ``IDEMPOTENCY["REQUIRED"]``.
+
+    Raises:
+        AssertionError: The view does not behave as protected.
     """
     header = "HTTP_" + idempotency_settings.HEADER.upper().replace("-", "_")
     key = f"assert-protected-{uuid.uuid4()}"
@@ -107,7 +125,13 @@ def assert_protected(
 
 @dataclass
 class Duplicates:
-    """What ``fire_duplicates`` got back, one entry per request."""
+    """What ``fire_duplicates`` got back, one entry per request.
+
+    Attributes:
+        statuses: The HTTP statuses.
+        bodies: The response bodies.
+        replayed: Whether each answer carried ``Idempotent-Replayed: true``.
+    """
 
     statuses: list[int] = field(default_factory=list)
     bodies: list[bytes] = field(default_factory=list)
@@ -148,8 +172,19 @@ def fire_duplicates(
     """POST ``count`` identical requests at ``url`` at the same moment.
 
     Real HTTP over real connections (one thread each, released together),
-    so run it against a live server backed by a real database. Returns
-    the statuses and bodies; ``executed`` should be 1.
+    so run it against a live server backed by a real database (pytest-django's
+    ``live_server``, say).
+
+    Args:
+        url: The protected endpoint's full URL.
+        count: How many duplicates to send.
+        body: The JSON body, the same for each; ``None``: ``{}``.
+        key: The ``Idempotency-Key`` they share; ``None``: a fresh one.
+        headers: Extra request headers (authentication, say).
+        timeout: Seconds each request may take.
+
+    Returns:
+        The answers; ``executed`` should be 1.
     """
     key = key or f"duplicates-{uuid.uuid4()}"
     payload = json.dumps(dict(body or {})).encode()
