@@ -192,6 +192,7 @@ def _async_view(func: Callable[..., Any], options: Options) -> Callable[..., Any
         return await sync_to_async(run, thread_sensitive=True)()
 
     view._non_atomic_requests = EVERY_DATABASE  # type: ignore[attr-defined]
+    view.idempotency_options = options  # type: ignore[attr-defined]  # read by routes.py
     return view
 
 

@@ -122,6 +122,11 @@ def reconciler_for(operation: str) -> Reconciler | None:
     return _reconcilers.get(operation)
 
 
+def registered_operations() -> list[str]:
+    """The operation names that have a reconciler, sorted (for the system checks)."""
+    return sorted(_reconcilers)
+
+
 @dataclass
 class RecoveryReport:
     """What one recovery run did, by outcome."""
