@@ -417,7 +417,17 @@ def _unknown_operation(
     operation: str, urls: list[ProtectedURL], named: Mapping[str | None, list[str]], style: str
 ) -> CheckMessage:
     for other in OPERATION_NAMES:
-        if other != style and operation in _operations(urls, other):
+        if other == style:
+            continue
+        current = sorted(
+            {
+                repr(url.operation(handler, style))
+                for url in urls
+                for handler in url.handlers
+                if url.operation(handler, other) == operation
+            }
+        )
+        if current:
             # Kept on purpose while records of the old names drain, or
             # written for the wrong setting: either way never called for
             # new records.
@@ -425,9 +435,9 @@ def _unknown_operation(
                 f"A reconciler is registered for {operation!r}, which is an operation "
                 f"name under IDEMPOTENCY['OPERATION_NAMES'] = {other!r}, not under the "
                 f"current {style!r}: records made from now on are named otherwise.",
-                hint=f"Register it under the current name{_closest(operation, named)}. "
-                "While switching settings, keep the old registration until no unresolved "
-                "record carries the old name, then remove it.",
+                hint=f"Register it as {' or '.join(current)}. While switching settings, keep "
+                "the old registration until no unresolved record carries the old name, "
+                "then remove it.",
                 id="django_idempotency.W005",
             )
     hint = f"Register it under a protected operation's name{_closest(operation, named)}."
