@@ -355,7 +355,8 @@ def check_atomic_requests(app_configs: Any = None, **kwargs: Any) -> list[CheckM
     # Only the records' database matters: the claim commits on its own
     # unless that database's request transaction is already open.
     records = idempotency_settings.DATABASE
-    if not settings.DATABASES.get(records, {}).get("ATOMIC_REQUESTS"):
+    atomic = settings.DATABASES.get(records, {}).get("ATOMIC_REQUESTS")
+    if not atomic or not getattr(settings, "ROOT_URLCONF", None):
         return []
     from django_idempotency.routes import protected_urls
 
@@ -385,36 +386,28 @@ def check_atomic_requests(app_configs: Any = None, **kwargs: Any) -> list[CheckM
 @register(Tags.urls)
 def check_operations(app_configs: Any = None, **kwargs: Any) -> list[CheckMessage]:
     """Reconcilers without an operation (W004, W005); operations sharing a name (W006)."""
+    if not getattr(settings, "ROOT_URLCONF", None):
+        return []  # a worker's settings, say: no URL tells which operations exist
     from django_idempotency.recovery import reconciler_for, registered_operations
     from django_idempotency.routes import protected_urls
 
     style = idempotency_settings.OPERATION_NAMES
     urls = list(protected_urls())
-    named = _operations(urls, style)
+    named = {url.operation(handler, style) for url in urls for handler in url.handlers}
     messages = list(_shared_names(urls, style))
     if None in named:
         # A callable operation= names its records per request: any name may be one.
         return messages
     for operation in registered_operations():
         if operation not in named:
-            found = _unknown_operation(operation, urls, named, style)
             # Named by the reconciler, as W002 names the view.
-            found.obj = _dotted(reconciler_for(operation))
-            messages.append(found)
+            reconciler = _dotted(reconciler_for(operation))
+            messages.append(_unknown_operation(operation, reconciler, urls, named, style))
     return messages
 
 
-def _operations(urls: list[ProtectedURL], style: str) -> dict[str | None, list[str]]:
-    """Each operation name (None: computed by a callable) and the views protecting it."""
-    operations: dict[str | None, list[str]] = {}
-    for url in urls:
-        for handler in url.handlers:
-            operations.setdefault(url.operation(handler, style), []).append(url.view)
-    return operations
-
-
 def _unknown_operation(
-    operation: str, urls: list[ProtectedURL], named: Mapping[str | None, list[str]], style: str
+    operation: str, reconciler: str, urls: list[ProtectedURL], named: set[str | None], style: str
 ) -> CheckMessage:
     for other in OPERATION_NAMES:
         if other == style:
@@ -438,6 +431,7 @@ def _unknown_operation(
                 hint=f"Register it as {' or '.join(current)}. While switching settings, keep "
                 "the old registration until no unresolved record carries the old name, "
                 "then remove it.",
+                obj=reconciler,
                 id="django_idempotency.W005",
             )
     hint = f"Register it under a protected operation's name{_closest(operation, named)}."
@@ -450,6 +444,7 @@ def _unknown_operation(
         f"A reconciler is registered for {operation!r}, but no view protected by "
         "@idempotent or IdempotentMixin has this operation, so it is never called.",
         hint=hint,
+        obj=reconciler,
         id="django_idempotency.W004",
     )
 
@@ -459,7 +454,7 @@ def _dotted(function: object) -> str:
     return f"{getattr(function, '__module__', '?')}.{name}"
 
 
-def _closest(operation: str, named: Mapping[str | None, list[str]]) -> str:
+def _closest(operation: str, named: set[str | None]) -> str:
     names = [name for name in named if name is not None]
     close = difflib.get_close_matches(operation, names, n=3)
     if not close:

@@ -105,7 +105,9 @@ def register_reconciler(operation: str) -> Callable[[Reconciler], Reconciler]:
     """Register the decorated function as the reconciler of ``operation``.
 
     ``operation`` is the record's operation name, as ``@idempotent`` gave it:
-    ``"POST v1/payments"`` by default, or your ``operation=`` argument.
+    ``"POST v1/payments"`` by default (as ``IDEMPOTENCY["OPERATION_NAMES"]``
+    writes it), or your ``operation=`` argument. ``manage.py check`` warns
+    about a name that no protected view has (W004, W005).
     """
 
     def register(reconciler: Reconciler) -> Reconciler:

@@ -314,3 +314,15 @@ def test_manage_py_check_reports_a_reconciler_without_an_operation(
 
     assert "django_idempotency.W004" in output.getvalue()
     assert "'PATCH api/orders/(?P<pk>[^/.]+)'" in output.getvalue()
+
+
+def test_a_project_without_urls_is_not_judged(
+    settings: Any, reconcilers: Callable[..., None], atomic_requests: None
+) -> None:
+    reconcilers("POST nowhere")
+    assert [message.id for message in check_operations()] == ["django_idempotency.W004"]
+
+    del settings.ROOT_URLCONF  # a Celery worker's settings, say
+
+    assert check_operations() == []
+    assert check_atomic_requests() == []
