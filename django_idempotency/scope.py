@@ -12,6 +12,7 @@ from typing import TYPE_CHECKING, Literal, NoReturn
 from django.core.exceptions import ImproperlyConfigured
 from django.utils.crypto import salted_hmac
 
+from django_idempotency.conf import idempotency_settings
 from django_idempotency.models import OPERATION_MAX_LENGTH, TENANT_MAX_LENGTH
 
 if TYPE_CHECKING:
@@ -108,8 +109,6 @@ def default_operation(request: HttpRequest) -> str:
     ``IDEMPOTENCY["OPERATION_NAMES"]`` may name it differently (see
     ``operation_name``).
     """
-    from django_idempotency.conf import idempotency_settings
-
     match = request.resolver_match
     route = match.route if match is not None and match.route else request.path
     route_name = match.view_name if match is not None and match.url_name else None

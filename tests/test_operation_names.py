@@ -140,6 +140,16 @@ def test_pattern_setting_names_as_the_default_does(
     assert operation_of(api, request_) == pattern
 
 
+@pytest.mark.parametrize("misspelt", ["route-name", "normalized", None])
+def test_a_setting_refused_by_check_e022_names_as_the_default_does(
+    api: APIClient, settings: Any, misspelt: Any
+) -> None:
+    # Never a third set of names: records and provider keys keep theirs.
+    settings.IDEMPOTENCY = {"OPERATION_NAMES": misspelt}
+    request_ = ("patch", "/api/orders/{charge}/", {"amount": 2})
+    assert operation_of(api, request_) == "PATCH api/orders/(?P<pk>[^/.]+)"
+
+
 @pytest.mark.parametrize(("request_", "pattern", "normalised", "route_name"), CASES)
 def test_normalised_names_write_url_arguments_as_placeholders(
     api: APIClient, settings: Any, request_: Any, pattern: str, normalised: str, route_name: str
