@@ -140,6 +140,7 @@ def _async_view(func: Callable[..., Any], options: Options) -> Callable[..., Any
         return await sync_to_async(run, thread_sensitive=True)()
 
     view._non_atomic_requests = EVERY_DATABASE  # type: ignore[attr-defined]
+    view.idempotency_options = options  # type: ignore[attr-defined]  # read by routes.py
     return view
 
 
@@ -217,7 +218,8 @@ def idempotent(
             a callable taking the request and returning a JSON-like value.
         operation: The record's namespace within the tenant: a stable name,
             or a callable taking the request. ``None``: the method plus the
-            URL route pattern, ``"POST v1/payments"``.
+            URL route, ``"POST v1/payments"``, written as
+            ``IDEMPOTENCY["OPERATION_NAMES"]`` says.
         required: Whether a request without a key is refused with 400 (else
             it runs unprotected). ``None``: ``IDEMPOTENCY["REQUIRED"]``.
         ttl: How long the outcome is kept and replayed, in seconds or as a

@@ -161,8 +161,10 @@ def register_reconciler(operation: str) -> Callable[[Reconciler], Reconciler]:
 
     Args:
         operation: The record's operation name, as ``@idempotent`` gave it:
-            ``"POST v1/payments"`` by default, or your ``operation=``
-            argument (``"task <module>.<qualname>"`` for ``idempotent_task``).
+            ``"POST v1/payments"`` by default (as ``IDEMPOTENCY["OPERATION_NAMES"]``
+            writes it), or your ``operation=`` argument (``"task
+            <module>.<qualname>"`` for ``idempotent_task``). ``manage.py
+            check`` warns about a name no protected view has (W004, W005).
 
     Returns:
         A decorator registering the function and returning it unchanged.
@@ -184,6 +186,11 @@ def register_reconciler(operation: str) -> Callable[[Reconciler], Reconciler]:
 def reconciler_for(operation: str) -> Reconciler | None:
     """The reconciler registered for ``operation``, or ``None``."""
     return _reconcilers.get(operation)
+
+
+def registered_operations() -> list[str]:
+    """The operation names that have a reconciler, sorted (for the system checks)."""
+    return sorted(_reconcilers)
 
 
 @dataclass
