@@ -22,13 +22,14 @@ from django.db.models import CharField, Q, QuerySet
 from django.http import HttpRequest, QueryDict
 from django.template.response import TemplateResponse
 from django.utils import timezone
-from django.utils.formats import localize, number_format
+from django.utils.formats import number_format
 from django.utils.functional import cached_property
 from django.utils.html import format_html, format_html_join
 from django.utils.timesince import timesince
 from django.utils.translation import gettext_lazy as _
 
 from django_idempotency import admin_actions, admin_input
+from django_idempotency.clock import to_the_second
 from django_idempotency.conf import idempotency_settings
 from django_idempotency.models import (
     OPERATION_MAX_LENGTH,
@@ -310,7 +311,7 @@ class IdempotencyRecordAdmin(admin.ModelAdmin):  # type: ignore[type-arg]
     @admin.display(description=_("timeline"))
     def timeline(self, record: IdempotencyRecord) -> Any:
         def when(moment: Any) -> str:
-            return "-" if moment is None else str(localize(timezone.localtime(moment)))
+            return "-" if moment is None else to_the_second(moment)
 
         rows = [
             (_("created"), when(record.created_at)),

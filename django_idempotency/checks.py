@@ -24,6 +24,7 @@ if TYPE_CHECKING:
 
 __all__ = [
     "check_atomic_requests",
+    "check_operations",
     "check_settings",
 ]
 

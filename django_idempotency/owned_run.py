@@ -108,13 +108,13 @@ def run_owned(
         raise  # a "killed" process cleans nothing up (testing helper)
     except (DatabaseError, InterfaceError) as exc:
         lost = is_connection_lost(exc)
-        released = give_up(
+        released = _give_up(
             request, held, context, reason="store unavailable" if lost else "exception"
         )
         _answer_a_database_error(held, context, step, exc, released=released)
         raise
     except BaseException:
-        give_up(request, held, context, reason="exception")
+        _give_up(request, held, context, reason="exception")
         raise
     finally:
         # The second connection begin_external() may have opened is this
@@ -122,7 +122,7 @@ def run_owned(
         # run on another thread (ASGI).
         close_independent_connections()
     if verdict is Verdict.RELEASE:
-        give_up(request, held, context, reason=response.status_code)
+        _give_up(request, held, context, reason=response.status_code)
     else:
         signal_stored(request, held, verdict, response.status_code)
     return response
@@ -158,7 +158,7 @@ def signal_stored(request: HttpRequest, held: store.Claim, verdict: Verdict, sta
     signals.notify(signals.response_stored, request, held.scope, state=verdict.value, status=status)
 
 
-def give_up(
+def _give_up(
     request: HttpRequest, held: store.Claim, context: IdempotencyContext, *, reason: object
 ) -> bool:
     """The view failed: release the claim, or, after an external call began,

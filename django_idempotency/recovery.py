@@ -28,10 +28,11 @@ import json
 import logging
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
-from datetime import timedelta
+from datetime import datetime, timedelta
 from typing import Any, TypeAlias
 
 from django.db import transaction
+from django.db.models import Count, Min
 from django.utils import timezone
 
 from django_idempotency import signals, store
@@ -42,17 +43,19 @@ from django_idempotency.models import IdempotencyRecord
 from django_idempotency.responses import StoredResponse, Verdict
 
 __all__ = [
-    "DEFAULT_BACKOFF",
     "Completed",
+    "DEFAULT_BACKOFF",
     "Failed",
     "Reconciler",
     "ReconcilerOutcome",
     "RecoveryReport",
     "Release",
     "Retry",
+    "leased_records",
     "reconciler_for",
     "recover_stale_records",
     "register_reconciler",
+    "registered_operations",
     "settle",
     "stale_records",
 ]
@@ -233,6 +236,21 @@ def stale_records(*, limit: int) -> list[IdempotencyRecord]:
         .filter(state__in=store.UNRESOLVED_STATES, lease_expires_at__lte=timezone.now())
         .order_by("lease_expires_at")[:limit]
     )
+
+
+def leased_records() -> tuple[int, datetime | None]:
+    """Unresolved records a run would skip, their lease still running, read-only.
+
+    How many, and when the first of those leases ends: their owner is at
+    work, or a run postponed them (no reconciler, ``Retry``, a reconciler
+    that raised).
+    """
+    found = (
+        IdempotencyRecord.objects.using(idempotency_settings.DATABASE)
+        .filter(state__in=store.UNRESOLVED_STATES, lease_expires_at__gt=timezone.now())
+        .aggregate(count=Count("pk"), first_end=Min("lease_expires_at"))
+    )
+    return found["count"], found["first_end"]
 
 
 def recover_stale_records(*, batch_size: int = 100) -> RecoveryReport:

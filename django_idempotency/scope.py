@@ -26,6 +26,8 @@ __all__ = [
     "default_operation",
     "default_tenant",
     "digest",
+    "normalised_route",
+    "operation_name",
     "resolve_operation",
     "resolve_tenant",
 ]
