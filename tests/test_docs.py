@@ -346,6 +346,13 @@ def test_the_fields_table_lists_every_field_of_the_record() -> None:
     assert documented == fields
 
 
+def test_the_states_page_names_every_index_and_constraint_of_the_record() -> None:
+    text = section(page("states.md"), "Fields")
+    meta = IdempotencyRecord._meta
+    for name in [index.name for index in meta.indexes] + [c.name for c in meta.constraints]:
+        assert f"`{name}`" in text, name
+
+
 def test_the_states_table_lists_every_state() -> None:
     text = section(page("states.md"), "States")
     documented = {cells[0].strip("`") for cells in table_rows(text)} - {"state"}
