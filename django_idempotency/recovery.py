@@ -13,8 +13,10 @@ the outside world what happened (a payment provider, by the record's
             return Release()           # never charged: the client's retry may run it
         if charge.pending:
             return Retry(after=60)     # ask again in a minute
-        payment = Payment.objects.get_or_create(...)   # commits with the outcome
-        return Completed(status=201, body=PaymentSerializer(payment).data)
+        payment, _ = Payment.objects.get_or_create(...)   # commits with the outcome
+        # The bytes the view answers: its serializer, rendered as DRF renders it.
+        body = JSONRenderer().render(PaymentSerializer(payment).data)
+        return Completed(status=201, body=body, headers={"Content-Type": "application/json"})
 
 The reconciler runs inside a transaction that also stores its outcome, so
 its own writes and the outcome commit together, as a view's do.

@@ -30,6 +30,7 @@ from rest_framework.response import Response
 import django_idempotency.management
 from django_idempotency import checks, exceptions, idempotent, signals, tasks
 from django_idempotency.conf import DEFAULTS
+from django_idempotency.drf import IdempotentMixin
 from django_idempotency.models import IdempotencyRecord
 
 REPO_ROOT = Path(__file__).resolve().parent.parent
@@ -125,6 +126,19 @@ def test_the_settings_table_names_the_check_of_each_setting(name: str) -> None:
     }
     assert reported
     assert reported <= listed
+
+
+def test_the_readme_lists_every_argument_of_idempotent_and_the_mixin() -> None:
+    rows = table_rows(section(page("README.md"), "Protecting views"))
+    documented = {cells[0].strip("`") for cells in rows} - {"argument"}
+    arguments = {
+        name
+        for name, parameter in inspect.signature(idempotent).parameters.items()
+        if parameter.kind is inspect.Parameter.KEYWORD_ONLY
+    }
+    assert documented == arguments
+    # "class attributes idempotency_<name> on the mixin"
+    assert all(hasattr(IdempotentMixin, f"idempotency_{name}") for name in arguments)
 
 
 # System checks
