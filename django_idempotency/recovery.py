@@ -14,8 +14,10 @@ def settle_payment(record):
         return Release()           # never charged: the client's retry may run it
     if charge.pending:
         return Retry(after=60)     # ask again in a minute
-    payment = Payment.objects.get_or_create(...)   # commits with the outcome
-    return Completed(status=201, body=PaymentSerializer(payment).data)
+    payment, _ = Payment.objects.get_or_create(...)   # commits with the outcome
+    # The bytes the view answers: its serializer, rendered as DRF renders it.
+    body = JSONRenderer().render(PaymentSerializer(payment).data)
+    return Completed(status=201, body=body, headers={"Content-Type": "application/json"})
 ```
 
 The reconciler runs inside a transaction that also stores its outcome, so
@@ -43,8 +45,8 @@ from django_idempotency.models import IdempotencyRecord
 from django_idempotency.responses import StoredResponse, Verdict
 
 __all__ = [
-    "Completed",
     "DEFAULT_BACKOFF",
+    "Completed",
     "Failed",
     "Reconciler",
     "ReconcilerOutcome",

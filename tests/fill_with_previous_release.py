@@ -156,9 +156,10 @@ def fill(encryption_key: str) -> dict[str, Any]:
 
 def fill_tasks(idempotency: Any) -> dict[str, Any]:
     """Records of ``idempotent_task``: two completed, one whose worker died holding it."""
+    from django_idempotency.consumers import TASK_TENANT, _arguments
+
     from django_idempotency import store
     from django_idempotency.conf import idempotency_settings
-    from django_idempotency.consumers import TASK_TENANT, _arguments
     from django_idempotency.fingerprint import fingerprint
     from django_idempotency.scope import Scope
     from django_idempotency.tasks import idempotent_task
