@@ -62,6 +62,8 @@ NOT_IN_THE_REFERENCE = {
     "django_idempotency.models.TENANT_MAX_LENGTH": "a column size; the record's docstring too",
     "django_idempotency.recovery.DEFAULT_BACKOFF": "register_reconciler's docstring says it",
     "django_idempotency.recovery.settle": "one step of a recovery run, for the admin",
+    "django_idempotency.recovery.leased_records": "for the recover command's dry run",
+    "django_idempotency.recovery.registered_operations": "for the system checks (W004)",
     "django_idempotency.responses.StoredResponse": "the store's value type",
     "django_idempotency.responses.Verdict": "docs/responses.md has the table of statuses",
     "django_idempotency.responses.capture": "the protection's step",
@@ -72,6 +74,8 @@ NOT_IN_THE_REFERENCE = {
     "django_idempotency.scope.digest": "the protection's step",
     "django_idempotency.scope.resolve_operation": "the protection's step",
     "django_idempotency.scope.resolve_tenant": "the protection's step",
+    "django_idempotency.scope.normalised_route": "OPERATION_NAMES' step; docs/settings.md",
+    "django_idempotency.scope.operation_name": "OPERATION_NAMES' step, shared with the checks",
     "django_idempotency.signals.notify": "the package's sender",
     "django_idempotency.testing.REFUSAL_CODES": "exceptions.REFUSAL_CODES, on the page",
 }
