@@ -21,7 +21,7 @@
 3. purge under load: a separate process claims keys in a loop on the large
    database (one at a time, like a steady stream of first executions) for
    ``--baseline`` seconds, then keeps claiming while this process runs
-   ``eviction.purge_expired_records()`` (batches of ``--batch-size``, pausing
+   ``purge.purge_expired_records()`` (batches of ``--batch-size``, pausing
    ``--pause-factor`` times as long as each batch took) until
    the expired records are gone. Reports rows/s, batches, the longest and the
    p50/p99 batch, and the claims' p50/p99 before vs during the purge
@@ -271,7 +271,7 @@ def purge_under_load(
 ) -> dict[str, Any]:
     from django.db import connections
 
-    from django_idempotency import eviction, store
+    from django_idempotency import purge, store
 
     context = multiprocessing.get_context("spawn")
     stop, ready = context.Event(), context.Event()
@@ -294,11 +294,9 @@ def purge_under_load(
         baseline_from = time.time()
         time.sleep(baseline)
         purge_from = time.time()
-        store.purge_expired_batch = timed_batch  # eviction calls it through the module
+        store.purge_expired_batch = timed_batch  # the purge calls it through the module
         try:
-            report = eviction.purge_expired_records(
-                batch_size=batch_size, pause_factor=pause_factor
-            )
+            report = purge.purge_expired_records(batch_size=batch_size, pause_factor=pause_factor)
         finally:
             store.purge_expired_batch = original
         purge_to = time.time()

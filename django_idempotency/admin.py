@@ -22,19 +22,38 @@ from django.db.models import CharField, Q, QuerySet
 from django.http import HttpRequest, QueryDict
 from django.template.response import TemplateResponse
 from django.utils import timezone
-from django.utils.formats import localize, number_format
+from django.utils.formats import number_format
 from django.utils.functional import cached_property
 from django.utils.html import format_html, format_html_join
 from django.utils.timesince import timesince
 from django.utils.translation import gettext_lazy as _
 
-from django_idempotency import admin_actions, admin_input, sealing
+from django_idempotency import admin_actions, admin_input
+from django_idempotency.clock import to_the_second
 from django_idempotency.conf import idempotency_settings
-from django_idempotency.models import OPERATION_MAX_LENGTH, RESOLVED_STATES, IdempotencyRecord
+from django_idempotency.models import (
+    OPERATION_MAX_LENGTH,
+    RESOLVED_STATES,
+    UNRESOLVED_STATES,
+    IdempotencyRecord,
+)
+from django_idempotency.store import sealing
+
+__all__ = [
+    "COUNT_CAP",
+    "FILTERS",
+    "EstimatedCountPaginator",
+    "ExpiryFilter",
+    "IdempotencyRecordAdmin",
+    "ListFilter",
+    "OperationFilter",
+    "StateFilter",
+    "capped_count",
+    "stuck",
+]
 
 State = IdempotencyRecord.State
 _may_decrypt: ContextVar[bool] = ContextVar("django_idempotency_may_decrypt", default=False)
-UNRESOLVED = (State.CLAIMED, State.IN_PROGRESS, State.UNCERTAIN)
 #: Counts above this are not worth an exact COUNT(*) on a large table.
 COUNT_CAP = 10_000
 
@@ -47,7 +66,7 @@ def capped_count(queryset: QuerySet[Any]) -> tuple[int, bool]:
 
 def stuck(now: Any = None) -> Q:
     """Unresolved, and nobody holds the lease any more."""
-    return Q(state__in=UNRESOLVED, lease_expires_at__lte=now or timezone.now())
+    return Q(state__in=UNRESOLVED_STATES, lease_expires_at__lte=now or timezone.now())
 
 
 class EstimatedCountPaginator(Paginator):  # type: ignore[type-arg]
@@ -292,7 +311,7 @@ class IdempotencyRecordAdmin(admin.ModelAdmin):  # type: ignore[type-arg]
     @admin.display(description=_("timeline"))
     def timeline(self, record: IdempotencyRecord) -> Any:
         def when(moment: Any) -> str:
-            return "-" if moment is None else str(localize(timezone.localtime(moment)))
+            return "-" if moment is None else to_the_second(moment)
 
         rows = [
             (_("created"), when(record.created_at)),
@@ -307,7 +326,9 @@ class IdempotencyRecordAdmin(admin.ModelAdmin):  # type: ignore[type-arg]
             format_html_join("", "<tr><th>{}</th><td>{}</td></tr>", rows),
         )
 
-    def _stored(self, record: IdempotencyRecord) -> tuple[list[list[str]], bytes | None] | str:
+    def _readable_response(
+        self, record: IdempotencyRecord
+    ) -> tuple[list[list[str]], bytes | None] | str:
         """The stored headers and body, decrypted for those allowed to see them."""
         headers, body = record.response_headers, record.response_body
         if not record.response_sealed and not sealing.sealed_by_an_earlier_release(headers, body):
@@ -321,7 +342,7 @@ class IdempotencyRecordAdmin(admin.ModelAdmin):  # type: ignore[type-arg]
 
     @admin.display(description=_("headers"))
     def headers(self, record: IdempotencyRecord) -> Any:
-        stored = self._stored(record)
+        stored = self._readable_response(record)
         if isinstance(stored, str):
             return stored
         if not stored[0]:
@@ -333,7 +354,7 @@ class IdempotencyRecordAdmin(admin.ModelAdmin):  # type: ignore[type-arg]
 
     @admin.display(description=_("body"))
     def body(self, record: IdempotencyRecord) -> Any:
-        stored = self._stored(record)
+        stored = self._readable_response(record)
         if isinstance(stored, str):
             return stored
         raw = stored[1]

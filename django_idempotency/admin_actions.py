@@ -26,11 +26,26 @@ from django.utils.translation import gettext_lazy as _
 from django.utils.translation import ngettext
 
 from django_idempotency import admin_input, recovery, store
-from django_idempotency.clock import ahead
+from django_idempotency.clock import ahead, to_the_second
 from django_idempotency.conf import idempotency_settings
 from django_idempotency.exceptions import StaleOwner
 from django_idempotency.models import IdempotencyRecord
-from django_idempotency.responses import Outcome
+from django_idempotency.responses import Verdict
+
+__all__ = [
+    "ACTIONS",
+    "MAX_RECORDS_PER_ACTION",
+    "TEMPLATE",
+    "Action",
+    "ExtendForm",
+    "ReleaseForm",
+    "ResponseForm",
+    "extend_retention",
+    "mark_completed",
+    "mark_failed",
+    "reconcile_now",
+    "release",
+]
 
 State = IdempotencyRecord.State
 TEMPLATE = "admin/django_idempotency/idempotencyrecord/action_form.html"
@@ -144,6 +159,28 @@ def _taken(
     return taken
 
 
+def _ticked_and_gone(modeladmin: Any, request: HttpRequest) -> tuple[int, int]:
+    """How many records were ticked, and how many of them no longer exist."""
+    if request.POST.get("select_across") == "1":
+        return 0, 0  # "select all": the selection is the filter's rows, whatever they are now
+    # response_action has refused any id that is not ASCII digits.
+    ticked = {int(pk) for pk in request.POST.getlist(ACTION_CHECKBOX_NAME)}
+    # The whole table, not the list's filter: a record that left the filter
+    # (settled since) still exists.
+    found = modeladmin.get_queryset(request).filter(pk__in=ticked).count()
+    return len(ticked), len(ticked) - found
+
+
+def _gone_message(count: int) -> str:
+    return ngettext(
+        "%(count)d selected record no longer exists: it was released or purged since the "
+        "list was shown.",
+        "%(count)d selected records no longer exist: they were released or purged since the "
+        "list was shown.",
+        count,
+    ) % {"count": count}
+
+
 def _page(
     modeladmin: Any,
     request: HttpRequest,
@@ -154,11 +191,16 @@ def _page(
     form: forms.Form,
     warning: str = "",
 ) -> TemplateResponse:
+    ticked, gone = _ticked_and_gone(modeladmin, request)
+    records = list(queryset)
     context = {
         **modeladmin.admin_site.each_context(request),
         "title": title,
         "action": action,
-        "records": list(queryset),
+        # Without records the page offers no Apply: there is nothing to apply to.
+        "records": records,
+        "gone": _gone_message(gone) if gone else "",
+        "none_can": not records and (gone == 0 or gone < ticked),
         "form": form,
         "warning": warning,
         "opts": modeladmin.model._meta,
@@ -176,6 +218,13 @@ def _report(
     skipped = selected - done
     if skipped:
         modeladmin.message_user(request, _skipped_message(skipped), messages.WARNING)
+    _report_gone(modeladmin, request)
+
+
+def _report_gone(modeladmin: Any, request: HttpRequest) -> None:
+    _, gone = _ticked_and_gone(modeladmin, request)
+    if gone:
+        modeladmin.message_user(request, _gone_message(gone), messages.WARNING)
 
 
 def _skipped_message(count: int) -> str:
@@ -191,7 +240,7 @@ def _skipped_message(count: int) -> str:
 @_bounded
 def reconcile_now(modeladmin: Any, request: HttpRequest, queryset: QuerySet[Any]) -> None:
     selected = list(queryset.filter(state__in=store.UNRESOLVED_STATES))
-    settled = pending = 0
+    settled = released = pending = 0
     for record, held in _taken(request, selected, from_page=False):
         report = recovery.RecoveryReport()
         try:
@@ -200,20 +249,38 @@ def reconcile_now(modeladmin: Any, request: HttpRequest, queryset: QuerySet[Any]
             continue
         outcome = next((name for name, count in vars(report).items() if count), "nothing")
         modeladmin.log_change(request, record, f"Reconciled now: {outcome}.")
-        if report.completed or report.failed or report.released:
+        if report.completed or report.failed:
             settled += 1
+        elif report.released:
+            # Release() (or a CLAIMED record, which recovery releases): the
+            # record is deleted, and nothing is settled; the retry runs again.
+            released += 1
         else:
             pending += 1
-    modeladmin.message_user(
-        request,
-        ngettext(
-            "%(count)d record was settled by its reconciler.",
-            "%(count)d records were settled by their reconciler.",
-            settled,
+    if settled or not released:
+        modeladmin.message_user(
+            request,
+            ngettext(
+                "%(count)d record was settled by its reconciler.",
+                "%(count)d records were settled by their reconciler.",
+                settled,
+            )
+            % {"count": settled},
+            messages.SUCCESS,
         )
-        % {"count": settled},
-        messages.SUCCESS,
-    )
+    if released:
+        modeladmin.message_user(
+            request,
+            ngettext(
+                "%(count)d record was released: the operation did not happen, so the record "
+                "is deleted and the client's retry will run it again.",
+                "%(count)d records were released: their operations did not happen, so the "
+                "records are deleted and the clients' retries will run them again.",
+                released,
+            )
+            % {"count": released},
+            messages.SUCCESS,
+        )
     if pending:
         modeladmin.message_user(
             request,
@@ -227,9 +294,10 @@ def reconcile_now(modeladmin: Any, request: HttpRequest, queryset: QuerySet[Any]
             % {"count": pending},
             messages.WARNING,
         )
-    skipped = len(selected) - settled - pending
+    skipped = len(selected) - settled - released - pending
     if skipped:
         modeladmin.message_user(request, _skipped_message(skipped), messages.WARNING)
+    _report_gone(modeladmin, request)
 
 
 def _resolve_action(
@@ -263,8 +331,8 @@ def _resolve_action(
             try:
                 store.complete(
                     held,
-                    Outcome.COMPLETED if outcome is recovery.Completed else Outcome.FAILED,
-                    answer.stored(),
+                    Verdict.COMPLETED if outcome is recovery.Completed else Verdict.FAILED,
+                    answer.stored_response(),
                     ttl=idempotency_settings.TTL,
                 )
             except StaleOwner:
@@ -301,6 +369,13 @@ def release(
     risky = queryset.exclude(state=State.CLAIMED).exists()
     form = ReleaseForm(request.POST if "apply" in request.POST else None)
     confirmed = form.is_valid() and (form.cleaned_data["reexecute"] or not risky)
+    if form.is_bound and form.is_valid() and not confirmed:
+        # Applied without the tick: say so, or the same page comes back
+        # looking as if nothing had been pressed.
+        form.add_error(
+            "reexecute",
+            _("Tick this box to release records past their claim: nothing was released."),
+        )
     if not confirmed:
         warning = (
             _(
@@ -359,18 +434,21 @@ def extend_retention(
     extended = store.extend_retention(
         [record.pk for record in shorter], until=until, using=idempotency_settings.DATABASE
     )
+    # In the site's time zone, named: under USE_TZ=False ``until`` is not UTC.
+    shown = to_the_second(until)
     for record in shorter:
-        modeladmin.log_change(request, record, f"Retention extended to {until:%Y-%m-%d %H:%M} UTC.")
+        modeladmin.log_change(request, record, f"Retention extended to {shown}.")
     modeladmin.message_user(
         request,
         ngettext(
-            "%(count)d record will be kept until %(until)s UTC.",
-            "%(count)d records will be kept until %(until)s UTC.",
+            "%(count)d record will be kept until %(until)s.",
+            "%(count)d records will be kept until %(until)s.",
             extended,
         )
-        % {"count": extended, "until": f"{until:%Y-%m-%d %H:%M}"},
+        % {"count": extended, "until": shown},
         messages.SUCCESS,
     )
+    _report_gone(modeladmin, request)
     return None
 
 

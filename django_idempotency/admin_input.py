@@ -16,6 +16,14 @@ from django.http import QueryDict
 
 from django_idempotency.models import IdempotencyRecord
 
+__all__ = [
+    "MAX_BIGINT",
+    "ascii_integer",
+    "date_drilldown_allowed",
+    "record_state",
+    "storable",
+]
+
 #: PositiveBigIntegerField's range on every backend: 0 to 2**63 - 1.
 MAX_BIGINT = 2**63 - 1
 _DATE_PARTS = ("year", "month", "day")

@@ -3,6 +3,10 @@ from __future__ import annotations
 from django.apps import AppConfig
 from django.utils.translation import gettext_lazy as _
 
+__all__ = [
+    "IdempotencyConfig",
+]
+
 
 class IdempotencyConfig(AppConfig):
     name = "django_idempotency"

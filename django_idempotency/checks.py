@@ -5,10 +5,11 @@ Ids are never reused. Retired ids stay listed here as comments.
 
 from __future__ import annotations
 
+import difflib
 import re
 from collections.abc import Callable, Iterator, Mapping
 from datetime import timedelta
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from django.conf import settings
 from django.core.checks import CheckMessage, Error, Tags, Warning, register
@@ -16,6 +17,16 @@ from django.core.exceptions import ImproperlyConfigured
 
 from django_idempotency.conf import DEFAULTS, as_timedelta, idempotency_settings, import_callable
 from django_idempotency.models import KEY_MAX_LENGTH
+from django_idempotency.scope import OPERATION_NAMES
+
+if TYPE_CHECKING:
+    from django_idempotency.routes import ProtectedURL
+
+__all__ = [
+    "check_atomic_requests",
+    "check_operations",
+    "check_settings",
+]
 
 _HEADER_NAME = re.compile(r"^[!#$%&'*+\-.^_`|~0-9A-Za-z]+$")
 
@@ -250,6 +261,19 @@ def _check_max_fingerprinted_body(value: Any) -> Iterator[CheckMessage]:
         )
 
 
+def _check_operation_names(value: Any) -> Iterator[CheckMessage]:
+    if value not in OPERATION_NAMES:
+        yield _error(
+            22,
+            f"IDEMPOTENCY['OPERATION_NAMES'] = {value!r} is not one of "
+            f"{', '.join(map(repr, OPERATION_NAMES))}.",
+            "'pattern' (the default) names an operation by its route pattern, "
+            "'normalised' writes the URL arguments as {name}, 'route_name' uses the "
+            "URL's name. Changing it renames operations: drain unresolved records first "
+            "(see the settings reference).",
+        )
+
+
 _CHECKS: Mapping[str, Callable[[Any], Iterator[CheckMessage]]] = {
     "HEADER": _check_header,
     "REQUIRED": _check_bool("REQUIRED", 3),
@@ -270,6 +294,7 @@ _CHECKS: Mapping[str, Callable[[Any], Iterator[CheckMessage]]] = {
     "ENCRYPTION_KEYS": _check_encryption_keys,
     "DIGEST_KEYS": _check_digest_keys,
     "MAX_FINGERPRINTED_BODY": _check_max_fingerprinted_body,
+    "OPERATION_NAMES": _check_operation_names,
 }
 
 
@@ -331,55 +356,134 @@ def _check_sqlite_transaction_mode(alias: Any) -> Iterator[CheckMessage]:
         )
 
 
-def _url_callbacks(patterns: list[Any], prefix: str = "") -> Iterator[tuple[str, Any]]:
-    from django.urls import URLPattern, URLResolver
-
-    for entry in patterns:
-        if isinstance(entry, URLResolver):
-            yield from _url_callbacks(entry.url_patterns, prefix + str(entry.pattern))
-        elif isinstance(entry, URLPattern):
-            yield prefix + str(entry.pattern), entry.callback
-
-
-def _is_protected(view: Any) -> bool:
-    """Whether a URL's callback runs an ``@idempotent`` handler for some method."""
-    from django_idempotency.drf import protection_of
-
-    view_class = getattr(view, "cls", getattr(view, "view_class", None))
-    if not isinstance(view_class, type):
-        return False
-    # A viewset routes methods to actions; other views to same-named handlers.
-    routes = {method: method for method in ("post", "put", "patch", "delete")}
-    routes.update(getattr(view, "actions", None) or {})
-    return any(
-        protection_of(view_class, handler, method) is not None for method, handler in routes.items()
-    )
-
-
 @register(Tags.urls)
 def check_atomic_requests(app_configs: Any = None, **kwargs: Any) -> list[CheckMessage]:
     # Only the records' database matters: the claim commits on its own
     # unless that database's request transaction is already open.
     records = idempotency_settings.DATABASE
-    if not settings.DATABASES.get(records, {}).get("ATOMIC_REQUESTS"):
+    atomic = settings.DATABASES.get(records, {}).get("ATOMIC_REQUESTS")
+    if not atomic or not getattr(settings, "ROOT_URLCONF", None):
         return []
-    atomic = [records]
-    from django.urls import get_resolver
+    from django_idempotency.routes import protected_urls
 
     messages: list[CheckMessage] = []
-    for route, callback in _url_callbacks(get_resolver().url_patterns):
-        exempt: set[str] = getattr(callback, "_non_atomic_requests", set())
-        if not all(alias in exempt for alias in atomic) and _is_protected(callback):
-            messages.append(
-                Warning(
-                    f"The view at {route!r} is protected by @idempotent but runs inside "
-                    "ATOMIC_REQUESTS, so its claim commits only with the view.",
-                    hint="For an @api_view, put @transaction.non_atomic_requests above "
-                    "@api_view. For a class whose own dispatch() is overridden, decorate "
-                    "that dispatch with @transaction.non_atomic_requests. @idempotent then "
-                    "opens the view's transaction itself, after committing the claim.",
-                    obj=callback,
-                    id="django_idempotency.W002",
-                )
+    for url in protected_urls():
+        exempt: set[str] = getattr(url.callback, "_non_atomic_requests", set())
+        if records in exempt:
+            continue
+        messages.append(
+            Warning(
+                f"The view {url.view} at {url.route!r} is protected by @idempotent but "
+                "runs inside ATOMIC_REQUESTS, so its claim commits only with the view, and "
+                "begin_external() no longer commits the intent before the external call: a "
+                "crash during the call leaves no record of it, and the retry calls the "
+                "provider again.",
+                hint="For an @api_view, put @transaction.non_atomic_requests above "
+                "@api_view. For a class whose own dispatch() is overridden, decorate "
+                "that dispatch with @transaction.non_atomic_requests. @idempotent then "
+                "opens the view's transaction itself, after committing the claim.",
+                obj=url.view,
+                id="django_idempotency.W002",
             )
+        )
     return messages
+
+
+@register(Tags.urls)
+def check_operations(app_configs: Any = None, **kwargs: Any) -> list[CheckMessage]:
+    """Reconcilers without an operation (W004, W005); operations sharing a name (W006)."""
+    if not getattr(settings, "ROOT_URLCONF", None):
+        return []  # a worker's settings, say: no URL tells which operations exist
+    from django_idempotency.recovery import reconciler_for, registered_operations
+    from django_idempotency.routes import protected_urls
+
+    style = idempotency_settings.OPERATION_NAMES
+    urls = list(protected_urls())
+    named = {url.operation(handler, style) for url in urls for handler in url.handlers}
+    messages = list(_shared_names(urls, style))
+    if None in named:
+        # A callable operation= names its records per request: any name may be one.
+        return messages
+    for operation in registered_operations():
+        if operation not in named:
+            # Named by the reconciler, as W002 names the view.
+            reconciler = _dotted(reconciler_for(operation))
+            messages.append(_unknown_operation(operation, reconciler, urls, named, style))
+    return messages
+
+
+def _unknown_operation(
+    operation: str, reconciler: str, urls: list[ProtectedURL], named: set[str | None], style: str
+) -> CheckMessage:
+    for other in OPERATION_NAMES:
+        if other == style:
+            continue
+        current = sorted(
+            {
+                repr(url.operation(handler, style))
+                for url in urls
+                for handler in url.handlers
+                if url.operation(handler, other) == operation
+            }
+        )
+        if current:
+            # Kept on purpose while records of the old names drain, or
+            # written for the wrong setting: either way never called for
+            # new records.
+            return Warning(
+                f"A reconciler is registered for {operation!r}, which is an operation "
+                f"name under IDEMPOTENCY['OPERATION_NAMES'] = {other!r}, not under the "
+                f"current {style!r}: records made from now on are named otherwise.",
+                hint=f"Register it as {' or '.join(current)}. While switching settings, keep "
+                "the old registration until no unresolved record carries the old name, "
+                "then remove it.",
+                obj=reconciler,
+                id="django_idempotency.W005",
+            )
+    hint = f"Register it under a protected operation's name{_closest(operation, named)}."
+    if operation.startswith("task "):
+        hint += (
+            " An idempotent_task's records never reach a reconciler: a task that dies "
+            "holds a CLAIMED record, which recovery releases for the redelivered message."
+        )
+    return Warning(
+        f"A reconciler is registered for {operation!r}, but no view protected by "
+        "@idempotent or IdempotentMixin has this operation, so it is never called.",
+        hint=hint,
+        obj=reconciler,
+        id="django_idempotency.W004",
+    )
+
+
+def _dotted(function: object) -> str:
+    name = getattr(function, "__qualname__", None) or type(function).__qualname__
+    return f"{getattr(function, '__module__', '?')}.{name}"
+
+
+def _closest(operation: str, named: set[str | None]) -> str:
+    names = [name for name in named if name is not None]
+    close = difflib.get_close_matches(operation, names, n=3)
+    if not close:
+        return " (none is close to this one; is its view in ROOT_URLCONF?)"
+    return ", e.g. " + " or ".join(repr(name) for name in close)
+
+
+def _shared_names(urls: list[ProtectedURL], style: str) -> Iterator[CheckMessage]:
+    """Default names that two different views' handlers share (one key space, one reconciler)."""
+    sharing: dict[str, set[tuple[str, str]]] = {}
+    for url in urls:
+        for handler in url.handlers:
+            name = url.operation(handler, style)
+            if name is not None and handler.options.operation is None:
+                sharing.setdefault(name, set()).add((url.view, handler.handler))
+    for name, handlers in sorted(sharing.items()):
+        if len(handlers) > 1:
+            views = ", ".join(f"{view} ({handler})" for view, handler in sorted(handlers))
+            yield Warning(
+                f"The operation name {name!r} is shared by {views}: their records share one "
+                "key space and one reconciler.",
+                hint="Give the URLs distinct names (or namespaces), or give one view "
+                "operation=... of its own.",
+                obj=name,
+                id="django_idempotency.W006",
+            )

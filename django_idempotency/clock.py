@@ -1,4 +1,7 @@
-"""Points in time ahead of now: lease ends, retention ends, retry-after times.
+"""Points in time ahead of now (lease ends, retention ends, retry-after times).
+
+``wall_clock`` and ``to_the_second`` show one to operators, under either
+setting of ``USE_TZ``.
 
 With ``USE_TZ=False`` Django's ``timezone.now()`` is the naive wall-clock
 time of ``TIME_ZONE``, and naive arithmetic does not know about daylight
@@ -18,7 +21,13 @@ from __future__ import annotations
 from datetime import UTC, datetime, timedelta
 
 from django.conf import settings
-from django.utils import timezone
+from django.utils import dateformat, timezone
+
+__all__ = [
+    "ahead",
+    "to_the_second",
+    "wall_clock",
+]
 
 
 def ahead(duration: timedelta, *, now: datetime | None = None) -> datetime:
@@ -28,3 +37,18 @@ def ahead(duration: timedelta, *, now: datetime | None = None) -> datetime:
         return start + duration
     real = timezone.make_naive(datetime.now(UTC) + duration, timezone.get_default_timezone())
     return max(start + duration, real)
+
+
+def wall_clock(moment: datetime) -> datetime:
+    """``moment`` on the wall clock of the current time zone.
+
+    Under ``USE_TZ=False`` a stored time is already that (naive, in
+    ``TIME_ZONE``), and ``timezone.localtime()`` refuses it.
+    """
+    return timezone.localtime(moment) if timezone.is_aware(moment) else moment
+
+
+def to_the_second(moment: datetime) -> str:
+    """``moment`` for operators: to the second (leases are that short), time zone named."""
+    # A naive time's "T" is TIME_ZONE's abbreviation, which is what it is in.
+    return dateformat.format(wall_clock(moment), "Y-m-d H:i:s T")

@@ -26,6 +26,16 @@ if TYPE_CHECKING:
     from django.http import HttpRequest
 
     from django_idempotency.responses import StoredResponse
+    from django_idempotency.scope import OperationNames
+
+__all__ = [
+    "DEFAULTS",
+    "IdempotencySettings",
+    "TenantResolver",
+    "as_timedelta",
+    "idempotency_settings",
+    "import_callable",
+]
 
 TenantResolver = Callable[["HttpRequest"], str]
 T = TypeVar("T")
@@ -51,6 +61,8 @@ DEFAULTS: Mapping[str, Any] = {
     "DIGEST_KEYS": None,
     "MAX_FINGERPRINTED_BODY": 2_621_440,
     "PROBLEM_TYPE_BASE": "https://django-idempotency.readthedocs.io/en/latest/errors/#",
+    #: How default operation names are written; see scope.operation_name.
+    "OPERATION_NAMES": "pattern",
 }
 
 
@@ -215,6 +227,10 @@ class IdempotencySettings:
     @_resolved
     def PROBLEM_TYPE_BASE(self) -> str:
         return cast(str, self._get("PROBLEM_TYPE_BASE"))
+
+    @_resolved
+    def OPERATION_NAMES(self) -> OperationNames:
+        return cast("OperationNames", self._get("OPERATION_NAMES"))
 
 
 idempotency_settings = IdempotencySettings()

@@ -12,6 +12,12 @@ from __future__ import annotations
 
 from django.db import DatabaseError, InterfaceError
 
+__all__ = [
+    "is_connection_lost",
+    "is_contention",
+    "is_serialization_failure",
+]
+
 #: PostgreSQL SQLSTATEs of a busy database: serialization_failure,
 #: deadlock_detected, lock_not_available (lock_timeout), query_canceled
 #: (statement_timeout).

@@ -4,27 +4,34 @@ from __future__ import annotations
 
 import functools
 import types
-from collections.abc import Callable, Iterator
-from contextlib import contextmanager
+from collections.abc import Callable
 from datetime import timedelta
 from inspect import iscoroutinefunction
 from typing import Any, TypeVar, cast, overload
 
 from asgiref.sync import async_to_sync, sync_to_async
 from django.core.exceptions import ImproperlyConfigured, PermissionDenied
-from django.db import DatabaseError, connections
 from django.http import Http404, HttpRequest, HttpResponseBase
-from django.template.response import SimpleTemplateResponse
 from rest_framework.exceptions import APIException
 from rest_framework.request import Request
 from rest_framework.views import APIView
 
-from django_idempotency.conf import as_timedelta, idempotency_settings
+from django_idempotency.conf import as_timedelta
 from django_idempotency.exceptions import IdempotencyRefusal
 from django_idempotency.fingerprint import FingerprintSpec
-from django_idempotency.problems import problem_response
-from django_idempotency.protection import Options, protect, run_unprotected
+from django_idempotency.protection import Options, protect
+from django_idempotency.refusals import render_refusal, rendered
 from django_idempotency.scope import OperationSpec
+from django_idempotency.view_transactions import run_unprotected
+
+__all__ = [
+    "DRF_HANDLED",
+    "EVERY_DATABASE",
+    "EveryDatabase",
+    "IdempotentView",
+    "idempotent",
+    "mark_views_non_atomic",
+]
 
 ViewFunc = TypeVar("ViewFunc", bound=Callable[..., Any])
 
@@ -39,7 +46,7 @@ class EveryDatabase(set[str]):
 
     Protected views take over ``ATOMIC_REQUESTS``: the claim must commit
     before the view's transaction opens, so the decorator opens that
-    transaction itself, after the claim (see ``protection.view_transactions``).
+    transaction itself, after the claim (see ``view_transactions``).
     """
 
     def __contains__(self, alias: object) -> bool:
@@ -52,12 +59,6 @@ class EveryDatabase(set[str]):
 EVERY_DATABASE = EveryDatabase()
 
 
-def _rendered(response: HttpResponseBase) -> HttpResponseBase:
-    if isinstance(response, SimpleTemplateResponse):
-        response.render()
-    return response
-
-
 def _call_drf(
     view: APIView, request: Request, call: Callable[[], HttpResponseBase], args: Any, kwargs: Any
 ) -> HttpResponseBase:
@@ -68,50 +69,7 @@ def _call_drf(
     # Finalise and render now, inside the transaction, so that the stored
     # body is the exact bytes the client receives. DRF's dispatch finalises
     # again afterwards, which changes nothing on a rendered response.
-    return _rendered(view.finalize_response(request, response, *args, **kwargs))  # type: ignore[arg-type]
-
-
-@contextmanager
-def _transactions_left_alone(refusal: IdempotencyRefusal) -> Iterator[None]:
-    """Keep DRF's exception handler from dooming transactions a refusal did not open.
-
-    DRF's handler marks the open atomic block of every ``ATOMIC_REQUESTS``
-    database for rollback. A protected view opens none before its claim, so
-    an open block is the caller's: ``TestCase``'s, pytest-django's
-    ``django_db``, or an ``atomic()`` around the call. A refusal wrote
-    nothing there, and must not make the caller's next query raise
-    ``TransactionManagementError``. (One caused by a database error keeps
-    the mark: that transaction may well be broken.)
-    """
-    marks = {
-        connection.alias: connection.needs_rollback
-        for connection in connections.all(initialized_only=True)
-        if connection.in_atomic_block
-    }
-    try:
-        yield
-    finally:
-        if not isinstance(refusal.__cause__, DatabaseError):
-            for alias, mark in marks.items():
-                connections[alias].needs_rollback = mark
-
-
-def _refusal_response(request: HttpRequest, exc: IdempotencyRefusal) -> HttpResponseBase:
-    """Render a refusal for a plain Django view with the project's DRF handler."""
-    from rest_framework.renderers import JSONRenderer
-    from rest_framework.response import Response
-    from rest_framework.settings import api_settings
-
-    context: dict[str, Any] = {"request": request, "view": None, "args": (), "kwargs": {}}
-    handler = cast(Callable[..., Response | None], api_settings.EXCEPTION_HANDLER)
-    with _transactions_left_alone(exc):
-        response = handler(exc, context)
-    if response is None:
-        response = Response(exc.detail, status=exc.status_code)
-    response.accepted_renderer = JSONRenderer()
-    response.accepted_media_type = "application/json"
-    response.renderer_context = context  # type: ignore[attr-defined]
-    return _rendered(response)
+    return rendered(view.finalize_response(request, response, *args, **kwargs))  # type: ignore[arg-type]
 
 
 class IdempotentView:
@@ -149,22 +107,12 @@ class IdempotentView:
         else:
 
             def run() -> HttpResponseBase:
-                return _rendered(call())
+                return rendered(call())
 
         try:
             return protect(request, run, self.options, view_args, kwargs)
         except IdempotencyRefusal as exc:
-            if drf_view is not None and idempotency_settings.ERROR_FORMAT == "drf":
-                # The project's EXCEPTION_HANDLER renders it, as if raised.
-                with _transactions_left_alone(exc):
-                    return drf_view.handle_exception(exc)
-            return _refused(request, exc)
-
-
-def _refused(request: HttpRequest, exc: IdempotencyRefusal) -> HttpResponseBase:
-    if idempotency_settings.ERROR_FORMAT == "problem":
-        return problem_response(exc)
-    return _refusal_response(request, exc)
+            return render_refusal(request, exc, drf_view=drf_view)
 
 
 def _async_view(func: Callable[..., Any], options: Options) -> Callable[..., Any]:
@@ -181,17 +129,18 @@ def _async_view(func: Callable[..., Any], options: Options) -> Callable[..., Any
     @functools.wraps(func)
     async def view(request: HttpRequest, *args: Any, **kwargs: Any) -> HttpResponseBase:
         def call() -> HttpResponseBase:
-            return _rendered(async_to_sync(func)(request, *args, **kwargs))
+            return rendered(async_to_sync(func)(request, *args, **kwargs))
 
         def run() -> HttpResponseBase:
             try:
                 return protect(request, call, options, args, kwargs)
             except IdempotencyRefusal as exc:
-                return _refused(request, exc)
+                return render_refusal(request, exc)
 
         return await sync_to_async(run, thread_sensitive=True)()
 
     view._non_atomic_requests = EVERY_DATABASE  # type: ignore[attr-defined]
+    view.idempotency_options = options  # type: ignore[attr-defined]  # read by routes.py
     return view
 
 
@@ -252,18 +201,41 @@ def idempotent(
     """Run the decorated view once per ``Idempotency-Key`` and replay its outcome.
 
     Works on DRF ``@api_view`` functions (place it under ``@api_view``), on
-    methods of APIView / GenericAPIView / ViewSet classes, and on plain
-    Django function views. Only POST, PUT, PATCH and DELETE are protected.
+    methods of APIView / GenericAPIView / ViewSet classes (``post``, ``put``,
+    ``patch``, ``delete``, ``create``, ``update``, ``partial_update``,
+    ``destroy``, custom ``@action``s, placed under ``@action``), and on plain
+    Django function views, sync or ``async def``. Usable bare
+    (``@idempotent``) or with arguments (``@idempotent(ttl=3600)``). Only
+    POST, PUT, PATCH and DELETE are protected; other methods run the view
+    unprotected. A method decorated with it keeps its own options inside an
+    ``IdempotentMixin`` view.
 
-    ``fingerprint``: ``None`` for the whole canonical input (body, query
-    parameters, URL arguments); a list of field names, dotted for nested
-    ones; or a callable taking the request. ``operation``: a stable name
-    (default: method plus URL route pattern), or a callable taking the
-    request. ``required``: whether a missing key is refused (default
-    ``IDEMPOTENCY["REQUIRED"]``). ``ttl``: retention as seconds or a
-    timedelta (default ``IDEMPOTENCY["TTL"]``). ``single_transaction``: on
-    PostgreSQL, claim in the view's own transaction (one commit; for views
-    that make no external call; default ``IDEMPOTENCY["SINGLE_TRANSACTION"]``).
+    Args:
+        view: The view, when used bare; ``None`` when called with arguments.
+        fingerprint: What makes two requests the same request. ``None``: the
+            whole canonical input (body, query parameters, URL arguments); a
+            list of field names, dotted for nested ones (``"card.token"``); or
+            a callable taking the request and returning a JSON-like value.
+        operation: The record's namespace within the tenant: a stable name,
+            or a callable taking the request. ``None``: the method plus the
+            URL route, ``"POST v1/payments"``, written as
+            ``IDEMPOTENCY["OPERATION_NAMES"]`` says.
+        required: Whether a request without a key is refused with 400 (else
+            it runs unprotected). ``None``: ``IDEMPOTENCY["REQUIRED"]``.
+        ttl: How long the outcome is kept and replayed, in seconds or as a
+            ``timedelta``; must be positive. ``None``: ``IDEMPOTENCY["TTL"]``.
+        single_transaction: On PostgreSQL, claim inside the view's own
+            transaction: one commit instead of two, for views that make no
+            external call (``begin_external()`` is then refused). ``None``:
+            ``IDEMPOTENCY["SINGLE_TRANSACTION"]``.
+
+    Returns:
+        The protected view (an async view for an ``async def`` one), or,
+        called with arguments, a decorator returning it.
+
+    Raises:
+        ImproperlyConfigured: ``fingerprint`` is a string (a list of names
+            was meant), or ``ttl`` is not positive.
     """
     options = Options(
         fingerprint=fingerprint,

@@ -22,6 +22,16 @@ from functools import lru_cache
 
 from django_idempotency.conf import idempotency_settings
 
+__all__ = [
+    "PROVIDER_KEY_MAX_LENGTH",
+    "VERSION_SEPARATOR",
+    "Fingerprint",
+    "FingerprintHasher",
+    "active_secrets",
+    "default_version",
+    "provider_key",
+]
+
 #: Some providers take idempotency keys of at most 64 characters.
 PROVIDER_KEY_MAX_LENGTH = 64
 #: Separates a digest's secret version from its hex digits.

@@ -12,13 +12,28 @@ from django_idempotency.fingerprint import FingerprintSpec
 from django_idempotency.protection import PROTECTED_METHODS, Options
 from django_idempotency.scope import OperationSpec
 
+__all__ = ["IdempotentMixin", "protection_of"]
+
 
 class IdempotentMixin:
     """Protect the POST, PUT, PATCH and DELETE handlers of a DRF view or viewset.
 
-    Place it before the view class: ``class PaymentViewSet(IdempotentMixin,
-    viewsets.ModelViewSet)``. Configure with the class attributes below; they
-    mean what the keyword arguments of ``@idempotent`` mean.
+    Place it first among the bases: ``class PaymentViewSet(IdempotentMixin,
+    viewsets.ModelViewSet)``. Configure it with the class attributes below;
+    they mean what the keyword arguments of ``@idempotent`` mean, and
+    ``None`` takes the setting's value. A callable given as a class attribute
+    receives only the request (it is read off the class, not bound).
+
+    The protected handler is swapped in by ``initial()``, after
+    authentication, permissions and throttling. A handler already decorated
+    with ``@idempotent`` keeps its own options.
+
+    Attributes:
+        idempotency_fingerprint: As ``idempotent(fingerprint=...)``.
+        idempotency_operation: As ``idempotent(operation=...)``.
+        idempotency_required: As ``idempotent(required=...)``.
+        idempotency_ttl: As ``idempotent(ttl=...)``: seconds or a ``timedelta``.
+        idempotency_single_transaction: As ``idempotent(single_transaction=...)``.
     """
 
     idempotency_fingerprint: ClassVar[FingerprintSpec] = None
@@ -30,6 +45,19 @@ class IdempotentMixin:
     def __init_subclass__(cls, **kwargs: Any) -> None:
         super().__init_subclass__(**kwargs)
         mark_views_non_atomic(cls)
+
+    @classmethod
+    def idempotency_options(cls) -> Options:
+        """The class attributes as the options ``@idempotent`` takes."""
+        # Read off the class: a function stored as a class attribute would
+        # come back from an instance as a bound method.
+        return Options(
+            fingerprint=cls.idempotency_fingerprint,
+            operation=cls.idempotency_operation,
+            required=cls.idempotency_required,
+            ttl=cls.idempotency_ttl,
+            single_transaction=cls.idempotency_single_transaction,
+        )
 
     def idempotency_protects(self, method: str | None) -> bool:
         return method in PROTECTED_METHODS
@@ -46,16 +74,7 @@ class IdempotentMixin:
             and function is not None
             and not isinstance(function, IdempotentView)
         ):
-            # Read off the class: a function stored as a class attribute
-            # would come back from the instance as a bound method.
-            view_class = type(self)
-            options = Options(
-                fingerprint=view_class.idempotency_fingerprint,
-                operation=view_class.idempotency_operation,
-                required=view_class.idempotency_required,
-                ttl=view_class.idempotency_ttl,
-                single_transaction=view_class.idempotency_single_transaction,
-            )
+            options = type(self).idempotency_options()
             setattr(self, method, IdempotentView(function, options).__get__(self))
 
 
@@ -68,13 +87,7 @@ def protection_of(view_class: type, handler_name: str, method: str) -> Options |
     if method.upper() not in PROTECTED_METHODS:
         return None
     if issubclass(view_class, IdempotentMixin):
-        return Options(
-            fingerprint=view_class.idempotency_fingerprint,
-            operation=view_class.idempotency_operation,
-            required=view_class.idempotency_required,
-            ttl=view_class.idempotency_ttl,
-            single_transaction=view_class.idempotency_single_transaction,
-        )
+        return view_class.idempotency_options()
     handler = getattr(view_class, handler_name, None)
     if isinstance(handler, IdempotentView):
         return handler.options

@@ -12,13 +12,41 @@ from django.utils.translation import gettext_lazy as _
 from rest_framework import status
 from rest_framework.exceptions import APIException
 
+__all__ = [
+    "REFUSAL_CODES",
+    "UNREADABLE_RECORD",
+    "BodyTooLarge",
+    "IdempotencyError",
+    "IdempotencyRefusal",
+    "InputUnreadable",
+    "IsolationNotSupported",
+    "KeyInvalid",
+    "KeyMissing",
+    "KeyReused",
+    "OutcomeUncertain",
+    "RequestInProgress",
+    "RolledBackResponse",
+    "StaleOwner",
+    "StoreUnavailable",
+    "TaskInProgress",
+    "TaskKeyReused",
+]
+
 
 class IdempotencyError(Exception):
     """Base class of everything django-idempotency raises."""
 
 
 class IdempotencyRefusal(IdempotencyError, APIException):
-    """A request refused before (or instead of) running the protected view."""
+    """A request refused before (or instead of) running the protected view.
+
+    Each subclass has a stable ``default_code`` (the body's ``code``) and a
+    ``status_code``; the project's ``EXCEPTION_HANDLER`` renders it.
+
+    Args:
+        message: The body's ``detail``; ``None``: the class's default message.
+        retry_after: Seconds for the ``Retry-After`` header, if any.
+    """
 
     default_code: str
 
@@ -31,6 +59,8 @@ class IdempotencyRefusal(IdempotencyError, APIException):
 
 
 class KeyMissing(IdempotencyRefusal):
+    """400 ``idempotency_key_missing``: the operation requires a key and none was sent."""
+
     status_code = status.HTTP_400_BAD_REQUEST
     default_code = "idempotency_key_missing"
     default_detail = _(
@@ -40,6 +70,12 @@ class KeyMissing(IdempotencyRefusal):
 
 
 class KeyInvalid(IdempotencyRefusal):
+    """400 ``idempotency_key_invalid``: the key is empty, too long or malformed.
+
+    A key is 1 to ``KEY_MAX_LENGTH`` visible ASCII characters other than the
+    comma, sent bare or as a quoted string.
+    """
+
     status_code = status.HTTP_400_BAD_REQUEST
     default_code = "idempotency_key_invalid"
     default_detail = _(
@@ -49,7 +85,10 @@ class KeyInvalid(IdempotencyRefusal):
 
 
 class InputUnreadable(IdempotencyRefusal):
-    """The body parsed, but holds a value with no canonical form (``1e999``)."""
+    """400 ``parse_error``: the body holds a value with no canonical form (``1e999``).
+
+    Or it is nested too deeply to be read.
+    """
 
     status_code = status.HTTP_400_BAD_REQUEST
     # DRF's own code for a body it cannot parse: clients already handle it.
@@ -61,6 +100,8 @@ class InputUnreadable(IdempotencyRefusal):
 
 
 class BodyTooLarge(IdempotencyRefusal):
+    """413 ``idempotency_body_too_large``: larger than ``MAX_FINGERPRINTED_BODY``."""
+
     status_code = status.HTTP_413_REQUEST_ENTITY_TOO_LARGE
     default_code = "idempotency_body_too_large"
     default_detail = _(
@@ -70,6 +111,8 @@ class BodyTooLarge(IdempotencyRefusal):
 
 
 class KeyReused(IdempotencyRefusal):
+    """422 ``idempotency_key_reused``: the key was used with a different request."""
+
     status_code = status.HTTP_422_UNPROCESSABLE_ENTITY
     default_code = "idempotency_key_reused"
     default_detail = _(
@@ -79,6 +122,11 @@ class KeyReused(IdempotencyRefusal):
 
 
 class RequestInProgress(IdempotencyRefusal):
+    """409 ``idempotency_request_in_progress``: a request with this key is running.
+
+    Sent with ``Retry-After``; also while the record is UNCERTAIN.
+    """
+
     status_code = status.HTTP_409_CONFLICT
     default_code = "idempotency_request_in_progress"
     default_detail = _(
@@ -88,6 +136,12 @@ class RequestInProgress(IdempotencyRefusal):
 
 
 class StoreUnavailable(IdempotencyRefusal):
+    """503 ``idempotency_store_unavailable``: the record could not be stored or read.
+
+    Sent with ``Retry-After``. With ``FAIL_OPEN`` the view runs unprotected
+    instead when the store is down.
+    """
+
     status_code = status.HTTP_503_SERVICE_UNAVAILABLE
     default_code = "idempotency_store_unavailable"
     default_detail = _(
@@ -97,7 +151,7 @@ class StoreUnavailable(IdempotencyRefusal):
 
 
 class OutcomeUncertain(IdempotencyRefusal):
-    """The view ran, but whether its outcome took effect is not known yet.
+    """503 ``idempotency_outcome_uncertain``: the view ran; whether it took effect is unknown.
 
     An external call was begun and the outcome could not be recorded, or the
     final commit was interrupted: the record is left for recovery (or is
@@ -154,3 +208,22 @@ class TaskKeyReused(IdempotencyError):
 
 class StaleOwner(IdempotencyError):
     """An owner's write found the record's fencing token moved on: it lost the lease."""
+
+
+REFUSAL_CODES = frozenset(
+    refusal.default_code
+    for refusal in (
+        KeyMissing,
+        KeyInvalid,
+        BodyTooLarge,
+        KeyReused,
+        RequestInProgress,
+        StoreUnavailable,
+        OutcomeUncertain,
+    )
+)
+"""The ``code`` of every refusal the package answers itself.
+
+Not ``InputUnreadable``'s: it is DRF's own ``parse_error``, which a view's
+parser answers too.
+"""

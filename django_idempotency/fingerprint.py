@@ -44,7 +44,28 @@ from django_idempotency.digests import Fingerprint, FingerprintHasher
 if TYPE_CHECKING:
     from django.http import HttpRequest
 
+__all__ = [
+    "CSRF_FORM_FIELD",
+    "MAX_POSITIONAL_EXPONENT",
+    "FingerprintSpec",
+    "NestedTooDeeply",
+    "NonCanonicalValue",
+    "Sink",
+    "canonical",
+    "fingerprint",
+    "request_fingerprint",
+    "select_fields",
+    "write_canonical",
+]
+
 FingerprintSpec = None | Sequence[str] | Callable[["HttpRequest"], Any]
+"""What ``idempotent(fingerprint=...)`` accepts.
+
+``None``: the whole canonical input (body, query parameters, URL
+arguments); a list of field names, dotted for nested ones (``"card.token"``),
+with the URL arguments; or a callable taking the request and returning the
+JSON-like value to fingerprint, alone.
+"""
 
 
 class NonCanonicalValue(ValueError):
@@ -58,7 +79,8 @@ class NestedTooDeeply(NonCanonicalValue):
 class Sink(Protocol):
     """What the canonical form is written into: ``hashlib.sha256()``, ``hmac.new(...)``."""
 
-    def update(self, data: bytes, /) -> None: ...
+    def update(self, data: bytes, /) -> None:
+        """Take the next chunk of the canonical form."""
 
 
 class _Absent:
@@ -277,6 +299,16 @@ def write_canonical(value: Any, *sinks: Sink) -> None:
 
     Each sink's ``update()`` receives the same chunks, in order; a chunk is
     at most a few tens of kilobytes whatever the value holds.
+
+    Args:
+        value: What a parser delivers: mappings, lists, strings, numbers
+            (``int``, ``float``, ``Decimal``), booleans and ``None``, and
+            also form data, uploaded files and bytes.
+        *sinks: Objects with an ``update(bytes)`` method.
+
+    Raises:
+        NonCanonicalValue: The value holds a number with no finite value.
+        TypeError: The value holds an object of another type.
     """
     out = _Chunks(sinks)
     _encode(value, out)

@@ -3,20 +3,64 @@ from __future__ import annotations
 from django.db import models
 from django.utils.translation import gettext_lazy as _
 
+__all__ = [
+    "FINGERPRINT_MAX_LENGTH",
+    "KEY_MAX_LENGTH",
+    "OPERATION_MAX_LENGTH",
+    "RESOLVED_STATES",
+    "TENANT_MAX_LENGTH",
+    "UNRESOLVED_STATES",
+    "IdempotencyRecord",
+]
+
 #: Column sizes. The unique index spans all three scope columns, so their sum
 #: has to stay inside MySQL/MariaDB's 3072-byte index limit at 4 bytes a
 #: character: (128 + 255 + 255) * 4 = 2552.
 TENANT_MAX_LENGTH = 128
 OPERATION_MAX_LENGTH = 255
-KEY_MAX_LENGTH = 255  # also in consumers.py, which cannot import this module early
+KEY_MAX_LENGTH = 255
 #: A secret's version (at most 16 characters), a colon, 64 hex digits; room to spare.
 FINGERPRINT_MAX_LENGTH = 96
 
 
 class IdempotencyRecord(models.Model):
-    """One idempotent operation: who asked, what they asked, and the outcome."""
+    """One idempotent operation: who asked, what they asked, and the outcome.
+
+    Unique on (``tenant``, ``operation``, ``key``). Only the package writes
+    records; the admin shows them as a read-only log.
+
+    Attributes:
+        tenant (str): Who asked (``IDEMPOTENCY["TENANT"]``), up to 128 characters.
+        operation (str): What for, up to 255 characters.
+        key (str): The client's ``Idempotency-Key``, up to 255 characters.
+        fingerprint (str): A keyed digest of the request's canonical input,
+            ``"<version>:<hex>"``.
+        state (str): One of ``State``.
+        lease_owner (str): ``host:pid:thread`` of the owner, or
+            ``operator:<username>``; empty when resolved.
+        lease_expires_at (datetime | None): The end of the lease; NULL when resolved.
+        fencing_token (int): Moved on by every takeover; an owner's writes are
+            conditional on it.
+        provider_key (str): The key given to the external provider, set by
+            ``begin_external()``.
+        provider_operation_id (str): The provider's id for the call, set by
+            ``set_provider_operation()``.
+        response_status (int | None): The stored status.
+        response_headers (list[list[str]]): The stored headers, ``[[name, value], ...]``.
+        response_body (bytes | memoryview | None): The stored body (a
+            ``memoryview`` as PostgreSQL returns it); NULL on a resolved
+            record when it was not stored (too large, or streamed).
+        response_sealed (bool): Whether the stored response is encrypted
+            (``ENCRYPTION_KEYS``).
+        created_at (datetime): When the record was claimed.
+        updated_at (datetime): When it was last written.
+        expires_at (datetime): When a resolved record stops being replayed and may be
+            purged.
+    """
 
     class State(models.TextChoices):
+        """A record's state: CLAIMED, IN_PROGRESS or UNCERTAIN (unresolved), COMPLETED or FAILED."""
+
         CLAIMED = "CLAIMED", _("claimed")
         IN_PROGRESS = "IN_PROGRESS", _("in progress")
         UNCERTAIN = "UNCERTAIN", _("uncertain")
@@ -41,7 +85,7 @@ class IdempotencyRecord(models.Model):
     #: NULL on a resolved record means the body was not stored (too large or
     #: streamed); an empty body is stored as ``b""``.
     response_body = models.BinaryField(_("response body"), null=True, blank=True)
-    #: Whether the headers and body are encrypted (``sealing.py``): then the
+    #: Whether the headers and body are encrypted (``store/sealing.py``): then the
     #: headers are empty and the body holds one token of both.
     response_sealed = models.BooleanField(_("response encrypted"), default=False, db_default=False)
     created_at = models.DateTimeField(_("created at"))
@@ -99,7 +143,22 @@ class IdempotencyRecord(models.Model):
 
     @property
     def is_resolved(self) -> bool:
+        """Whether the state is COMPLETED or FAILED: an outcome is stored."""
         return self.state in RESOLVED_STATES
 
 
-RESOLVED_STATES = frozenset({IdempotencyRecord.State.COMPLETED, IdempotencyRecord.State.FAILED})
+RESOLVED_STATES = (IdempotencyRecord.State.COMPLETED, IdempotencyRecord.State.FAILED)
+"""The states of the five that are final: the outcome is stored and replayed.
+
+Every other module (and the SQL of ``store.statements``) uses these two.
+"""
+
+UNRESOLVED_STATES = (
+    IdempotencyRecord.State.CLAIMED,
+    IdempotencyRecord.State.IN_PROGRESS,
+    IdempotencyRecord.State.UNCERTAIN,
+)
+"""Somebody holds or held the key and nothing is stored yet.
+
+The owner, a reconciler or an operator settles it.
+"""

@@ -12,13 +12,19 @@ from typing import Any
 
 from drf_spectacular.extensions import OpenApiViewExtension
 from drf_spectacular.openapi import AutoSchema
-from drf_spectacular.plumbing import build_basic_type, build_object_type
+from drf_spectacular.plumbing import build_basic_type, build_object_type, get_doc
+from drf_spectacular.settings import spectacular_settings
 from drf_spectacular.types import OpenApiTypes
 from drf_spectacular.utils import OpenApiParameter
 
 from django_idempotency.conf import idempotency_settings
-from django_idempotency.drf import protection_of
+from django_idempotency.drf import IdempotentMixin, protection_of
 from django_idempotency.protection import Options
+
+__all__ = [
+    "IdempotencySchemaMixin",
+    "IdempotentViewExtension",
+]
 
 _ERROR = build_object_type(
     properties={
@@ -37,9 +43,13 @@ _PROBLEM = build_object_type(
     },
     required=["type", "title", "status", "detail", "code"],
 )
+# The view's own 400s (a serializer's {"amount": [...]}) share the status
+# with the key's refusals, so nothing is required and more may come. (An
+# empty "required" list is invalid OpenAPI 3.0: `spectacular --validate`.)
+_ERROR_OR_VALIDATION = build_object_type(properties=_ERROR["properties"], additionalProperties=True)
 _ERRORS = {
     "400": "Idempotency-Key missing (idempotency_key_missing) or malformed "
-    "(idempotency_key_invalid).",
+    "(idempotency_key_invalid), or a body with no canonical form (parse_error).",
     "409": "A request with this Idempotency-Key is still in progress "
     "(idempotency_request_in_progress); retry after Retry-After.",
     "422": "This Idempotency-Key was used with a different request (idempotency_key_reused).",
@@ -91,16 +101,35 @@ class IdempotencySchemaMixin:
             media_type = "application/problem+json" if problem else "application/json"
             schema = _PROBLEM if problem else _ERROR
             for code, description in _ERRORS.items():
-                if code == "400" and not problem:
-                    # The view's own 400s (validation errors) share the status.
-                    body = {**_ERROR, "required": [], "additionalProperties": True}
-                else:
-                    body = schema
+                body = _ERROR_OR_VALIDATION if code == "400" and not problem else schema
                 responses.setdefault(
                     code,
                     {"description": description, "content": {media_type: {"schema": body}}},
                 )
         return responses
+
+    def get_description(self) -> str:
+        description: str = super().get_description()  # type: ignore[misc]
+        if description and description == get_doc(IdempotentMixin):
+            # Spectacular fell back on the first class docstring of the
+            # view's MRO, and found the mixin's: it documents this package,
+            # not the user's API. Take the user's own, or none.
+            return _class_doc_without_mixin(type(self.view))
+        return description
+
+
+def _class_doc_without_mixin(view_class: type) -> str:
+    """``get_doc(view_class)``, as if ``IdempotentMixin`` had no docstring."""
+    mro = view_class.__mro__
+    # Spectacular's own barrier: DRF's classes document DRF, not the API.
+    barrier = min(
+        (mro.index(cls) for cls in spectacular_settings.GET_LIB_DOC_EXCLUDES() if cls in mro),
+        default=len(mro),
+    )
+    for cls in mro[:barrier]:
+        if cls is not IdempotentMixin and cls.__doc__:
+            return get_doc(cls)
+    return ""
 
 
 class IdempotentViewExtension(OpenApiViewExtension):  # type: ignore[no-untyped-call]
@@ -119,4 +148,11 @@ class IdempotentViewExtension(OpenApiViewExtension):  # type: ignore[no-untyped-
         schema_class = type(
             f"Idempotent{type(schema).__name__}", (IdempotencySchemaMixin, type(schema)), {}
         )
-        return type(view_class.__name__, (view_class,), {"schema": schema_class()})
+        # Spectacular names a view's source file and line in its warnings,
+        # from the class's __module__ and __qualname__ (and __firstlineno__
+        # from Python 3.13): the replacement takes the user's, or the
+        # warnings would point at this module.
+        where = {"__module__": view_class.__module__, "__qualname__": view_class.__qualname__}
+        if "__firstlineno__" in vars(view_class):
+            where["__firstlineno__"] = vars(view_class)["__firstlineno__"]
+        return type(view_class.__name__, (view_class,), {**where, "schema": schema_class()})

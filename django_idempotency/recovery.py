@@ -2,19 +2,23 @@
 
 A reconciler is registered per operation and, given a stuck record, asks
 the outside world what happened (a payment provider, by the record's
-``provider_key``) and returns an outcome::
+``provider_key``) and returns an outcome:
 
-    from django_idempotency.recovery import Completed, Failed, Release, Retry, register_reconciler
+```python
+from django_idempotency.recovery import Completed, Failed, Release, Retry, register_reconciler
 
-    @register_reconciler("POST v1/payments")
-    def settle_payment(record):
-        charge = provider.find(idempotency_key=record.provider_key)
-        if charge is None:
-            return Release()           # never charged: the client's retry may run it
-        if charge.pending:
-            return Retry(after=60)     # ask again in a minute
-        payment = Payment.objects.get_or_create(...)   # commits with the outcome
-        return Completed(status=201, body=PaymentSerializer(payment).data)
+@register_reconciler("POST v1/payments")
+def settle_payment(record):
+    charge = provider.find(idempotency_key=record.provider_key)
+    if charge is None:
+        return Release()           # never charged: the client's retry may run it
+    if charge.pending:
+        return Retry(after=60)     # ask again in a minute
+    payment, _ = Payment.objects.get_or_create(...)   # commits with the outcome
+    # The bytes the view answers: its serializer, rendered as DRF renders it.
+    body = JSONRenderer().render(PaymentSerializer(payment).data)
+    return Completed(status=201, body=body, headers={"Content-Type": "application/json"})
+```
 
 The reconciler runs inside a transaction that also stores its outcome, so
 its own writes and the outcome commit together, as a view's do.
@@ -26,10 +30,11 @@ import json
 import logging
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
-from datetime import timedelta
+from datetime import datetime, timedelta
 from typing import Any, TypeAlias
 
 from django.db import transaction
+from django.db.models import Count, Min
 from django.utils import timezone
 
 from django_idempotency import signals, store
@@ -37,7 +42,25 @@ from django_idempotency.clock import ahead
 from django_idempotency.conf import as_timedelta, idempotency_settings
 from django_idempotency.exceptions import StaleOwner
 from django_idempotency.models import IdempotencyRecord
-from django_idempotency.responses import Outcome, StoredResponse
+from django_idempotency.responses import StoredResponse, Verdict
+
+__all__ = [
+    "DEFAULT_BACKOFF",
+    "Completed",
+    "Failed",
+    "Reconciler",
+    "ReconcilerOutcome",
+    "RecoveryReport",
+    "Release",
+    "Retry",
+    "leased_records",
+    "reconciler_for",
+    "recover_stale_records",
+    "register_reconciler",
+    "registered_operations",
+    "settle",
+    "stale_records",
+]
 
 logger = logging.getLogger("django_idempotency")
 State = IdempotencyRecord.State
@@ -56,7 +79,8 @@ class _Answer:
     body: Any = b""
     headers: Mapping[str, str] = field(default_factory=dict)
 
-    def stored(self) -> StoredResponse:
+    def stored_response(self) -> StoredResponse:
+        """What is stored and replayed for this answer."""
         headers = dict(self.headers)
         if isinstance(self.body, bytes):
             body = self.body
@@ -71,32 +95,60 @@ class _Answer:
 
 @dataclass(frozen=True)
 class Completed(_Answer):
-    """The operation happened: store this response (2xx) as COMPLETED."""
+    """The operation happened: store this response (2xx) as COMPLETED.
+
+    Args:
+        status: The HTTP status replayed to the client's retries.
+        body: ``bytes`` are stored as they are; a ``str`` is encoded as UTF-8
+            with a default ``Content-Type: text/plain; charset=utf-8``;
+            anything else is JSON-encoded (compact) with a default
+            ``Content-Type: application/json``.
+        headers: Response headers to store and replay; a ``Content-Type``
+            given here wins over the default.
+    """
 
     status: int = 200
 
 
 @dataclass(frozen=True)
 class Failed(_Answer):
-    """The operation definitively failed: store this response as FAILED."""
+    """The operation definitively failed: store this response (4xx) as FAILED.
+
+    Args:
+        status: The HTTP status replayed to the client's retries.
+        body: ``bytes`` are stored as they are; a ``str`` is encoded as UTF-8
+            with a default ``Content-Type: text/plain; charset=utf-8``;
+            anything else is JSON-encoded (compact) with a default
+            ``Content-Type: application/json``.
+        headers: Response headers to store and replay; a ``Content-Type``
+            given here wins over the default.
+    """
 
     status: int = 409
 
 
 @dataclass(frozen=True)
 class Retry:
-    """Not known yet: ask again after ``after`` (seconds or a timedelta)."""
+    """Not known yet: leave the record UNCERTAIN and ask again later.
+
+    Args:
+        after: How long until the reconciler is asked again, in seconds or as
+            a ``timedelta``.
+    """
 
     after: timedelta | float = 60
 
 
 @dataclass(frozen=True)
 class Release:
-    """The external call never happened: release the claim so a retry runs it."""
+    """The external call never happened: delete the record so the client's retry runs the view."""
 
 
 ReconcilerOutcome: TypeAlias = Completed | Failed | Retry | Release
+"""What a reconciler returns: ``Completed``, ``Failed``, ``Retry`` or ``Release``."""
+
 Reconciler: TypeAlias = Callable[[IdempotencyRecord], ReconcilerOutcome]
+"""A reconciler: takes the stuck record, returns a ``ReconcilerOutcome``."""
 
 _reconcilers: dict[str, Reconciler] = {}
 
@@ -104,8 +156,26 @@ _reconcilers: dict[str, Reconciler] = {}
 def register_reconciler(operation: str) -> Callable[[Reconciler], Reconciler]:
     """Register the decorated function as the reconciler of ``operation``.
 
-    ``operation`` is the record's operation name, as ``@idempotent`` gave it:
-    ``"POST v1/payments"`` by default, or your ``operation=`` argument.
+    The function takes the stuck ``IdempotencyRecord`` and returns
+    ``Completed``, ``Failed``, ``Retry`` or ``Release``. It runs inside a
+    transaction on ``IDEMPOTENCY["DATABASE"]`` that also stores a
+    ``Completed`` or ``Failed``; after ``Retry`` or ``Release``, or when it
+    raises, its writes are rolled back. Anything else returned raises
+    ``TypeError``, handled like any exception the reconciler raises: logged,
+    and the record is asked about again in five minutes.
+
+    Args:
+        operation: The record's operation name, as ``@idempotent`` gave it:
+            ``"POST v1/payments"`` by default (as ``IDEMPOTENCY["OPERATION_NAMES"]``
+            writes it), or your ``operation=`` argument (``"task
+            <module>.<qualname>"`` for ``idempotent_task``). ``manage.py
+            check`` warns about a name no protected view has (W004, W005).
+
+    Returns:
+        A decorator registering the function and returning it unchanged.
+
+    Raises:
+        ValueError: Another function is already registered for ``operation``.
     """
 
     def register(reconciler: Reconciler) -> Reconciler:
@@ -119,12 +189,27 @@ def register_reconciler(operation: str) -> Callable[[Reconciler], Reconciler]:
 
 
 def reconciler_for(operation: str) -> Reconciler | None:
+    """The reconciler registered for ``operation``, or ``None``."""
     return _reconcilers.get(operation)
+
+
+def registered_operations() -> list[str]:
+    """The operation names that have a reconciler, sorted (for the system checks)."""
+    return sorted(_reconcilers)
 
 
 @dataclass
 class RecoveryReport:
-    """What one recovery run did, by outcome."""
+    """What one recovery run did, by outcome.
+
+    Attributes:
+        released: CLAIMED records released, and records a reconciler released.
+        completed: Records a reconciler settled with ``Completed``.
+        failed: Records a reconciler settled with ``Failed``.
+        retried: Records left for later: ``Retry``, or a reconciler that raised.
+        unreconciled: Records left UNCERTAIN for want of a reconciler.
+        stale: Records taken over by someone else meanwhile.
+    """
 
     released: int = 0
     completed: int = 0
@@ -135,11 +220,18 @@ class RecoveryReport:
 
     @property
     def handled(self) -> int:
+        """Records this run settled or postponed: every count but ``stale``."""
         return self.released + self.completed + self.failed + self.retried + self.unreconciled
 
 
 def stale_records(*, limit: int) -> list[IdempotencyRecord]:
-    """Unresolved records whose lease ran out (what a run would take), read-only."""
+    """Unresolved records whose lease ran out (what a run would take), read-only.
+
+    Used by ``idempotency_recover --dry-run``.
+
+    Args:
+        limit: At most this many records, the longest expired first.
+    """
     database = idempotency_settings.DATABASE
     return list(
         IdempotencyRecord.objects.using(database)
@@ -148,8 +240,26 @@ def stale_records(*, limit: int) -> list[IdempotencyRecord]:
     )
 
 
+def leased_records() -> tuple[int, datetime | None]:
+    """Unresolved records a run would skip, their lease still running, read-only.
+
+    How many, and when the first of those leases ends: their owner is at
+    work, or a run postponed them (no reconciler, ``Retry``, a reconciler
+    that raised).
+    """
+    found = (
+        IdempotencyRecord.objects.using(idempotency_settings.DATABASE)
+        .filter(state__in=store.UNRESOLVED_STATES, lease_expires_at__gt=timezone.now())
+        .aggregate(count=Count("pk"), first_end=Min("lease_expires_at"))
+    )
+    return found["count"], found["first_end"]
+
+
 def recover_stale_records(*, batch_size: int = 100) -> RecoveryReport:
     """Take over and settle up to ``batch_size`` stale records, one at a time.
+
+    What the ``recover_stale_records`` Celery task and the
+    ``idempotency_recover`` command run.
 
     CLAIMED records are released: their owner began no external call, and
     its local work rolled back with it. IN_PROGRESS and UNCERTAIN records
@@ -162,6 +272,12 @@ def recover_stale_records(*, batch_size: int = 100) -> RecoveryReport:
     worker may take the record over and ask again (reconcilers look the
     outcome up, so asking twice is harmless; the fencing token keeps the
     slower answer from being stored).
+
+    Args:
+        batch_size: At most this many records in this run.
+
+    Returns:
+        What the run did, by outcome.
     """
     conf = idempotency_settings
     report = RecoveryReport()
@@ -205,8 +321,8 @@ def settle(record: IdempotencyRecord, held: store.Claim, report: RecoveryReport)
                     "return Completed, Failed, Retry or Release."
                 )
             if isinstance(outcome, (Completed, Failed)):
-                state = Outcome.COMPLETED if isinstance(outcome, Completed) else Outcome.FAILED
-                store.complete(held, state, outcome.stored(), ttl=idempotency_settings.TTL)
+                state = Verdict.COMPLETED if isinstance(outcome, Completed) else Verdict.FAILED
+                store.complete(held, state, outcome.stored_response(), ttl=idempotency_settings.TTL)
             else:
                 # Nothing the reconciler wrote may outlive an unsettled record.
                 transaction.set_rollback(True, using=held.database)

@@ -9,29 +9,58 @@ from dataclasses import dataclass
 
 from django.http import HttpResponse, HttpResponseBase, StreamingHttpResponse
 
+__all__ = [
+    "BASE_HEADERS",
+    "BODY_OMITTED_HEADER",
+    "REPLAYED_HEADER",
+    "RETRYABLE_STATUSES",
+    "StoredResponse",
+    "Verdict",
+    "capture",
+    "replay",
+    "verdict_of",
+]
+
 logger = logging.getLogger("django_idempotency")
 
-#: Always stored (when the view set them), beside ``STORED_HEADERS``.
 BASE_HEADERS = ("Content-Type", "Location")
+"""Response headers always stored (when the view set them), beside ``STORED_HEADERS``."""
+
 REPLAYED_HEADER = "Idempotent-Replayed"
+"""Set to ``true`` on every replayed response."""
+
 BODY_OMITTED_HEADER = "Idempotent-Body-Omitted"
+"""Set to ``true`` on a replay whose body was not stored (too large, or streamed)."""
 
-#: Statuses that say "try again": the claim is released, nothing is stored.
 RETRYABLE_STATUSES = frozenset({408, 409, 425, 429})
+"""Statuses that say "try again": the claim is released, nothing is stored."""
 
 
-class Outcome(enum.Enum):
+class Verdict(enum.Enum):
+    """What a view's status means for its record (``verdict_of``).
+
+    Not the record's ``State`` (five values, the stored fact), nor a
+    reconciler's outcome (``recovery.Completed`` and the rest, the answer
+    about an external call): the two stored verdicts are named for the
+    states they store.
+    """
+
     COMPLETED = "COMPLETED"  # stored and replayed
     FAILED = "FAILED"  # a definitive 4xx: stored and replayed
     RELEASE = "RELEASE"  # retryable: claim released, local writes rolled back
 
 
-def outcome_of(status: int) -> Outcome:
+def verdict_of(status: int) -> Verdict:
+    """Whether an answer with this status is stored, as COMPLETED or FAILED, or released.
+
+    5xx and ``RETRYABLE_STATUSES`` release the claim; any other 4xx is a
+    definitive failure, stored and replayed; the rest is stored as COMPLETED.
+    """
     if status >= 500 or status in RETRYABLE_STATUSES:
-        return Outcome.RELEASE
+        return Verdict.RELEASE
     if status >= 400:
-        return Outcome.FAILED
-    return Outcome.COMPLETED
+        return Verdict.FAILED
+    return Verdict.COMPLETED
 
 
 @dataclass(frozen=True)

@@ -6,17 +6,39 @@ import hashlib
 import re
 from collections.abc import Callable
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, NoReturn
+from functools import lru_cache
+from typing import TYPE_CHECKING, Literal, NoReturn
 
 from django.core.exceptions import ImproperlyConfigured
 from django.utils.crypto import salted_hmac
 
+from django_idempotency.conf import idempotency_settings
 from django_idempotency.models import OPERATION_MAX_LENGTH, TENANT_MAX_LENGTH
 
 if TYPE_CHECKING:
     from django.http import HttpRequest
 
+__all__ = [
+    "DIGEST_PREFIX",
+    "OperationSpec",
+    "Scope",
+    "credential_digest",
+    "default_operation",
+    "default_tenant",
+    "digest",
+    "normalised_route",
+    "operation_name",
+    "resolve_operation",
+    "resolve_tenant",
+]
+
 OperationSpec = None | str | Callable[["HttpRequest"], str]
+"""What ``idempotent(operation=...)`` accepts: ``None``, a name, or a callable.
+
+``None`` names the operation by the method plus the URL route pattern
+(``"POST v1/payments"``); a callable takes the request and returns the name.
+A name is 1 to 255 characters.
+"""
 
 #: Stored tenants that are digests of the real one start with this.
 DIGEST_PREFIX = "sha256:"
@@ -25,7 +47,15 @@ _CREDENTIAL_SALT = "django_idempotency.scope.credential_digest"
 
 @dataclass(frozen=True)
 class Scope:
-    """The (tenant, operation, key) triple that names one record."""
+    """The (tenant, operation, key) triple that names one record.
+
+    Passed to signal receivers as ``scope``, and ``request.idempotency.scope``.
+
+    Attributes:
+        tenant: Who asked, as ``IDEMPOTENCY["TENANT"]`` resolved it.
+        operation: What for: the operation name.
+        key: The client's ``Idempotency-Key``, unquoted.
+    """
 
     tenant: str
     operation: str
@@ -39,6 +69,20 @@ def default_tenant(request: HttpRequest) -> str:
     and the tenant is shown in the admin and kept in the database.
     Anonymous clients share one key space; an API open to them should set
     ``IDEMPOTENCY["TENANT"]`` to something that tells them apart.
+
+    Args:
+        request: The request, after authentication.
+
+    Returns:
+        ``"user:<pk>"`` (the request's user, or the credential's),
+        ``"application:<id>"`` (an OAuth application's token),
+        ``"auth:<keyed digest>"`` (another credential with a primary key), or
+        ``"anonymous"``.
+
+    Raises:
+        ImproperlyConfigured: The request is authenticated by a credential the
+            default cannot tell apart from others (no primary key, no user):
+            set ``IDEMPOTENCY["TENANT"]``.
     """
     user = getattr(request, "user", None)
     if user is not None and user.is_authenticated:
@@ -92,6 +136,10 @@ _FORMAT_SUFFIX = re.compile(
     r"(\\\.\(\?P<format>\[a-z0-9\]\+\)/\?\$|\.<drf_format_suffix\w*:format>)$"
 )
 
+#: The values of ``IDEMPOTENCY["OPERATION_NAMES"]``.
+OperationNames = Literal["pattern", "normalised", "route_name"]
+OPERATION_NAMES: tuple[OperationNames, ...] = ("pattern", "normalised", "route_name")
+
 
 def default_operation(request: HttpRequest) -> str:
     """``"POST v1/payments/<int:pk>/refunds"``: method plus URL route pattern.
@@ -100,11 +148,125 @@ def default_operation(request: HttpRequest) -> str:
     endpoint and the URL arguments go into the fingerprint instead. A DRF
     format suffix and the pattern's end anchors are dropped, so that
     ``/payments/`` and ``/payments.json`` are one operation.
+    ``IDEMPOTENCY["OPERATION_NAMES"]`` may name it differently (see
+    ``operation_name``).
     """
     match = request.resolver_match
     route = match.route if match is not None and match.route else request.path
-    route = _FORMAT_SUFFIX.sub("", route).rstrip("$").rstrip("/") or "/"
-    return f"{request.method} {route}"
+    route_name = match.view_name if match is not None and match.url_name else None
+    return operation_name(
+        str(request.method), route, route_name, idempotency_settings.OPERATION_NAMES
+    )
+
+
+def operation_name(method: str, route: str, route_name: str | None, style: str) -> str:
+    """The default operation name of ``method`` on ``route`` in a naming ``style``.
+
+    ``"pattern"``: the route as Django joined it (``PATCH
+    api/orders/(?P<pk>[^/.]+)``). ``"normalised"``: its URL arguments as
+    ``{name}`` (``PATCH api/orders/{pk}``), or the pattern when the route
+    is more than literal text and arguments. ``"route_name"``: the URL's
+    name with its namespaces (``PATCH api:orders-detail``), or the
+    normalised name for a route without a name. Any other style names as
+    ``"pattern"`` does: the names records and provider keys already have.
+    """
+    pattern = _FORMAT_SUFFIX.sub("", route).rstrip("$").rstrip("/") or "/"
+    if style == "route_name" and route_name:
+        return f"{method} {route_name}"
+    if style in ("normalised", "route_name"):
+        return f"{method} {normalised_route(pattern) or pattern}"
+    return f"{method} {pattern}"
+
+
+#: ``(?P<name>`` opening a named group.
+_NAMED_GROUP = re.compile(r"\(\?P<(\w+)>")
+#: A path() converter, ``<int:pk>`` or ``<pk>``, as Django's own parser reads it.
+_PATH_PARAMETER = re.compile(r"<(?:[^>:]+:)?([^>]+)>")
+#: Regex syntax that makes a route more than literal text and arguments.
+_NOT_LITERAL = frozenset("[]{}()*+?|^$<>")
+
+
+@lru_cache(maxsize=1024)  # a route comes back on every request to it
+def normalised_route(pattern: str) -> str | None:
+    """``^api/orders/(?P<pk>[^/.]+)`` as ``api/orders/{pk}``; None if it cannot be.
+
+    Each capturing group and path() converter becomes ``{name}`` (an unnamed
+    group ``{0}``, ``{1}``, ...), escaped characters become themselves, and a
+    leading ``^`` goes. A route with other regex syntax (a character class,
+    a repeated or optional part, an alternative, a non-capturing group)
+    cannot be written as literal text: rather than a name that two routes
+    could share, it has none, and keeps its pattern.
+    """
+    text = pattern.removeprefix("^")
+    parts: list[str] = []
+    unnamed = 0
+    index = 0
+    while index < len(text):
+        char = text[index]
+        if char == "\\":
+            escaped = text[index + 1 : index + 2]
+            if not escaped or escaped.isalnum():  # \d, \w, \b: classes and anchors
+                return None
+            parts.append(escaped)
+            index += 2
+        elif char == "(":
+            end = _group_end(text, index)
+            named = _NAMED_GROUP.match(text, index)
+            if end is None or (named is None and text.startswith("(?", index)):
+                return None
+            if named is None:
+                name, unnamed = str(unnamed), unnamed + 1
+            else:
+                name = named.group(1)
+            parts.append("{" + name + "}")
+            index = end + 1
+            if text[index : index + 1] in ("?", "*", "+", "{"):
+                return None
+        elif char == "<":
+            parameter = _PATH_PARAMETER.match(text, index)
+            if parameter is None:
+                return None
+            parts.append("{" + parameter.group(1) + "}")
+            index = parameter.end()
+        elif char in _NOT_LITERAL:
+            return None
+        else:
+            parts.append(char)
+            index += 1
+    return "".join(parts) or "/"
+
+
+def _group_end(text: str, start: int) -> int | None:
+    """The index of the ``)`` closing the group opened at ``start``."""
+    depth = 0
+    index = start
+    while index < len(text):
+        char = text[index]
+        if char == "\\":
+            index += 2
+            continue
+        if char == "[":
+            index = _class_end(text, index)
+        elif char == "(":
+            depth += 1
+        elif char == ")":
+            depth -= 1
+            if depth == 0:
+                return index
+        index += 1
+    return None
+
+
+def _class_end(text: str, start: int) -> int:
+    """The index of the ``]`` closing the character class opened at ``start``."""
+    index = start + 1
+    if text[index : index + 1] == "^":
+        index += 1
+    if text[index : index + 1] == "]":  # a leading ] is a literal
+        index += 1
+    while index < len(text) and text[index] != "]":
+        index += 2 if text[index] == "\\" else 1
+    return index
 
 
 def resolve_operation(request: HttpRequest, spec: OperationSpec) -> str:

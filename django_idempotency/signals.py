@@ -16,29 +16,60 @@ if TYPE_CHECKING:
 
     from django_idempotency.scope import Scope
 
+__all__ = [
+    "claim_released",
+    "key_reused",
+    "notify",
+    "record_uncertain",
+    "record_unreconciled",
+    "request_claimed",
+    "request_in_flight",
+    "response_replayed",
+    "response_stored",
+    "store_unavailable",
+]
+
 logger = logging.getLogger("django_idempotency")
 
-#: This request won the claim and runs the view. Also: ``fencing_token``.
 request_claimed = Signal()
-#: The view's outcome was stored (``state``: COMPLETED or FAILED, ``status``).
+"""This request won the claim (or took an abandoned one over) and runs the view.
+
+Also sent with ``fencing_token``.
+"""
+
 response_stored = Signal()
-#: A stored response was replayed (``status``).
+"""The view's outcome was stored: ``state`` (COMPLETED or FAILED), ``status``."""
+
 response_replayed = Signal()
-#: Refused with 409: another request holds the key (``state``).
+"""A stored response was replayed: ``status``."""
+
 request_in_flight = Signal()
-#: Refused with 422: the key was used with different input.
+"""Refused with 409: another request holds the key (``state``)."""
+
 key_reused = Signal()
-#: The claim was given up so that a retry runs (``reason``: "exception" or
-#: the retryable status code).
+"""Refused with 422: the key was used with different input."""
+
 claim_released = Signal()
-#: A view failed after ``begin_external()``: the record is UNCERTAIN until a
-#: reconciler or an operator resolves it (``reason``).
+"""The claim was given up so that a retry runs.
+
+``reason``: "exception", the retryable status code, or from recovery
+"recovery" (a CLAIMED record) or "reconciled" (a reconciler's ``Release()``).
+"""
+
 record_uncertain = Signal()
-#: Recovery found no reconciler for an unresolved record's operation; it
-#: stays UNCERTAIN (``request`` is None).
+"""A view failed after ``begin_external()``: the record is UNCERTAIN.
+
+It stays so until a reconciler or an operator resolves it (``reason``).
+"""
+
 record_unreconciled = Signal()
-#: The record store could not be reached (``fail_open``: whether the view ran).
+"""Recovery found no reconciler for an unresolved record's operation.
+
+The record stays UNCERTAIN; sent with ``record``, and ``request`` is None.
+"""
+
 store_unavailable = Signal()
+"""The record store could not be reached (``fail_open``: whether the view ran)."""
 
 
 def notify(signal: Signal, request: HttpRequest | None, scope: Scope, **kwargs: Any) -> None:

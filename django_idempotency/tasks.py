@@ -1,11 +1,13 @@
-"""Celery tasks for recovery and eviction, a ready beat schedule, and
-``idempotent_task`` for deduplicating consumers.
+"""Celery tasks for recovery and the purge, a ready beat schedule, and
+``idempotent_task`` for deduplicating Celery tasks.
 
 Merge the schedule into yours, in settings (this module imports no models,
-so it can be imported before Django is set up)::
+so it can be imported before Django is set up):
 
-    from django_idempotency.tasks import BEAT_SCHEDULE
-    CELERY_BEAT_SCHEDULE = {**BEAT_SCHEDULE, ...}
+```python
+from django_idempotency.tasks import BEAT_SCHEDULE
+CELERY_BEAT_SCHEDULE = {**BEAT_SCHEDULE, ...}
+```
 """
 
 from __future__ import annotations
@@ -22,8 +24,8 @@ except ImportError as exc:  # pragma: no cover - depends on the installed extras
         'django_idempotency.tasks needs Celery: pip install "django-idempotency[celery]"'
     ) from exc
 
-from django_idempotency.consumers import idempotent_task
 from django_idempotency.exceptions import TaskInProgress, TaskKeyReused
+from django_idempotency.task_protection import idempotent_task
 
 __all__ = [
     "BEAT_SCHEDULE",
@@ -37,7 +39,18 @@ __all__ = [
 
 @shared_task(name="django_idempotency.tasks.recover_stale_records", ignore_result=False)
 def recover_stale_records(batch_size: int = 100) -> dict[str, int]:
-    """Settle up to ``batch_size`` records whose owner's lease ran out."""
+    """Settle up to ``batch_size`` records whose owner's lease ran out.
+
+    Celery task ``django_idempotency.tasks.recover_stale_records``: runs
+    ``django_idempotency.recovery.recover_stale_records()``.
+
+    Args:
+        batch_size: At most this many records in this run.
+
+    Returns:
+        The ``RecoveryReport`` counts as a dict: ``released``, ``completed``,
+        ``failed``, ``retried``, ``unreconciled``, ``stale``.
+    """
     from django_idempotency import recovery
 
     return asdict(recovery.recover_stale_records(batch_size=batch_size))
@@ -52,12 +65,25 @@ def purge_expired_records(
 ) -> dict[str, Any]:
     """Delete resolved records past retention, at most ``max_batches`` batches a run.
 
-    With the defaults a run deletes at most 1,000,000 records, in about a
-    minute on a small server (docs/performance.md).
-    """
-    from django_idempotency import eviction
+    Celery task ``django_idempotency.tasks.purge_expired_records``: runs
+    ``django_idempotency.purge.purge_expired_records()``. With the defaults a
+    run deletes at most 1,000,000 records, in about a minute on a small
+    server (docs/performance.md).
 
-    report = eviction.purge_expired_records(
+    Args:
+        batch_size: Rows per DELETE, at most.
+        max_batches: Batches per run, at most.
+        batch_seconds: A batch that took longer halves the next one.
+        pause_factor: After each batch, pause this many times as long as
+            the batch took.
+
+    Returns:
+        The ``PurgeReport`` as a dict: ``deleted``, ``batches``,
+        ``longest_batch`` (seconds).
+    """
+    from django_idempotency import purge
+
+    report = purge.purge_expired_records(
         batch_size=batch_size,
         max_batches=max_batches,
         batch_seconds=batch_seconds,
@@ -66,8 +92,6 @@ def purge_expired_records(
     return asdict(report)
 
 
-#: Recovery every minute (a record is stuck at most LEASE plus a minute);
-#: eviction every ten minutes, bounded per run so it never hogs a worker.
 BEAT_SCHEDULE: dict[str, dict[str, Any]] = {
     "django-idempotency-recover-stale-records": {
         "task": "django_idempotency.tasks.recover_stale_records",
@@ -78,3 +102,8 @@ BEAT_SCHEDULE: dict[str, dict[str, Any]] = {
         "schedule": 600.0,
     },
 }
+"""Celery beat entries to merge into ``CELERY_BEAT_SCHEDULE``.
+
+Recovery every minute (a record is stuck at most LEASE plus a minute);
+purge every ten minutes, bounded per run so it never hogs a worker.
+"""

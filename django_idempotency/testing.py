@@ -23,20 +23,18 @@ from django.db import connections
 
 from django_idempotency import store
 from django_idempotency.conf import idempotency_settings
+from django_idempotency.exceptions import REFUSAL_CODES
+from django_idempotency.simulated_crash import SimulatedCrash, armed
 
-_crash = threading.local()
-
-
-class SimulatedCrash(BaseException):
-    """Raised where ``simulate_crash_after_begin_external`` makes the process "die".
-
-    A BaseException, so that no ``except Exception`` in the view catches it;
-    the package lets it pass without any cleanup, as a killed process would.
-    """
-
-
-def crash_requested() -> bool:
-    return bool(getattr(_crash, "armed", False))
+__all__ = [
+    "REFUSAL_CODES",
+    "Duplicates",
+    "SimulatedCrash",
+    "assert_protected",
+    "expire_leases",
+    "fire_duplicates",
+    "simulate_crash_after_begin_external",
+]
 
 
 @contextmanager
@@ -52,21 +50,25 @@ def simulate_crash_after_begin_external() -> Iterator[None]:
     Needs PostgreSQL or MySQL/MariaDB: on SQLite the intent is written
     inside the view's transaction (one writer at a time), so a crash leaves
     a CLAIMED record that recovery releases without asking the reconciler.
+
+    Raises:
+        ImproperlyConfigured: ``IDEMPOTENCY["DATABASE"]`` is SQLite.
     """
     if connections[idempotency_settings.DATABASE].vendor == "sqlite":
         raise ImproperlyConfigured(
             "simulate_crash_after_begin_external() needs PostgreSQL or MySQL/MariaDB: on "
             "SQLite a crash leaves a CLAIMED record and no reconciler is asked."
         )
-    _crash.armed = True
-    try:
+    with armed():
         yield
-    finally:
-        _crash.armed = False
 
 
 def expire_leases() -> int:
-    """End every unresolved record's lease now, as if its owner were long gone."""
+    """End every unresolved record's lease now, as if its owner were long gone.
+
+    Returns:
+        How many records' leases it ended.
+    """
     return store.expire_leases(using=idempotency_settings.DATABASE)
 
 
@@ -80,13 +82,24 @@ def assert_protected(
 ) -> None:
     """Assert that POSTing ``data`` to ``url`` is protected as the SPEC says.
 
-    ``client`` is a Django (or DRF) test client, authenticated as needed.
     Checks: a missing key is refused with 400 (when keys are required); a
-    retry with the same key replays the first answer byte for byte; the same
-    key with ``changed`` input (default: ``data`` plus a field) is refused
-    with 422. Pass ``changed`` when the view fingerprints selected fields
-    only, and ``required`` when the view's ``required=`` differs from
-    ``IDEMPOTENCY["REQUIRED"]``.
+    retry with the same key replays the first answer byte for byte, with
+    ``Idempotent-Replayed: true``; the same key with changed input is
+    refused with 422.
+
+    Args:
+        client: A Django (or DRF) test client, authenticated as needed.
+        url: The protected endpoint.
+        data: The JSON body to POST.
+        changed: Input that must count as a different request. ``None``:
+            ``data`` plus a field; pass it when the view fingerprints
+            selected fields only.
+        required: Whether the view refuses a request without a key; pass it
+            when the view's ``required=`` differs from
+            ``IDEMPOTENCY["REQUIRED"]``.
+
+    Raises:
+        AssertionError: The view does not behave as protected.
     """
     header = "HTTP_" + idempotency_settings.HEADER.upper().replace("-", "_")
     key = f"assert-protected-{uuid.uuid4()}"
@@ -110,21 +123,15 @@ def assert_protected(
     assert mismatch.status_code == 422, f"changed input: expected 422, got {mismatch.status_code}"
 
 
-REFUSAL_CODES = frozenset(
-    {
-        "idempotency_key_missing",
-        "idempotency_key_invalid",
-        "idempotency_key_reused",
-        "idempotency_request_in_progress",
-        "idempotency_store_unavailable",
-        "idempotency_outcome_uncertain",
-    }
-)
-
-
 @dataclass
 class Duplicates:
-    """What ``fire_duplicates`` got back, one entry per request."""
+    """What ``fire_duplicates`` got back, one entry per request.
+
+    Attributes:
+        statuses: The HTTP statuses.
+        bodies: The response bodies.
+        replayed: Whether each answer carried ``Idempotent-Replayed: true``.
+    """
 
     statuses: list[int] = field(default_factory=list)
     bodies: list[bytes] = field(default_factory=list)
@@ -165,8 +172,19 @@ def fire_duplicates(
     """POST ``count`` identical requests at ``url`` at the same moment.
 
     Real HTTP over real connections (one thread each, released together),
-    so run it against a live server backed by a real database. Returns
-    the statuses and bodies; ``executed`` should be 1.
+    so run it against a live server backed by a real database (pytest-django's
+    ``live_server``, say).
+
+    Args:
+        url: The protected endpoint's full URL.
+        count: How many duplicates to send.
+        body: The JSON body, the same for each; ``None``: ``{}``.
+        key: The ``Idempotency-Key`` they share; ``None``: a fresh one.
+        headers: Extra request headers (authentication, say).
+        timeout: Seconds each request may take.
+
+    Returns:
+        The answers; ``executed`` should be 1.
     """
     key = key or f"duplicates-{uuid.uuid4()}"
     payload = json.dumps(dict(body or {})).encode()

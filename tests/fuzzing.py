@@ -466,7 +466,7 @@ def _unquote_sf_string(value: str) -> str | None:
 def expected_key(raw: str) -> str | None:
     """The key a header value carries under the SPEC, or None if it must be refused.
 
-    Written from the SPEC, independently of ``keys.py``: optional whitespace
+    Written from the SPEC, independently of ``key_header.py``: optional whitespace
     around the value; an RFC 8941 quoted string is unquoted; a value
     with a comma, quoted or not, may be two keys (the header sent twice) and
     is refused; the key must be 1 to 255 visible ASCII characters.

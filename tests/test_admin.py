@@ -4,13 +4,14 @@ from __future__ import annotations
 
 import json
 from collections.abc import Iterator
-from datetime import timedelta
+from datetime import UTC, datetime, timedelta
 from typing import Any
+from zoneinfo import ZoneInfo
 
 import pytest
 from django.contrib.admin.models import LogEntry
 from django.contrib.auth.models import Permission
-from django.test import Client
+from django.test import Client, override_settings
 from django.utils import timezone
 from rest_framework.test import APIClient
 
@@ -528,3 +529,172 @@ def test_a_hand_made_response_form_is_shown_again_not_applied(data: dict[str, st
 def test_no_hand_made_url_is_a_server_error(path: str) -> None:
     RecordFactory.create()
     assert superuser().get(CHANGELIST + path, follow=True).status_code < 500
+
+
+# --- What a new user tripped on (issue 12) ---------------------------------------
+
+
+def test_release_applied_without_the_tick_says_so_and_releases_nothing() -> None:
+    record = stuck_record(state=State.UNCERTAIN)
+
+    page = run(staff("release"), "release", record, apply="1")
+
+    text = page.content.decode()
+    assert '<p class="errornote">Please correct the error below.</p>' in text
+    assert page.context["form"].errors == {
+        "reexecute": ["Tick this box to release records past their claim: nothing was released."]
+    }
+    assert 'name="_apply"' in text  # the operator may still tick it and apply
+    assert IdempotencyRecord.objects.filter(pk=record.pk).exists()
+    assert not LogEntry.objects.exists()
+
+
+def test_release_asked_for_the_first_time_shows_no_error() -> None:
+    record = stuck_record(state=State.UNCERTAIN)
+
+    page = run(staff("release"), "release", record)
+
+    assert "errorlist" not in page.content.decode()
+    assert "Please correct" not in page.content.decode()
+
+
+@pytest.mark.parametrize("action", ["mark_failed", "mark_completed", "release", "extend_retention"])
+def test_an_action_on_a_record_gone_since_the_list_says_so_and_offers_no_apply(
+    action: str,
+) -> None:
+    record = stuck_record()
+    IdempotencyRecord.objects.filter(pk=record.pk).delete()  # purged, or released elsewhere
+
+    page = run(staff(*PERMISSION_OF.values()), action, record)
+
+    text = page.content.decode()
+    assert page.status_code == 200
+    assert (
+        "1 selected record no longer exists: it was released or purged since the list was shown."
+        in text
+    )
+    assert 'name="_apply"' not in text
+    assert "None of the selected records can take this action." not in text
+
+
+def test_mark_failed_on_a_resolved_record_offers_no_apply() -> None:
+    record = RecordFactory.create(state=State.COMPLETED)
+
+    text = run(staff("mark_failed"), "mark_failed", record).content.decode()
+
+    assert "None of the selected records can take this action." in text
+    assert 'name="_apply"' not in text
+    assert "no longer exists" not in text
+
+
+def test_a_record_gone_between_the_page_and_apply_is_reported_gone() -> None:
+    record = stuck_record()
+    client = staff("mark_failed")
+    assert 'name="_apply"' in run(client, "mark_failed", record).content.decode()
+    IdempotencyRecord.objects.filter(pk=record.pk).delete()
+
+    text = run(client, "mark_failed", record, apply="1", status="409").content.decode()
+
+    assert "0 records were marked failed." in text
+    assert (
+        "1 selected record no longer exists: it was released or purged since the list was shown."
+        in text
+    )
+
+
+@pytest.fixture
+def releasing_reconciler() -> Iterator[str]:
+    operation = "POST admin-test-release"
+
+    @recovery.register_reconciler(operation)
+    def never_charged(record: IdempotencyRecord) -> recovery.ReconcilerOutcome:
+        return recovery.Release()
+
+    yield operation
+    del recovery._reconcilers[operation]
+
+
+def test_reconcile_now_says_a_released_record_was_deleted_not_settled(
+    releasing_reconciler: str,
+) -> None:
+    record = stuck_record(operation=releasing_reconciler)
+
+    text = run(staff("reconcile"), "reconcile_now", record).content.decode()
+
+    assert (
+        "1 record was released: the operation did not happen, so the record is deleted "
+        "and the client&#x27;s retry will run it again." in text
+    )
+    assert "settled" not in text
+    assert not IdempotencyRecord.objects.filter(pk=record.pk).exists()
+    assert "released" in LogEntry.objects.get().get_change_message()
+
+
+def test_reconcile_now_reports_settled_and_released_records_apart(
+    reconciler: None, releasing_reconciler: str
+) -> None:
+    settled = stuck_record(operation="POST admin-test")
+    released = stuck_record(operation=releasing_reconciler)
+    claimed = stuck_record(state=State.CLAIMED)
+
+    text = (
+        staff("reconcile")
+        .post(
+            CHANGELIST,
+            {"action": "reconcile_now", "_selected_action": [settled.pk, released.pk, claimed.pk]},
+            follow=True,
+        )
+        .content.decode()
+    )
+
+    assert "1 record was settled by its reconciler." in text
+    assert "2 records were released: their operations did not happen" in text
+    assert list(IdempotencyRecord.objects.values_list("pk", flat=True)) == [settled.pk]
+
+
+@pytest.mark.parametrize(
+    ("use_tz", "shown"),
+    # 03:04:05 UTC is 22:04:05 the day before in New York (EST, UTC-5);
+    # without time zone support the stored time is New York's wall clock.
+    [(True, "2030-01-01 22:04:05 EST"), (False, "2030-01-02 03:04:05 EST")],
+    ids=["USE_TZ", "naive"],
+)
+def test_the_timeline_shows_the_lease_expiry_to_the_second_in_the_sites_time_zone(
+    use_tz: bool, shown: str
+) -> None:
+    with override_settings(USE_TZ=use_tz, TIME_ZONE="America/New_York"):
+        moment = datetime(2030, 1, 2, 3, 4, 5, tzinfo=UTC if use_tz else None)
+        record = stuck_record(lease_expires_at=moment)
+        page = staff().get(f"{CHANGELIST}{record.pk}/change/")
+
+    assert page.status_code == 200
+    assert f"<th>lease expires</th><td>{shown}</td>" in page.content.decode()
+
+
+@pytest.mark.parametrize("use_tz", [True, False], ids=["USE_TZ", "naive"])
+def test_extend_retention_names_the_time_zone_of_the_time_it_reports(use_tz: bool) -> None:
+    with override_settings(USE_TZ=use_tz, TIME_ZONE="America/New_York"):
+        record = RecordFactory.create()
+        page = run(staff("extend"), "extend_retention", record, apply="1", hours="1")
+        kept = IdempotencyRecord.objects.get(pk=record.pk).expires_at
+    # New York's wall clock either way: converted, or as stored.
+    new_york = ZoneInfo("America/New_York")
+    wall = kept.astimezone(new_york) if use_tz else kept.replace(tzinfo=new_york)
+
+    said = f"{wall:%Y-%m-%d %H:%M:%S %Z}"
+    text = page.content.decode()
+    assert "UTC" not in text
+    assert f"1 record will be kept until {said}." in text
+    assert LogEntry.objects.get().get_change_message() == f"Retention extended to {said}."
+
+
+def test_the_list_and_its_dates_work_without_time_zone_support() -> None:
+    with override_settings(USE_TZ=False, TIME_ZONE="America/New_York"):
+        RecordFactory.create(expires_at=datetime(2031, 5, 6, 7, 8, 9))
+        page = staff().get(CHANGELIST)
+
+    assert page.status_code == 200
+    # One month of records: the date hierarchy offers its days.
+    assert "expires_at__day=6&amp;expires_at__month=5&amp;expires_at__year=2031" in (
+        page.content.decode()
+    )

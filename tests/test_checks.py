@@ -2,14 +2,20 @@
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from datetime import timedelta
+from io import StringIO
 from typing import Any
 
 import pytest
+from django.core.checks import CheckMessage
 from django.core.management import call_command
 from django.core.management.base import SystemCheckError
 
-from django_idempotency.checks import check_atomic_requests, check_settings
+from django_idempotency import recovery
+from django_idempotency.checks import check_atomic_requests, check_operations, check_settings
+from django_idempotency.models import IdempotencyRecord
+from django_idempotency.recovery import Completed
 
 
 def ids(value: Any) -> list[str | None]:
@@ -77,6 +83,8 @@ def test_a_complete_valid_configuration_passes() -> None:
         ({"ENCRYPTION_KEYS": ["not a fernet key"]}, "E018"),
         ({"MAX_FINGERPRINTED_BODY": 0}, "E019"),
         ({"SINGLE_TRANSACTION": "yes"}, "E020"),
+        ({"OPERATION_NAMES": "route-name"}, "E022"),
+        ({"OPERATION_NAMES": None}, "E022"),
     ],
 )
 def test_invalid_value_is_reported_with_its_id(settings_value: Any, expected: str) -> None:
@@ -118,6 +126,21 @@ def test_api_view_under_atomic_requests_is_warned_about(atomic_requests: None) -
     ]
 
 
+def test_atomic_requests_warning_names_the_view_and_the_uncommitted_intent(
+    atomic_requests: None,
+) -> None:
+    by_route = {str(message.msg).split("'")[1]: message for message in check_atomic_requests()}
+    function_view, class_view = by_route["api-view/external"], by_route["cbv/own-dispatch"]
+
+    assert function_view.obj == "tests.testapp.views.api_view_external_call"
+    assert class_view.obj == "tests.testapp.views.OwnDispatchView"
+    assert "The view tests.testapp.views.OwnDispatchView at 'cbv/own-dispatch'" in class_view.msg
+    assert "begin_external() no longer commits the intent before the external call" in (
+        class_view.msg
+    )
+    assert "<locals>" not in str(class_view) + str(function_view)
+
+
 def test_no_atomic_requests_no_warning() -> None:
     assert check_atomic_requests() == []
 
@@ -135,3 +158,171 @@ def test_sqlite_without_immediate_transactions_is_warned_about(settings: Any) ->
     }
     assert ids({"DATABASE": "deferred"}) == ["django_idempotency.W003"]
     assert ids({"DATABASE": "immediate"}) == []
+
+
+# -- reconcilers and operation names (W004, W005, W006) --------------------------------
+
+
+@pytest.fixture
+def reconcilers(monkeypatch: pytest.MonkeyPatch) -> Callable[..., None]:
+    """Register reconcilers for these operation names alone, for one test.
+
+    The registry is emptied first: the demo app's reconciler for
+    ``POST v1/payments`` has no operation in the suite's URLconf.
+    """
+    monkeypatch.setattr(recovery, "_reconcilers", {})
+
+    def register(*operations: str) -> None:
+        for operation in operations:
+
+            def settle(record: IdempotencyRecord) -> Completed:
+                return Completed(status=200)
+
+            recovery.register_reconciler(operation)(settle)
+
+    return register
+
+
+def warnings_of(check: Callable[[], list[CheckMessage]]) -> list[tuple[str, str, str]]:
+    return [(str(m.id), str(m.msg), str(m.hint)) for m in check()]
+
+
+@pytest.mark.urls("tests.testapp.operation_urls")
+def test_a_reconciler_for_no_protected_operation_is_warned_about(
+    reconcilers: Callable[..., None],
+) -> None:
+    reconcilers("POST api/order")
+
+    [(id_, message, hint)] = warnings_of(check_operations)
+
+    assert id_ == "django_idempotency.W004"
+    assert "registered for 'POST api/order'" in message
+    assert "never called" in message
+    assert "'POST api/orders'" in hint  # the closest real operation
+
+
+@pytest.mark.urls("tests.testapp.operation_urls")
+def test_the_warning_names_the_reconciler_function(reconcilers: Callable[..., None]) -> None:
+    reconcilers("PATCH orders/{pk}")
+
+    [warning] = check_operations()
+
+    assert warning.obj == "tests.test_checks.reconcilers.<locals>.register.<locals>.settle"
+
+
+@pytest.mark.urls("tests.testapp.operation_urls")
+@pytest.mark.parametrize(
+    ("style", "operations"),
+    [
+        ("pattern", ["PATCH api/orders/(?P<pk>[^/.]+)", "POST api/orders/(?P<pk>[^/.]+)/pay"]),
+        ("normalised", ["PATCH api/orders/{pk}", "DELETE tenant/{tenant}/plain/{pk}"]),
+        ("route_name", ["PATCH orders-detail", "PATCH tenant:v2:orders-detail"]),
+    ],
+)
+def test_reconcilers_of_protected_operations_pass(
+    settings: Any, reconcilers: Callable[..., None], style: str, operations: list[str]
+) -> None:
+    settings.IDEMPOTENCY = {"OPERATION_NAMES": style}
+    reconcilers(*operations, "POST nowhere")
+
+    # Only the reconciler of no operation is reported.
+    assert [(m.id, m.msg.split("'")[1]) for m in check_operations()] == [
+        ("django_idempotency.W004", "POST nowhere")
+    ]
+
+
+def test_a_reconciler_for_an_explicit_operation_passes(reconcilers: Callable[..., None]) -> None:
+    reconcilers("charge-by-fields", "mixin-selected", "POST api-view/external", "POST nowhere")
+
+    assert [(m.id, m.msg.split("'")[1]) for m in check_operations()] == [
+        ("django_idempotency.W004", "POST nowhere")
+    ]
+
+
+@pytest.mark.urls("tests.testapp.operation_urls")
+@pytest.mark.parametrize(
+    ("style", "registered", "current"),
+    [
+        ("normalised", "PATCH api/orders/(?P<pk>[^/.]+)", "PATCH api/orders/{pk}"),
+        ("route_name", "PATCH api/orders/(?P<pk>[^/.]+)", "PATCH orders-detail"),
+        ("pattern", "PATCH orders-detail", "PATCH api/orders/(?P<pk>[^/.]+)"),
+    ],
+)
+def test_a_reconciler_under_another_styles_name_is_warned_about(
+    settings: Any, reconcilers: Callable[..., None], style: str, registered: str, current: str
+) -> None:
+    settings.IDEMPOTENCY = {"OPERATION_NAMES": style}
+    reconcilers(registered)
+
+    [(id_, message, hint)] = warnings_of(check_operations)
+
+    assert id_ == "django_idempotency.W005"
+    assert f"not under the current {style!r}" in message
+    assert repr(current) in hint
+    assert "keep the old registration until no unresolved record" in hint
+
+
+@pytest.mark.urls("tests.testapp.operation_urls")
+def test_a_reconciler_for_a_task_is_told_that_tasks_never_reach_one(
+    reconcilers: Callable[..., None],
+) -> None:
+    reconcilers("task shop.tasks.ship_order")
+
+    [(id_, _, hint)] = warnings_of(check_operations)
+
+    assert id_ == "django_idempotency.W004"
+    assert "An idempotent_task's records never reach a reconciler" in hint
+
+
+def test_a_callable_operation_keeps_any_reconciler_from_being_judged(
+    settings: Any, reconcilers: Callable[..., None]
+) -> None:
+    reconcilers("answer for acme")
+
+    settings.ROOT_URLCONF = "tests.testapp.operation_urls"
+    assert [message.id for message in check_operations()] == ["django_idempotency.W004"]
+    # A callable may give its records any name, this one included.
+    settings.ROOT_URLCONF = "tests.testapp.dynamic_operation_urls"
+    assert check_operations() == []
+
+
+@pytest.mark.urls("tests.testapp.shared_name_urls")
+def test_two_views_sharing_a_route_name_are_warned_about(
+    settings: Any, reconcilers: Callable[..., None]
+) -> None:
+    assert check_operations() == []  # their patterns differ
+
+    settings.IDEMPOTENCY = {"OPERATION_NAMES": "route_name"}
+    [(id_, message, _)] = [
+        warning for warning in warnings_of(check_operations) if "'POST answers'" in warning[1]
+    ]
+
+    assert id_ == "django_idempotency.W006"
+    assert "tests.testapp.operation_urls.AnswerView (post)" in message
+    assert "tests.testapp.operation_urls.api_view_answer (post)" in message
+
+
+@pytest.mark.django_db  # Django 6.1's check command also runs database checks
+@pytest.mark.urls("tests.testapp.operation_urls")
+def test_manage_py_check_reports_a_reconciler_without_an_operation(
+    reconcilers: Callable[..., None],
+) -> None:
+    reconcilers("PATCH api/order/(?P<pk>[^/.]+)")
+    output = StringIO()
+
+    call_command("check", stdout=output, stderr=output)
+
+    assert "django_idempotency.W004" in output.getvalue()
+    assert "'PATCH api/orders/(?P<pk>[^/.]+)'" in output.getvalue()
+
+
+def test_a_project_without_urls_is_not_judged(
+    settings: Any, reconcilers: Callable[..., None], atomic_requests: None
+) -> None:
+    reconcilers("POST nowhere")
+    assert [message.id for message in check_operations()] == ["django_idempotency.W004"]
+
+    del settings.ROOT_URLCONF  # a Celery worker's settings, say
+
+    assert check_operations() == []
+    assert check_atomic_requests() == []

@@ -28,7 +28,7 @@ from django.utils import timezone
 from django_idempotency import store
 from django_idempotency.fingerprint import fingerprint
 from django_idempotency.models import IdempotencyRecord
-from django_idempotency.responses import Outcome, StoredResponse
+from django_idempotency.responses import StoredResponse, Verdict
 from django_idempotency.scope import Scope
 from tests.factories import RecordFactory
 from tests.test_admin import run, staff, stuck_record
@@ -224,7 +224,7 @@ WRITES: dict[str, Callable[[store.Claim], Any]] = {
     ),
     "postpone": lambda held: store.postpone(held, timezone.now() + LEASE),
     "complete": lambda held: store.complete(
-        held, Outcome.COMPLETED, StoredResponse(201, [], b"{}"), ttl=timedelta(hours=1)
+        held, Verdict.COMPLETED, StoredResponse(201, [], b"{}"), ttl=timedelta(hours=1)
     ),
     "extend_retention": lambda held: store.extend_retention(
         [held.record_id], until=timezone.now() + timedelta(days=2), using="default"

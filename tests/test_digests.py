@@ -164,7 +164,7 @@ def test_a_claim_taken_over_keeps_the_records_provider_key(api: APIClient) -> No
 
 
 def test_a_task_record_from_before_rotation_returns_its_stored_result(settings: Any) -> None:
-    from tests.test_consumers import charge
+    from tests.test_idempotent_task import charge
 
     settings.SECRET_KEY = OLD_SECRET
     first = charge("evt-digest-rotation", 5)

@@ -2,10 +2,22 @@
 
 from __future__ import annotations
 
+import contextlib
+import inspect
+import io
+import json
+import re
+from collections.abc import Iterator
+from pathlib import Path
 from typing import Any
 
 import pytest
+from django.core.management import call_command
+from django.test import override_settings
 from drf_spectacular.generators import SchemaGenerator
+
+from django_idempotency.drf import IdempotentMixin
+from tests.testapp import documented_api
 
 
 @pytest.fixture(scope="module")
@@ -76,3 +88,138 @@ def test_unprotected_operations_are_left_alone(
     operation = schema["paths"][path][method]
     assert header(operation) is None
     assert "409" not in operation["responses"]
+
+
+# ``manage.py spectacular`` on an API written as a new user writes it
+# (tests/testapp/documented_api.py): the command a project runs in its CI.
+DOCUMENTED_API = "tests.testapp.documented_api"
+UNSAFE = ("post", "put", "patch", "delete")
+REFUSALS = ("400", "409", "413", "422", "503")
+
+
+def spectacular(*arguments: str) -> tuple[dict[str, Any], str]:
+    """The schema ``manage.py spectacular`` prints, and what it says on stderr."""
+    out, err = io.StringIO(), io.StringIO()
+    # Spectacular prints its warnings to sys.stderr as it finds them.
+    with contextlib.redirect_stderr(err):
+        call_command(
+            "spectacular",
+            "--format",
+            "openapi-json",
+            "--urlconf",
+            DOCUMENTED_API,
+            *arguments,
+            stdout=out,
+        )
+    return json.loads(out.getvalue()), err.getvalue()
+
+
+@pytest.fixture(scope="module")
+def documented() -> tuple[dict[str, Any], str]:
+    return spectacular()
+
+
+def operations(schema: dict[str, Any]) -> Iterator[tuple[str, str, dict[str, Any]]]:
+    for path, item in schema["paths"].items():
+        for method, operation in item.items():
+            yield path, method, operation
+
+
+@pytest.mark.parametrize("error_format", ["drf", "problem"])
+def test_the_schema_passes_spectacular_validate(error_format: str) -> None:
+    with override_settings(IDEMPOTENCY={"ERROR_FORMAT": error_format}):
+        schema, _ = spectacular("--validate")
+
+    media_type = "application/problem+json" if error_format == "problem" else "application/json"
+    assert media_type in schema["paths"]["/documented/"]["post"]["responses"]["409"]["content"]
+
+
+def test_descriptions_are_the_authors_own_docstrings_or_absent(
+    documented: tuple[dict[str, Any], str],
+) -> None:
+    schema, _ = documented
+    described = {
+        (path, method): operation.get("description")
+        for path, method, operation in operations(schema)
+    }
+    undocumented = [
+        description
+        for (path, _), description in described.items()
+        if path.startswith("/undocumented/")
+    ]
+
+    assert described[("/documented/", "get")] == documented_api.DOCUMENTED_VIEWSET
+    assert described[("/documented/", "post")] == documented_api.DOCUMENTED_VIEWSET
+    assert described[("/documented/{id}/", "patch")] == documented_api.DOCUMENTED_VIEWSET
+    assert described[("/documented/{id}/refund/", "post")] == documented_api.REFUND_ACTION
+    assert described[("/api-view/charges", "get")] == documented_api.API_VIEW
+    assert described[("/api-view/charges", "post")] == documented_api.API_VIEW
+    assert described[("/apiview/charges", "post")] == documented_api.APIVIEW_POST
+    assert described[("/apiview/charges", "delete")] is None
+    # list, create, retrieve, update, partial update, destroy: none has a docstring.
+    assert undocumented == [None] * 6
+
+
+def test_the_mixins_docstring_never_reaches_the_schema(
+    documented: tuple[dict[str, Any], str],
+) -> None:
+    schema, _ = documented
+    mixin_doc = inspect.getdoc(IdempotentMixin)
+
+    assert mixin_doc
+    assert mixin_doc.splitlines()[0] not in json.dumps(schema)
+
+
+def test_reads_gain_no_header_and_no_refusals(documented: tuple[dict[str, Any], str]) -> None:
+    schema, _ = documented
+    reads = [operation for _, method, operation in operations(schema) if method == "get"]
+
+    assert len(reads) == 6  # two lists, two retrieves, the @api_view, the APIView
+    for operation in reads:
+        assert header(operation) is None
+        assert not set(REFUSALS) & set(operation["responses"])
+
+
+def test_every_unsafe_operation_documents_the_header_and_every_refusal(
+    documented: tuple[dict[str, Any], str],
+) -> None:
+    schema, _ = documented
+    writes = [operation for _, method, operation in operations(schema) if method in UNSAFE]
+
+    assert len(writes) == 12
+    for operation in writes:
+        assert header(operation) is not None
+        assert set(REFUSALS) <= set(operation["responses"])
+
+
+def test_the_view_own_400_schema_is_valid_and_open(
+    documented: tuple[dict[str, Any], str],
+) -> None:
+    schema, _ = documented
+    body = schema["paths"]["/documented/"]["post"]["responses"]["400"]["content"][
+        "application/json"
+    ]["schema"]
+
+    # A serializer's 400 ({"amount": [...]}) shares the status with the refusals.
+    assert "required" not in body
+    assert body["additionalProperties"] is True
+
+
+#: A message line: "[file[:line]: ]Warning|Error [breadcrumbs]: message".
+WARNING = re.compile(r"^(?:(?P<file>[^\s:]+)(?::(?P<line>\d+))?: )?(?:Warning|Error) \[[^\]]*\]")
+
+
+def test_spectacular_warnings_name_the_users_own_file(
+    documented: tuple[dict[str, Any], str],
+) -> None:
+    _, stderr = documented
+    found = [m for m in map(WARNING.match, stderr.splitlines()) if m]
+    user_file = str(Path(documented_api.__file__).resolve())
+    class_line = inspect.getsourcelines(documented_api.ChargeAPIView)[1]
+
+    # The views without a serializer draw spectacular's complaints.
+    assert {m.group(0) for m in found} >= {
+        f"{user_file}: Error [charges]",
+        f"{user_file}:{class_line}: Error [ChargeAPIView]",
+    }
+    assert all(m.group("file") == user_file for m in found)

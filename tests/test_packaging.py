@@ -56,6 +56,52 @@ def test_public_names_resolve() -> None:
     assert constraint.fields == ("tenant", "operation", "key")  # type: ignore[attr-defined]
 
 
+def _package_modules() -> list[str]:
+    import pkgutil
+
+    import django_idempotency
+
+    return [
+        module.name
+        for module in pkgutil.walk_packages(django_idempotency.__path__, "django_idempotency.")
+        if ".migrations" not in module.name
+        and ".management.commands" not in module.name
+        # Empty packages that only make a folder importable.
+        and module.name not in ("django_idempotency.management", "django_idempotency.templatetags")
+    ]
+
+
+@pytest.mark.parametrize("name", _package_modules())
+def test_every_module_says_what_it_offers_in_all(name: str) -> None:
+    import importlib
+    import warnings
+
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore", DeprecationWarning)  # the eviction alias
+        module = importlib.import_module(name)
+    offered = getattr(module, "__all__", None)
+
+    assert offered is not None, f"{name} has no __all__"
+    assert sorted(offered) == sorted(set(offered)), f"{name}.__all__ repeats a name"
+    assert [item for item in offered if not hasattr(module, item)] == []
+
+
+def test_the_request_path_does_not_import_the_test_helpers() -> None:
+    # testing.py is for users' test suites; the crash it stages is shared
+    # through simulated_crash.py, so that serving requests never loads it.
+    code = (
+        "import django; django.setup();"
+        "import sys, django_idempotency.decorators, django_idempotency.drf,"
+        " django_idempotency.tasks, django_idempotency.recovery, django_idempotency.admin;"
+        "print('django_idempotency.testing' in sys.modules)"
+    )
+    result = subprocess.run(
+        [sys.executable, "-c", code], cwd=ROOT, capture_output=True, text=True, env=os.environ
+    )
+    assert result.returncode == 0, result.stderr
+    assert result.stdout.strip() == "False"
+
+
 def test_unknown_attribute_of_the_package_is_an_attribute_error() -> None:
     import django_idempotency
 

@@ -25,6 +25,7 @@ from django.db.models import F
 from django.utils import timezone
 
 from django_idempotency import recovery, signals, tasks
+from django_idempotency.clock import to_the_second
 from django_idempotency.conf import idempotency_settings
 from django_idempotency.models import IdempotencyRecord
 from django_idempotency.recovery import Completed, Failed, Release, Retry, register_reconciler
@@ -485,8 +486,8 @@ def test_the_command_dry_run_lists_and_changes_nothing(
 
     assert snapshot() == before
     lines = output.strip().splitlines()
-    assert lines[-1] == "3 stale record(s) would be handled (dry run)."
-    listed = [line.split("\t") for line in lines[:-1]]
+    assert lines[-2] == "3 stale record(s) would be handled (dry run)."
+    listed = [line.split("\t") for line in lines[:-2]]
     assert [(int(row[0]), row[1], row[-1]) for row in listed] == [
         (mixed["claimed"].pk, "CLAIMED", "release"),
         (mixed["reconciled"].pk, "IN_PROGRESS", "reconcile"),
@@ -494,8 +495,35 @@ def test_the_command_dry_run_lists_and_changes_nothing(
     ]
 
     limited = run_command("--dry-run", "--batch-size", "2")
-    assert limited.strip().splitlines()[-1] == "2 stale record(s) would be handled (dry run)."
+    assert limited.strip().splitlines()[-2] == "2 stale record(s) would be handled (dry run)."
     assert snapshot() == before
+
+
+def test_the_command_dry_run_counts_the_records_whose_lease_still_runs(
+    mixed: dict[str, IdempotencyRecord], operation: str
+) -> None:
+    first_end = ahead(30).replace(microsecond=0)
+    stale(State.UNCERTAIN, operation, lease_expires_at=first_end)  # e.g. postponed by a run
+    stale(State.IN_PROGRESS, operation, lease_expires_at=ahead(600))
+    stale(State.COMPLETED, operation, lease_expires_at=ahead(60))  # resolved: not waiting
+
+    output = run_command("--dry-run")
+
+    # mixed["live"] and the two above; the next lease to end is the earliest.
+    assert output.strip().splitlines()[-1] == (
+        "3 unresolved record(s) skipped: their lease still runs (held by their owner, "
+        f"or postponed by recovery); the first one ends at {to_the_second(first_end)}."
+    )
+
+
+def test_the_command_dry_run_says_when_no_lease_runs(operation: str) -> None:
+    stale(State.CLAIMED, operation)
+
+    output = run_command("--dry-run")
+
+    assert output.strip().splitlines()[-1] == (
+        "0 unresolved record(s) skipped: no lease still runs."
+    )
 
 
 def test_the_command_settles_and_prints_the_counts(mixed: dict[str, IdempotencyRecord]) -> None:

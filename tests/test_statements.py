@@ -1,4 +1,4 @@
-"""The hot path's SQL (statements.py) reads and writes what the ORM would.
+"""The hot path's SQL (store/statements.py) reads and writes what the ORM would.
 
 Run on every database of the suite, under both settings of USE_TZ: some
 backends convert datetimes only with it, and the converters are cached.
@@ -14,7 +14,7 @@ from django.utils import timezone
 
 from django_idempotency import store
 from django_idempotency.models import IdempotencyRecord
-from django_idempotency.responses import Outcome, StoredResponse
+from django_idempotency.responses import StoredResponse, Verdict
 from django_idempotency.scope import Scope
 from tests.factories import RecordFactory
 from tests.utils import raw_body
@@ -58,7 +58,7 @@ def test_completion_stores_the_response_and_never_shortens_retention(use_tz: boo
         stored = StoredResponse(201, [["Location", "/charges/ü"]], b"\x00body")
         for record in (extended, fresh):
             held = store.Claim(record.pk, record.fencing_token, scope_of(record), "default")
-            store.complete(held, Outcome.COMPLETED, stored, ttl=timedelta(hours=24))
+            store.complete(held, Verdict.COMPLETED, stored, ttl=timedelta(hours=24))
         extended.refresh_from_db()
         fresh.refresh_from_db()
 
@@ -72,7 +72,7 @@ def test_completion_stores_the_response_and_never_shortens_retention(use_tz: boo
 
 @pytest.mark.parametrize("use_tz", [True, False])
 def test_the_purge_works_under_either_time_zone_setting(use_tz: bool) -> None:
-    from django_idempotency import eviction
+    from django_idempotency import purge
 
     with override_settings(USE_TZ=use_tz):
         gone = [
@@ -80,7 +80,7 @@ def test_the_purge_works_under_either_time_zone_setting(use_tz: bool) -> None:
             for i in (1, 2, 3)
         ]
         kept = RecordFactory.create()
-        report = eviction.purge_expired_records(batch_size=2, batch_seconds=60)
+        report = purge.purge_expired_records(batch_size=2, batch_seconds=60)
 
     assert (report.deleted, report.batches) == (3, 2)
     remaining = set(IdempotencyRecord.objects.values_list("pk", flat=True))

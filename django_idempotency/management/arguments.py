@@ -3,6 +3,12 @@ from __future__ import annotations
 import argparse
 import math
 
+__all__ = [
+    "non_negative_float",
+    "positive_float",
+    "positive_int",
+]
+
 
 def positive_int(text: str) -> int:
     """An argparse type: a whole number of at least 1."""

@@ -16,9 +16,16 @@ from typing import Any
 from django import template
 from django.contrib.admin.views.main import ChangeList
 from django.db.models import Max, Min
-from django.utils import formats, timezone
+from django.utils import formats
 from django.utils.text import capfirst
 from django.utils.translation import gettext as _
+
+from django_idempotency.clock import wall_clock
+
+__all__ = [
+    "idempotency_date_hierarchy",
+    "register",
+]
 
 register = template.Library()
 
@@ -27,7 +34,7 @@ def _bounds(cl: ChangeList, field: str) -> tuple[datetime.date, datetime.date] |
     found = cl.queryset.aggregate(first=Min(field), last=Max(field))
     if found["first"] is None or found["last"] is None:
         return None
-    first, last = (timezone.localtime(found[k]).date() for k in ("first", "last"))
+    first, last = (wall_clock(found[k]).date() for k in ("first", "last"))
     return first, last
 
 

@@ -4,7 +4,7 @@ from typing import Any
 
 from django.core.management.base import BaseCommand, CommandParser
 
-from django_idempotency import eviction
+from django_idempotency import purge
 from django_idempotency.management.arguments import (
     non_negative_float,
     positive_float,
@@ -50,12 +50,12 @@ class Command(BaseCommand):
         **options: Any,
     ) -> None:
         if dry_run:
-            count = eviction.expired_count()
+            count = purge.expired_count()
             if max_batches is not None:
                 count = min(count, batch_size * max_batches)
             self.stdout.write(f"{count} expired record(s) would be deleted.")
             return
-        report = eviction.purge_expired_records(
+        report = purge.purge_expired_records(
             batch_size=batch_size,
             max_batches=max_batches,
             batch_seconds=batch_seconds,

@@ -5,6 +5,7 @@ from typing import Any
 from django.core.management.base import BaseCommand, CommandParser
 
 from django_idempotency import recovery
+from django_idempotency.clock import to_the_second
 from django_idempotency.management.arguments import positive_int
 
 
@@ -37,6 +38,16 @@ class Command(BaseCommand):
                     f"{record.pk}\t{record.state}\t{record.operation}\t{record.key}\t{action}"
                 )
             self.stdout.write(f"{len(stale)} stale record(s) would be handled (dry run).")
+            # Why an unresolved record is not listed: somebody holds it, for now.
+            leased, first_end = recovery.leased_records()
+            if first_end is None:
+                self.stdout.write(f"{leased} unresolved record(s) skipped: no lease still runs.")
+            else:
+                self.stdout.write(
+                    f"{leased} unresolved record(s) skipped: their lease still runs (held by "
+                    "their owner, or postponed by recovery); the first one ends at "
+                    f"{to_the_second(first_end)}."
+                )
             return
         report = recovery.recover_stale_records(batch_size=batch_size)
         self.stdout.write(

@@ -20,6 +20,12 @@ import threading
 
 from django.db import connections
 
+__all__ = [
+    "close_independent_connections",
+    "commit_now_alias",
+    "snapshot_isolated",
+]
+
 _SUFFIX = "__idempotency_independent"
 _opened = threading.local()
 

@@ -19,8 +19,8 @@ from django.db import connections
 from django.db.models import F
 from django.utils import timezone
 
-from django_idempotency.consumers import TASK_TENANT
 from django_idempotency.models import IdempotencyRecord
+from django_idempotency.task_protection import TASK_TENANT
 from django_idempotency.tasks import TaskInProgress, TaskKeyReused, idempotent_task
 from tests.testapp.models import Charge
 
@@ -73,7 +73,7 @@ def loses_its_lease(event_id: str) -> int:
     return 1
 
 
-@shared_task(bind=True, name="tests.test_consumers.bound_charge")
+@shared_task(bind=True, name="tests.test_idempotent_task.bound_charge")
 @idempotent_task(key="event_id", operation="task tests.bound")
 def bound_charge(self: Any, event_id: str, amount: int) -> dict[str, Any]:
     executed.append((event_id, amount))
@@ -153,7 +153,7 @@ def test_a_bound_celery_task_ignores_self_and_dedupes_across_deliveries(event_id
 
     assert executed == [(event_id, 4)]
     assert results == [results[0]] * 3
-    assert results[0]["task_name"] == "tests.test_consumers.bound_charge"
+    assert results[0]["task_name"] == "tests.test_idempotent_task.bound_charge"
     assert record(event_id, "task tests.bound").state == State.COMPLETED
 
 

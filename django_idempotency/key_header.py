@@ -9,6 +9,10 @@ import http_sf
 
 from django_idempotency.exceptions import KeyInvalid
 
+__all__ = [
+    "parse_key",
+]
+
 _VISIBLE_ASCII = re.compile(r"[\x21-\x7e]+")
 
 

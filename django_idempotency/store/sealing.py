@@ -29,6 +29,17 @@ from django_idempotency.responses import StoredResponse
 if TYPE_CHECKING:
     from cryptography.fernet import MultiFernet
 
+__all__ = [
+    "SEALED_PREFIX",
+    "Sealed",
+    "UnreadableRecord",
+    "encrypt",
+    "reseal",
+    "seal",
+    "sealed_by_an_earlier_release",
+    "unseal",
+]
+
 #: Starts every sealed value: a label of the format, never how a sealed
 #: value is recognised (the record's ``response_sealed`` says that).
 SEALED_PREFIX = b"fernet:"

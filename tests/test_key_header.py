@@ -3,7 +3,7 @@ from __future__ import annotations
 import pytest
 
 from django_idempotency.exceptions import KeyInvalid
-from django_idempotency.keys import parse_key
+from django_idempotency.key_header import parse_key
 
 
 @pytest.mark.parametrize(

@@ -1,6 +1,6 @@
 """Eviction: resolved records past ``expires_at`` are deleted, in bounded batches.
 
-``eviction.purge_expired_records`` (and the ``idempotency_purge`` command
+``purge.purge_expired_records`` (and the ``idempotency_purge`` command
 and the Celery task doing the same work) in-process, on the real test
 database. Unresolved records are never deleted, however old.
 """
@@ -16,7 +16,7 @@ import pytest
 from django.core.management import CommandError, call_command
 from django.utils import timezone
 
-from django_idempotency import eviction, store, tasks
+from django_idempotency import purge, store, tasks
 from django_idempotency.models import IdempotencyRecord
 from tests.factories import RecordFactory
 
@@ -59,7 +59,7 @@ def test_only_resolved_records_past_expiry_are_deleted() -> None:
     # Unresolved ones, even years past expiry and lease: recovery's business.
     kept += [expired(state, seconds=3 * 365 * 86400) for state in UNRESOLVED]
 
-    report = eviction.purge_expired_records()
+    report = purge.purge_expired_records()
 
     assert (report.deleted, report.batches) == (2, 1)
     assert remaining() == {record.pk for record in kept}
@@ -70,14 +70,14 @@ def test_only_resolved_records_past_expiry_are_deleted() -> None:
 def test_an_unresolved_record_is_never_purged(state: str) -> None:
     record = expired(state, seconds=86400)
 
-    assert eviction.purge_expired_records(batch_size=1).deleted == 0
-    assert eviction.expired_count() == 0
+    assert purge.purge_expired_records(batch_size=1).deleted == 0
+    assert purge.expired_count() == 0
     assert remaining() == {record.pk}
 
 
 def test_purging_nothing_is_a_no_op() -> None:
     RecordFactory.create()  # not expired
-    report = eviction.purge_expired_records()
+    report = purge.purge_expired_records()
     assert (report.deleted, report.batches) == (0, 0)
     assert len(remaining()) == 1
 
@@ -86,7 +86,7 @@ def test_batches_of_the_given_size_until_done() -> None:
     for i in range(7):
         expired(seconds=100 + i)
 
-    report = eviction.purge_expired_records(batch_size=3, batch_seconds=60)
+    report = purge.purge_expired_records(batch_size=3, batch_seconds=60)
 
     assert (report.deleted, report.batches) == (7, 3)  # 3 + 3 + 1
     assert remaining() == set()
@@ -97,7 +97,7 @@ def test_a_full_last_batch_is_followed_by_an_empty_check() -> None:
     for _ in range(6):
         expired()
 
-    report = eviction.purge_expired_records(batch_size=3, batch_seconds=60)
+    report = purge.purge_expired_records(batch_size=3, batch_seconds=60)
 
     assert (report.deleted, report.batches) == (6, 2)
     assert remaining() == set()
@@ -107,18 +107,18 @@ def test_max_batches_bounds_a_run_oldest_first() -> None:
     records = [expired(seconds=1000 - i * 10) for i in range(7)]  # oldest first
     unresolved = expired(State.UNCERTAIN, seconds=5000)
 
-    report = eviction.purge_expired_records(batch_size=2, max_batches=2, batch_seconds=60)
+    report = purge.purge_expired_records(batch_size=2, max_batches=2, batch_seconds=60)
 
     assert (report.deleted, report.batches) == (4, 2)
     assert remaining() == {record.pk for record in records[4:]} | {unresolved.pk}
 
-    report = eviction.purge_expired_records(batch_size=2, max_batches=2, batch_seconds=60)
+    report = purge.purge_expired_records(batch_size=2, max_batches=2, batch_seconds=60)
     assert (report.deleted, report.batches) == (3, 2)
     assert remaining() == {unresolved.pk}
 
 
 class BatchClock:
-    """``monotonic`` for eviction: each batch takes the next given duration."""
+    """``monotonic`` for the purge: each batch takes the next given duration."""
 
     def __init__(self, durations: list[float]) -> None:
         self.durations = durations
@@ -146,11 +146,11 @@ def test_a_slow_batch_halves_the_next_and_quick_ones_grow_it_back(
 
     monkeypatch.setattr(store, "purge_expired_batch", batch)
     # A checkpoint makes the first two batches slow; the rest are quick.
-    monkeypatch.setattr(eviction, "monotonic", BatchClock([0.5, 0.3, 0.01, 0.01]))
+    monkeypatch.setattr(purge, "monotonic", BatchClock([0.5, 0.3, 0.01, 0.01]))
     pauses: list[float] = []
-    monkeypatch.setattr(eviction, "sleep", pauses.append)
+    monkeypatch.setattr(purge, "sleep", pauses.append)
 
-    report = eviction.purge_expired_records(batch_size=8, batch_seconds=0.1, pause_factor=2)
+    report = purge.purge_expired_records(batch_size=8, batch_seconds=0.1, pause_factor=2)
 
     assert limits[:5] == [8, 4, 2, 4, 8]
     assert report.deleted == 20 and remaining() == set()
@@ -164,9 +164,9 @@ def test_no_pauses_with_a_pause_factor_of_zero(monkeypatch: pytest.MonkeyPatch) 
     for i in range(5):
         expired(seconds=100 + i)
     pauses: list[float] = []
-    monkeypatch.setattr(eviction, "sleep", pauses.append)
+    monkeypatch.setattr(purge, "sleep", pauses.append)
 
-    report = eviction.purge_expired_records(batch_size=2, pause_factor=0, batch_seconds=60)
+    report = purge.purge_expired_records(batch_size=2, pause_factor=0, batch_seconds=60)
 
     assert (report.deleted, report.batches, pauses) == (5, 3, [])
 
@@ -175,9 +175,9 @@ def test_no_pause_after_the_last_batch_a_run_may_make(monkeypatch: pytest.Monkey
     for i in range(6):
         expired(seconds=100 + i)
     pauses: list[float] = []
-    monkeypatch.setattr(eviction, "sleep", pauses.append)
+    monkeypatch.setattr(purge, "sleep", pauses.append)
 
-    report = eviction.purge_expired_records(batch_size=2, max_batches=2, batch_seconds=60)
+    report = purge.purge_expired_records(batch_size=2, max_batches=2, batch_seconds=60)
 
     assert (report.deleted, report.batches, len(pauses)) == (4, 2, 1)
 
@@ -196,7 +196,7 @@ def test_each_batch_scans_on_from_where_the_last_one_ended() -> None:
     deleted, reached_next = store.purge_expired_batch(limit=3, using=using, after=reached)
     assert deleted == 3 and remaining() == {straggler.pk}
     assert reached_next == max(record.expires_at for record in later)
-    assert eviction.purge_expired_records().deleted == 1
+    assert purge.purge_expired_records().deleted == 1
 
 
 def test_expired_count_counts_what_a_purge_would_delete() -> None:
@@ -207,8 +207,8 @@ def test_expired_count_counts_what_a_purge_would_delete() -> None:
         expired(state)
     RecordFactory.create()
 
-    assert eviction.expired_count() == 4
-    assert eviction.purge_expired_records().deleted == 4
+    assert purge.expired_count() == 4
+    assert purge.purge_expired_records().deleted == 4
 
 
 # -- the management command and the Celery task ---------------------------------------
@@ -274,7 +274,7 @@ def test_the_command_passes_its_pacing_on(
     five_expired: list[IdempotencyRecord], monkeypatch: pytest.MonkeyPatch
 ) -> None:
     pauses: list[float] = []
-    monkeypatch.setattr(eviction, "sleep", pauses.append)
+    monkeypatch.setattr(purge, "sleep", pauses.append)
 
     run_command("--batch-size", "2", "--pause-factor", "0", "--batch-seconds", "60")
     assert pauses == [] and len(remaining()) == 2
@@ -288,3 +288,15 @@ def test_the_celery_task_does_the_same_work(five_expired: list[IdempotencyRecord
     assert isinstance(result["longest_batch"], float)
     assert tasks.purge_expired_records.apply().get()["deleted"] == 1
     assert len(remaining()) == 2
+
+
+def test_the_documented_eviction_path_still_imports_and_says_it_is_deprecated() -> None:
+    import importlib
+    import sys
+
+    sys.modules.pop("django_idempotency.eviction", None)
+    with pytest.warns(DeprecationWarning, match="django_idempotency.purge"):
+        eviction = importlib.import_module("django_idempotency.eviction")
+
+    assert eviction.purge_expired_records is purge.purge_expired_records
+    assert eviction.expired_count is purge.expired_count

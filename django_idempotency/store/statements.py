@@ -21,9 +21,17 @@ from typing import Any
 from django.conf import settings
 from django.db.backends.base.base import BaseDatabaseWrapper
 
-from django_idempotency.models import IdempotencyRecord
+from django_idempotency.models import RESOLVED_STATES, UNRESOLVED_STATES, IdempotencyRecord
 
-State = IdempotencyRecord.State
+__all__ = [
+    "FIELD_NAMES",
+    "Converter",
+    "Converters",
+    "Statements",
+    "record_from_row",
+    "statements_for",
+]
+
 _FIELDS = tuple(IdempotencyRecord._meta.concrete_fields)
 #: The attribute names of the columns every statement reading a record returns, in order.
 FIELD_NAMES = tuple(field.attname for field in _FIELDS)
@@ -47,8 +55,6 @@ _CLAIM_COLUMNS = (
     "response_headers",
 )
 _CLAIM_VALUES = "%s, %s, %s, %s, %s, %s, %s, %s, %s, %s, 1, '', '', '[]'"
-_UNRESOLVED = (State.CLAIMED.value, State.IN_PROGRESS.value, State.UNCERTAIN.value)
-_RESOLVED = (State.COMPLETED.value, State.FAILED.value)
 
 
 @dataclass(frozen=True)
@@ -99,7 +105,7 @@ def _build(connection: BaseDatabaseWrapper) -> Statements:
         f"{conflict}"
     )
     find = f"SELECT {columns} FROM {table} WHERE {where_scope}"
-    unresolved = ", ".join(f"'{state}'" for state in _UNRESOLVED)
+    unresolved = _sql_list(UNRESOLVED_STATES)
     expires_at = quote("expires_at")
     complete = (
         f"UPDATE {table} SET {quote('state')} = %s, {quote('response_status')} = %s, "
@@ -115,7 +121,7 @@ def _build(connection: BaseDatabaseWrapper) -> Statements:
         f"AND {quote('state')} IN ({unresolved})"
     )
     state_column = quote("state")
-    resolved = ", ".join(f"'{state}'" for state in _RESOLVED)
+    resolved = _sql_list(RESOLVED_STATES)
     expired = f"{state_column} IN ({resolved}) AND {expires_at} <= %s"
     # One statement per batch: no id list travels to the client and back.
     # The scan starts where the previous batch ended, past index entries of
@@ -144,6 +150,11 @@ Converters = list[tuple[int, list[Converter], Any]]
 #: Per connection, and per USE_TZ: some backends convert datetimes only with it.
 _converters: weakref.WeakKeyDictionary[BaseDatabaseWrapper, dict[bool, Converters]]
 _converters = weakref.WeakKeyDictionary()
+
+
+def _sql_list(states: Sequence[str]) -> str:
+    """The states as SQL literals: constants of ours, never client input."""
+    return ", ".join(f"'{state}'" for state in states)
 
 
 def record_from_row(connection: BaseDatabaseWrapper, row: Sequence[Any]) -> IdempotencyRecord:

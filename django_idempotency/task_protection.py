@@ -1,4 +1,8 @@
-"""Consumer-side deduplication: a redelivered message runs its side effect once.
+"""``idempotent_task``: a redelivered Celery message runs its side effect once.
+
+Consumer-side deduplication, the task counterpart of ``protection`` (whose
+request flow it shares through ``store.claim_or_take_over``). The public
+path is ``django_idempotency.tasks.idempotent_task``.
 
 Message brokers deliver at least once: with ``acks_late`` a worker that dies
 mid-task gets its message redelivered, and producers retry too. The key
@@ -17,17 +21,16 @@ from datetime import timedelta
 from typing import Any, TypeVar, cast
 
 from django.db import transaction
-from django.utils import timezone
 
 from django_idempotency.conf import as_timedelta, idempotency_settings
 from django_idempotency.exceptions import StaleOwner, TaskInProgress, TaskKeyReused
 from django_idempotency.fingerprint import fingerprint
-from django_idempotency.responses import Outcome, StoredResponse
-from django_idempotency.sealing import unseal
+from django_idempotency.responses import StoredResponse, Verdict
 
-# Not the models' own constant: this module is imported from settings files
-# (through tasks.py), before the app registry is ready.
-KEY_MAX_LENGTH = 255
+__all__ = [
+    "TASK_TENANT",
+    "idempotent_task",
+]
 
 logger = logging.getLogger("django_idempotency")
 Task = TypeVar("Task", bound=Callable[..., Any])
@@ -37,6 +40,10 @@ TASK_TENANT = "task"
 
 
 def _key_of(key: str | Callable[..., Any], func: Callable[..., Any], args: Any, kwargs: Any) -> str:
+    # Imported here, not above: this module is imported from settings files
+    # (through tasks.py), before the app registry is ready.
+    from django_idempotency.models import KEY_MAX_LENGTH
+
     if callable(key):
         value = str(key(*args, **kwargs))
     else:
@@ -65,17 +72,37 @@ def idempotent_task(
 ) -> Callable[[Task], Task]:
     """Run the decorated task body once per key; duplicates return its result.
 
-    ``key``: the name of the argument holding the message's id, or a callable
-    taking the task's arguments and returning it. The body's database writes
-    and the stored result commit in one transaction; the result must be
-    JSON-serialisable, and every run returns it as JSON gives it back (the
-    first run too). ``lease`` (default ``IDEMPOTENCY["LEASE"]``) must outlast
-    the body: a duplicate arriving after it takes the task over. Give it your
-    task's time limit. Place it under Celery's decorator::
+    The body's database writes and the stored result commit in one
+    transaction; the result must be JSON-serialisable, and every run returns
+    it as JSON gives it back (the first run too). Place it under Celery's
+    decorator:
 
-        @shared_task(bind=True, acks_late=True, autoretry_for=(TaskInProgress,))
-        @idempotent_task(key="event_id")
-        def ship_order(self, event_id, order_id): ...
+    ```python
+    @shared_task(bind=True, acks_late=True, autoretry_for=(TaskInProgress,))
+    @idempotent_task(key="event_id")
+    def ship_order(self, event_id, order_id): ...
+    ```
+
+    Args:
+        key: The name of the argument holding the message's id, or a
+            callable taking the task's arguments and returning it. An id
+            longer than 255 characters is stored by its SHA-256 digest.
+        operation: The records' operation name; ``None``:
+            ``"task <module>.<qualname>"``.
+        ttl: How long the result is kept for duplicates, in seconds or as a
+            ``timedelta``; ``None``: ``IDEMPOTENCY["TTL"]``.
+        lease: How long a run holds the key, in seconds or as a
+            ``timedelta``; ``None``: ``IDEMPOTENCY["LEASE"]``. It must outlast
+            the body: a duplicate arriving after it takes the task over.
+            Give it your task's time limit.
+
+    Returns:
+        The decorator.
+
+    Raises:
+        TaskInProgress: (from the task) Another worker runs the same key
+            right now, or took it over.
+        TaskKeyReused: (from the task) The key was used with other arguments.
     """
 
     def decorate(func: Task) -> Task:
@@ -92,40 +119,27 @@ def idempotent_task(
             digest = fingerprint(_arguments(func, args, kwargs))
             retention = as_timedelta(ttl) if ttl is not None else conf.TTL
             held_for = as_timedelta(lease) if lease is not None else conf.LEASE
-            held, record = store.claim_or_find(
+            held, record = store.claim_or_take_over(
                 scope, digest, ttl=retention, lease=held_for, using=database
             )
-            if (
-                record is not None
-                and record.is_resolved
-                and record.expires_at <= timezone.now()
-                and store.discard_expired(record, using=database)
-            ):
-                # Past retention the message is a new one (as an HTTP key is).
-                held, record = store.claim_or_find(
-                    scope, digest, ttl=retention, lease=held_for, using=database
-                )
             if held is None:
                 if record is not None and not digest.matches(record.fingerprint):
                     raise TaskKeyReused(f"{scope} was used with other arguments")
                 if record is not None and record.is_resolved:
                     logger.info("Duplicate message for %s: returning the stored result", scope)
-                    _, stored_body = unseal(
+                    _, stored_body = store.unseal(
                         record.response_headers,
                         record.response_body,
                         sealed=record.response_sealed,
                     )
                     return json.loads(stored_body or b"null")
-                if record is not None and record.state == store.State.CLAIMED:
-                    held = store.take_over(record, scope, lease=held_for, using=database)
-                if held is None:
-                    raise TaskInProgress(f"{scope} is being handled by another worker")
+                raise TaskInProgress(f"{scope} is being handled by another worker")
             try:
                 with transaction.atomic(using=database):
                     result = func(*args, **kwargs)
                     body = json.dumps(result).encode("utf-8")
                     stored = StoredResponse(200, [["Content-Type", "application/json"]], body)
-                    store.complete(held, Outcome.COMPLETED, stored, ttl=retention)
+                    store.complete(held, Verdict.COMPLETED, stored, ttl=retention)
             except StaleOwner:
                 raise TaskInProgress(f"{scope} was taken over by another worker") from None
             except BaseException:

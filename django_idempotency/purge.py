@@ -1,0 +1,103 @@
+"""The purge: deleting resolved records once ``expires_at`` has passed (retention)."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from time import monotonic, sleep
+
+from django.utils import timezone
+
+from django_idempotency import store
+from django_idempotency.conf import idempotency_settings
+from django_idempotency.models import RESOLVED_STATES, IdempotencyRecord
+
+__all__ = [
+    "PurgeReport",
+    "expired_count",
+    "purge_expired_records",
+]
+
+
+@dataclass
+class PurgeReport:
+    """What one purge did.
+
+    Attributes:
+        deleted: Records deleted.
+        batches: DELETE statements that deleted any.
+        longest_batch: The longest single DELETE, in seconds: what live
+            traffic felt.
+    """
+
+    deleted: int = 0
+    batches: int = 0
+    longest_batch: float = 0.0
+
+
+def expired_count() -> int:
+    """How many records a purge would delete now (for ``--dry-run``)."""
+    return (
+        IdempotencyRecord.objects.using(idempotency_settings.DATABASE)
+        .filter(state__in=RESOLVED_STATES, expires_at__lte=timezone.now())
+        .count()
+    )
+
+
+def purge_expired_records(
+    *,
+    batch_size: int = 100,
+    max_batches: int | None = None,
+    batch_seconds: float = 0.1,
+    pause_factor: float = 2.0,
+) -> PurgeReport:
+    """Delete COMPLETED and FAILED records past ``expires_at``, in short batches.
+
+    Small batches keep each DELETE, the locks it holds and the WAL its
+    commit flushes small, so live claims are not kept waiting: with batches
+    of 1,000 rows, claims' p99 latency rose 6x while a purge ran; with 100,
+    under 2x (docs/performance.md). A batch that took longer than
+    ``batch_seconds`` halves the next one (a busy disk, a checkpoint); quick
+    ones grow it back, up to ``batch_size``. After each batch the purge
+    pauses ``pause_factor`` times as long as the batch took, so that it
+    leaves the database to live traffic most of the time (at 2.0, two
+    thirds of it); 0 runs the batches back to back. Unresolved records are never
+    deleted here. On PostgreSQL each batch is one statement that skips rows
+    locked by someone else, and each scan starts where the previous batch
+    ended.
+
+    What the ``purge_expired_records`` Celery task and the
+    ``idempotency_purge`` command run.
+
+    Args:
+        batch_size: Rows per DELETE, at most.
+        max_batches: Batches in this run, at most; ``None``: until no expired
+            record is left.
+        batch_seconds: A batch that took longer halves the next one.
+        pause_factor: After each batch, pause this many times as long as the
+            batch took.
+
+    Returns:
+        What the purge deleted, in how many batches.
+    """
+    report = PurgeReport()
+    database = idempotency_settings.DATABASE
+    size = batch_size
+    reached = None
+    while max_batches is None or report.batches < max_batches:
+        started = monotonic()
+        deleted, reached = store.purge_expired_batch(limit=size, using=database, after=reached)
+        took = monotonic() - started
+        if not deleted:
+            break
+        report.batches += 1
+        report.deleted += deleted
+        report.longest_batch = max(report.longest_batch, took)
+        if deleted < size:
+            break  # the rest is held by someone else, or not expired yet
+        if took > batch_seconds:
+            size = max(1, size // 2)
+        elif took < batch_seconds / 4:
+            size = min(batch_size, size * 2)
+        if pause_factor and (max_batches is None or report.batches < max_batches):
+            sleep(took * pause_factor)
+    return report

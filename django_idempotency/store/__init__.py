@@ -1,0 +1,98 @@
+"""The record store: the only code that writes ``IdempotencyRecord`` rows.
+
+Everything else (the request path, task protection, recovery, the admin,
+the management commands) reads records through the ORM at most, and
+changes them only by calling the functions exported here:
+
+- ``claims``: winning a key (an atomic INSERT), taking an abandoned one
+  over, finding the record that holds it;
+- ``owner_writes``: what the owner of a claim writes, each write
+  conditional on its fencing token;
+- ``maintenance``: recovery's and operators' takeovers, retention, key
+  rotation;
+- ``conditional``: the compare-and-set and the conditional DELETE those
+  are built on;
+- ``statements``: the hot path's SQL, per database vendor;
+- ``connections``: the second connection that commits an intent while the
+  view's transaction is open;
+- ``sealing``: encryption of stored responses at rest.
+
+A private package: import it as ``from django_idempotency import store``
+and call ``store.claim(...)``; its modules may change between releases.
+"""
+
+from __future__ import annotations
+
+from django_idempotency.models import RESOLVED_STATES, UNRESOLVED_STATES
+from django_idempotency.store.claims import (
+    MAX_RECLAIMS,
+    Claim,
+    abandoned,
+    claim,
+    claim_or_find,
+    claim_or_take_over,
+    discard_expired,
+    lease_owner,
+    lookup,
+    past_retention,
+    take_over,
+)
+from django_idempotency.store.connections import (
+    close_independent_connections,
+    commit_now_alias,
+    snapshot_isolated,
+)
+from django_idempotency.store.maintenance import (
+    ResealBatch,
+    expire_leases,
+    extend_retention,
+    purge_expired_batch,
+    reseal_batch,
+    take_over_for_operator,
+    take_over_next_stale,
+)
+from django_idempotency.store.owner_writes import (
+    begin_external,
+    complete,
+    mark_uncertain,
+    postpone,
+    release,
+    renew_lease,
+    set_provider_operation,
+)
+from django_idempotency.store.sealing import UnreadableRecord, unseal
+
+__all__ = [
+    "MAX_RECLAIMS",
+    "RESOLVED_STATES",
+    "UNRESOLVED_STATES",
+    "Claim",
+    "ResealBatch",
+    "UnreadableRecord",
+    "abandoned",
+    "begin_external",
+    "claim",
+    "claim_or_find",
+    "claim_or_take_over",
+    "close_independent_connections",
+    "commit_now_alias",
+    "complete",
+    "discard_expired",
+    "expire_leases",
+    "extend_retention",
+    "lease_owner",
+    "lookup",
+    "mark_uncertain",
+    "past_retention",
+    "postpone",
+    "purge_expired_batch",
+    "release",
+    "renew_lease",
+    "reseal_batch",
+    "set_provider_operation",
+    "snapshot_isolated",
+    "take_over",
+    "take_over_for_operator",
+    "take_over_next_stale",
+    "unseal",
+]

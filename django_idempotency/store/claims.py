@@ -1,0 +1,275 @@
+"""Claims: how a key is won, taken over, or found held by somebody else.
+
+The database's unique constraint on (tenant, operation, key) is the only
+arbiter of who runs an operation; every function here either wins it (a
+``Claim`` with a fencing token) or reads the record that holds it.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import socket
+import threading
+from contextlib import nullcontext
+from dataclasses import dataclass
+from datetime import timedelta
+from typing import Any
+
+from django.db import IntegrityError, connections, transaction
+from django.db.models import Q
+from django.utils import timezone
+
+from django_idempotency.clock import ahead
+from django_idempotency.digests import Fingerprint
+from django_idempotency.models import RESOLVED_STATES, IdempotencyRecord
+from django_idempotency.scope import Scope
+from django_idempotency.store.conditional import delete_where, take_over_where
+from django_idempotency.store.connections import commit_now_alias
+from django_idempotency.store.statements import record_from_row, statements_for
+
+__all__ = [
+    "MAX_RECLAIMS",
+    "Claim",
+    "abandoned",
+    "claim",
+    "claim_or_find",
+    "claim_or_take_over",
+    "discard_expired",
+    "lease_owner",
+    "lookup",
+    "past_retention",
+    "take_over",
+]
+
+logger = logging.getLogger("django_idempotency")
+
+State = IdempotencyRecord.State
+_HOST = socket.gethostname()
+#: How often a key may be found taken yet claimable (released, expired or
+#: taken over in between) before the caller is told it is in flight rather
+#: than looping.
+MAX_RECLAIMS = 3
+
+
+@dataclass(frozen=True)
+class Claim:
+    """What the winner of a claim holds: the record and its fencing token."""
+
+    record_id: int
+    fencing_token: int
+    scope: Scope
+    database: str
+    #: False when the claim joined a transaction that was already open (the
+    #: caller's): then the record exists only inside it, and so must every
+    #: later write of this owner.
+    committed: bool = True
+    #: The provider key the record already holds (a claim taken over): the
+    #: owner sends the provider that one, never a newly derived one.
+    provider_key: str = ""
+
+    @property
+    def write_now_alias(self) -> str:
+        """Where an owner write commits at once, even mid-transaction."""
+        return commit_now_alias(self.database) if self.committed else self.database
+
+
+def lease_owner() -> str:
+    return f"{_HOST}:{os.getpid()}:{threading.get_ident()}"[:255]
+
+
+def claim(
+    scope: Scope,
+    fingerprint: Fingerprint,
+    *,
+    ttl: timedelta,
+    lease: timedelta,
+    using: str,
+    wait_at_most: timedelta | None = None,
+) -> Claim | None:
+    """Insert a CLAIMED record in one atomic statement; ``None`` if the key is taken.
+
+    The database's unique constraint on (tenant, operation, key) is the
+    arbiter: on PostgreSQL ``INSERT ... ON CONFLICT DO NOTHING RETURNING``,
+    elsewhere an INSERT inside a savepoint whose IntegrityError means "lost".
+    Never SELECT-then-INSERT. Outside a transaction the statement commits at
+    once; inside one (the caller's), it commits with it.
+
+    ``wait_at_most`` (PostgreSQL, inside a transaction): how long the INSERT
+    may wait on a concurrent, uncommitted claim of the same scope; the
+    setting lasts until the transaction ends, and running out raises
+    ``OperationalError`` (SQLSTATE 55P03).
+    """
+    connection = connections[using]
+    committed = not connection.in_atomic_block
+    if connection.vendor == "postgresql":
+        sql = statements_for(connection)
+        params = _claim_params(scope, fingerprint, ttl=ttl, lease=lease)
+        if wait_at_most is not None:
+            timeout_ms = max(1, round(wait_at_most.total_seconds() * 1000))
+            params, query = [*params, str(timeout_ms)], sql.claim_waiting_at_most
+        else:
+            query = sql.claim
+        # In a caller's transaction the INSERT may wait on a duplicate and
+        # time out (lock_timeout, a deadlock): a savepoint keeps that from
+        # aborting the caller's transaction. The single-transaction claim
+        # (``wait_at_most``) opens its transaction itself: nothing to keep.
+        joins_callers = not committed and wait_at_most is None
+        savepoint = transaction.atomic(using=using) if joins_callers else nullcontext()
+        with savepoint, connection.cursor() as cursor:
+            cursor.execute(query, params)
+            row = cursor.fetchone()
+        return None if row is None else Claim(row[0], 1, scope, using, committed)
+    now = timezone.now()
+    try:
+        with transaction.atomic(using=using):
+            record = IdempotencyRecord.objects.using(using).create(
+                tenant=scope.tenant,
+                operation=scope.operation,
+                key=scope.key,
+                fingerprint=fingerprint.stored,
+                state=State.CLAIMED,
+                lease_owner=lease_owner(),
+                lease_expires_at=ahead(lease, now=now),
+                fencing_token=1,
+                created_at=now,
+                updated_at=now,
+                expires_at=ahead(ttl, now=now),
+            )
+    except IntegrityError:
+        return None
+    return Claim(record.pk, 1, scope, using, committed)
+
+
+def claim_or_find(
+    scope: Scope, fingerprint: Fingerprint, *, ttl: timedelta, lease: timedelta, using: str
+) -> tuple[Claim | None, IdempotencyRecord | None]:
+    """``claim()``, and when the key is taken, the record that holds it.
+
+    Two statements for a replay, one for a first execution. (A single
+    ``WITH claimed AS (INSERT ...) SELECT ...`` statement was measured: the
+    planning of the CTE cost a first execution more than it saved a replay.)
+    Both can be ``None``: the holder released the record in between.
+    """
+    held = claim(scope, fingerprint, ttl=ttl, lease=lease, using=using)
+    return held, None if held else lookup(scope, using=using)
+
+
+def _scope_params(scope: Scope) -> list[str]:
+    return [scope.tenant, scope.operation, scope.key]
+
+
+def _claim_params(
+    scope: Scope, fingerprint: Fingerprint, *, ttl: timedelta, lease: timedelta
+) -> list[Any]:
+    now = timezone.now()
+    return [
+        scope.tenant,
+        scope.operation,
+        scope.key,
+        fingerprint.stored,
+        State.CLAIMED.value,
+        lease_owner(),
+        ahead(lease, now=now),
+        now,
+        now,
+        ahead(ttl, now=now),
+    ]
+
+
+def take_over(
+    record: IdempotencyRecord, scope: Scope, *, lease: timedelta, using: str
+) -> Claim | None:
+    """Claim a CLAIMED record whose owner's lease ran out, by compare-and-set.
+
+    A CLAIMED owner has begun no external call, and its local work commits
+    only with its completion: if it died, that work rolled back with it; if
+    it is merely slow, its completion will find the fencing token moved on
+    and roll back too. So the record can be run again, once.
+    """
+    now = timezone.now()
+    token = take_over_where(
+        record,
+        Q(state=State.CLAIMED, lease_expires_at__lte=now),
+        owner=lease_owner(),
+        lease_until=ahead(lease, now=now),
+        now=now,
+        using=using,
+    )
+    if token is None:
+        return None
+    logger.warning(
+        "Took over record %s (%s): its owner's lease ran out at %s.",
+        record.pk,
+        scope,
+        record.lease_expires_at,
+    )
+    committed = not connections[using].in_atomic_block
+    return Claim(record.pk, token, scope, using, committed, record.provider_key)
+
+
+def claim_or_take_over(
+    scope: Scope, fingerprint: Fingerprint, *, ttl: timedelta, lease: timedelta, using: str
+) -> tuple[Claim | None, IdempotencyRecord | None]:
+    """Claim the key, or take it over where that is safe; else the record holding it.
+
+    The one loop that views and tasks share. A resolved record past its
+    retention is deleted and the key claimed anew; a CLAIMED record of this
+    very input whose owner's lease ran out is taken over. What is returned
+    otherwise is the record that holds the key: another input's, a live
+    resolved one, or one in flight. Both are None when the key kept changing
+    hands meanwhile, ``MAX_RECLAIMS`` times.
+    """
+    for _ in range(1 + MAX_RECLAIMS):
+        held, record = claim_or_find(scope, fingerprint, ttl=ttl, lease=lease, using=using)
+        if held is not None:
+            return held, None
+        if record is None:
+            continue  # released between the claim and the lookup
+        if past_retention(record):
+            discard_expired(record, using=using)
+            continue
+        if not abandoned(record, fingerprint):
+            return None, record
+        held = take_over(record, scope, lease=lease, using=using)
+        if held is not None:
+            return held, None
+    return None, None
+
+
+def past_retention(record: IdempotencyRecord) -> bool:
+    """A resolved record past retention: its key may start a new operation."""
+    return record.is_resolved and record.expires_at <= timezone.now()
+
+
+def abandoned(record: IdempotencyRecord, fingerprint: Fingerprint) -> bool:
+    """A claim for this very input whose owner's lease ran out."""
+    return (
+        record.state == State.CLAIMED
+        and fingerprint.matches(record.fingerprint)
+        and record.lease_expires_at is not None
+        and record.lease_expires_at <= timezone.now()
+    )
+
+
+def discard_expired(record: IdempotencyRecord, *, using: str) -> bool:
+    """Delete a resolved record past its retention so its key can start anew."""
+    deleted = delete_where(
+        IdempotencyRecord.objects.filter(
+            pk=record.pk,
+            fencing_token=record.fencing_token,
+            state__in=RESOLVED_STATES,
+            expires_at__lte=timezone.now(),
+        ),
+        using=using,
+    )
+    return bool(deleted)
+
+
+def lookup(scope: Scope, *, using: str) -> IdempotencyRecord | None:
+    """The record holding ``scope``, if any: one SELECT, no lock."""
+    connection = connections[using]
+    with connection.cursor() as cursor:
+        cursor.execute(statements_for(connection).find, _scope_params(scope))
+        row = cursor.fetchone()
+    return None if row is None else record_from_row(connection, row)

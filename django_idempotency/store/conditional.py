@@ -1,0 +1,69 @@
+"""The two conditional writes every other store function is built on.
+
+A record changes hands only by compare-and-set on its fencing token, and
+goes away only by a DELETE that repeats every condition it was chosen by:
+between reading a record and writing it, another worker may have taken it
+over, resolved it or extended its retention, and the write must then
+change nothing.
+"""
+
+from __future__ import annotations
+
+from datetime import datetime
+
+from django.db.models import Q, QuerySet
+
+from django_idempotency.models import IdempotencyRecord
+
+__all__ = [
+    "delete_where",
+    "take_over_where",
+]
+
+
+def take_over_where(
+    record: IdempotencyRecord,
+    still: Q,
+    *,
+    owner: str,
+    lease_until: datetime | None,
+    now: datetime,
+    using: str,
+) -> int | None:
+    """Hand ``record`` to ``owner`` if it is still as seen; the new fencing token, or None.
+
+    ``still`` is what else must hold (its state, an expired lease...); the
+    fencing token the caller read is always part of the condition, so of
+    two workers that saw the same record, one wins and the other matches
+    no row.
+    """
+    token = record.fencing_token + 1
+    updated = (
+        IdempotencyRecord.objects.using(using)
+        .filter(still, pk=record.pk, fencing_token=record.fencing_token)
+        .update(
+            fencing_token=token,
+            lease_owner=owner[:255],
+            lease_expires_at=lease_until,
+            updated_at=now,
+        )
+    )
+    return token if updated else None
+
+
+# Never ``QuerySet.delete()``: as soon as a project connects any
+# ``pre_delete``/``post_delete`` receiver without a sender (audit and history
+# packages do), Django's collector SELECTs the rows, sends the signals, then
+# deletes by primary key alone, and whatever changed in between (a takeover,
+# an extended retention) is deleted anyway. ``_raw_delete()`` is the one
+# ``DELETE ... WHERE`` Django's own fast delete runs, with every condition:
+# the ORM still compiles them (adapting datetimes per backend and USE_TZ,
+# which SQL of our own in ``statements`` would have to repeat for a variable
+# list of states or ids), and no model signal is sent, whatever receivers are
+# connected (docs/signals.md). Private API, but the very statement of Django's
+# own fast delete, and typed by django-stubs; tests/test_conditional_writes.py
+# fails if it ever stops being one statement. (It answers None, not 0, when the
+# conditions can match nothing, such as an empty list of states.)
+def delete_where(records: QuerySet[IdempotencyRecord], *, using: str) -> int:
+    """Delete the records matching every condition of ``records``, in one statement."""
+    return records._raw_delete(using) or 0

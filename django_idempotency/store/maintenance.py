@@ -1,0 +1,246 @@
+"""The store's writes for recovery, retention, operators and key rotation.
+
+Nobody owns the records these functions handle: they take them over (by
+the same compare-and-set as a takeover by a request), delete them past
+retention, or rewrite their stored responses, each write conditional on the
+record still being as it was read.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from datetime import UTC, datetime, timedelta
+
+from django.db import OperationalError, connections, transaction
+from django.db.backends.base.base import BaseDatabaseWrapper
+from django.db.models import Q
+from django.utils import timezone
+
+from django_idempotency.clock import ahead
+from django_idempotency.database_errors import is_serialization_failure
+from django_idempotency.models import RESOLVED_STATES, UNRESOLVED_STATES, IdempotencyRecord
+from django_idempotency.scope import Scope
+from django_idempotency.store.claims import Claim, lease_owner
+from django_idempotency.store.conditional import delete_where, take_over_where
+from django_idempotency.store.sealing import (
+    UnreadableRecord,
+    encrypt,
+    reseal,
+    sealed_by_an_earlier_release,
+)
+from django_idempotency.store.statements import statements_for
+
+__all__ = [
+    "ResealBatch",
+    "expire_leases",
+    "extend_retention",
+    "purge_expired_batch",
+    "reseal_batch",
+    "take_over_for_operator",
+    "take_over_next_stale",
+]
+
+
+def take_over_next_stale(*, lease: timedelta, using: str) -> tuple[IdempotencyRecord, Claim] | None:
+    """Take the unresolved record whose lease ran out longest ago, for recovery.
+
+    One record at a time, right before it is settled, so that its fresh
+    lease covers the reconciler's run rather than a whole batch's. The row
+    is locked while it is taken (SKIP LOCKED where the database has it, so
+    that concurrent workers pass over each other's), and the takeover is a
+    compare-and-set repeating every condition: a record another worker took
+    or resolved in between is never handled twice.
+    """
+    connection = connections[using]
+    conflicts = 0
+    while True:
+        now = timezone.now()
+        try:
+            record, token, owner = _take_over_oldest_stale(connection, lease, now)
+        except OperationalError as exc:
+            # At REPEATABLE READ, a row another worker took after this
+            # transaction's snapshot is a serialization failure, not a skip:
+            # look again with a fresh snapshot (a few times; then it is news).
+            conflicts += 1
+            if not is_serialization_failure(exc) or conflicts > _MAX_CONFLICTS:
+                raise
+            continue
+        if record is None:
+            return None
+        if token is not None:
+            record.fencing_token, record.lease_owner = token, owner
+            record.lease_expires_at = ahead(lease, now=now)
+            scope = Scope(record.tenant, record.operation, record.key)
+            return record, Claim(record.pk, token, scope, using, provider_key=record.provider_key)
+
+
+#: How often recovery looks again after a serialization failure before giving up.
+_MAX_CONFLICTS = 10
+
+
+def _take_over_oldest_stale(
+    connection: BaseDatabaseWrapper, lease: timedelta, now: datetime
+) -> tuple[IdempotencyRecord | None, int | None, str]:
+    using = connection.alias
+    with transaction.atomic(using=using):
+        stale = IdempotencyRecord.objects.using(using).filter(
+            state__in=UNRESOLVED_STATES, lease_expires_at__lte=now
+        )
+        if connection.features.has_select_for_update_skip_locked:
+            stale = stale.select_for_update(skip_locked=True)
+        elif connection.features.has_select_for_update:
+            stale = stale.select_for_update()
+        record = stale.order_by("lease_expires_at").first()
+        if record is None:
+            return None, None, ""
+        owner = lease_owner()
+        token = take_over_where(
+            record,
+            Q(state__in=UNRESOLVED_STATES, lease_expires_at__lte=now),
+            owner=owner,
+            lease_until=ahead(lease, now=now),
+            now=now,
+            using=using,
+        )
+    return record, token, owner
+
+
+#: Where the first batch of a purge starts scanning: before any record's expiry.
+_EPOCH = datetime(1970, 1, 1, tzinfo=UTC)
+
+
+def purge_expired_batch(
+    *, limit: int, using: str, after: datetime | None = None
+) -> tuple[int, datetime | None]:
+    """Delete up to ``limit`` resolved records past retention; never unresolved ones.
+
+    Returns how many were deleted and the latest expiry among them: pass it
+    back as ``after`` so the next batch starts its scan there.
+    """
+    connection = connections[using]
+    now = timezone.now()
+    if connection.vendor == "postgresql":
+        start = after or _EPOCH  # timestamptz on PostgreSQL, whatever USE_TZ says
+        with connection.cursor() as cursor:
+            cursor.execute(statements_for(connection).purge, [now, start, limit, now])
+            deleted, reached = cursor.fetchone()
+        return deleted, reached
+    expired = IdempotencyRecord.objects.using(using).filter(
+        state__in=RESOLVED_STATES, expires_at__lte=now
+    )
+    batch = expired if after is None else expired.filter(expires_at__gte=after)
+    batch = batch.order_by("expires_at")[:limit]
+    rows = list(batch.values_list("pk", "expires_at"))
+    if not rows:
+        return 0, after
+    # The conditions again: a record could have been re-used in between.
+    deleted = delete_where(expired.filter(pk__in=[pk for pk, _ in rows]), using=using)
+    return deleted, rows[-1][1]
+
+
+def take_over_for_operator(
+    record: IdempotencyRecord,
+    *,
+    seen_state: str,
+    operator: str,
+    lease: timedelta,
+    using: str,
+) -> Claim | None:
+    """Take a record for an operator's action, if it is as the operator saw it.
+
+    Compare-and-set on the fencing token and the state the operator's page
+    showed: a record that changed since (taken over, resolved) is left alone.
+    So is a record whose lease somebody holds (its owner, or a recovery
+    worker reconciling it): they are working on it.
+    """
+    now = timezone.now()
+    token = take_over_where(
+        record,
+        Q(state=seen_state) & ~Q(lease_owner__gt="", lease_expires_at__gt=now),
+        owner=f"operator:{operator}",
+        lease_until=ahead(lease, now=now) if seen_state not in RESOLVED_STATES else None,
+        now=now,
+        using=using,
+    )
+    if token is None:
+        return None
+    record.fencing_token = token
+    scope = Scope(record.tenant, record.operation, record.key)
+    return Claim(record.pk, token, scope, using, provider_key=record.provider_key)
+
+
+def extend_retention(record_ids: list[int], *, until: datetime, using: str) -> int:
+    """Keep records recognisable until at least ``until``; never shortens."""
+    return (
+        IdempotencyRecord.objects.using(using)
+        .filter(pk__in=record_ids, expires_at__lt=until)
+        .update(expires_at=until, updated_at=timezone.now())
+    )
+
+
+def expire_leases(*, using: str) -> int:
+    """End every unresolved record's lease now (``testing.expire_leases``)."""
+    return (
+        IdempotencyRecord.objects.using(using)
+        .filter(state__in=UNRESOLVED_STATES)
+        .update(lease_expires_at=timezone.now())
+    )
+
+
+@dataclass
+class ResealBatch:
+    """What one batch of ``reseal_batch`` did."""
+
+    #: The last primary key looked at: where the next batch starts.
+    last: int
+    #: Encrypted responses re-encrypted with the newest key.
+    rotated: int = 0
+    #: Plaintext responses (stored before encryption was on) encrypted.
+    encrypted: int = 0
+    #: (primary key, scope) of the encrypted responses no key decrypts.
+    unreadable: list[tuple[int, Scope]] = field(default_factory=list)
+
+
+def reseal_batch(*, after: int, limit: int, using: str) -> ResealBatch:
+    """Encrypt with the newest key every stored response past primary key ``after``.
+
+    Sealed responses are re-encrypted; plaintext ones (stored before
+    ``ENCRYPTION_KEYS`` was set) are encrypted, headers included. A record
+    that no key decrypts is reported, and the batch goes on. Each write is a
+    compare-and-set on the fencing token and the sealed flag, so a record
+    changed meanwhile is left alone.
+    """
+    rows = list(
+        IdempotencyRecord.objects.using(using)
+        .filter(pk__gt=after, state__in=RESOLVED_STATES)
+        .order_by("pk")
+        .values_list(
+            "pk",
+            "fencing_token",
+            "tenant",
+            "operation",
+            "key",
+            "response_status",
+            "response_sealed",
+            "response_headers",
+            "response_body",
+        )[:limit]
+    )
+    batch = ResealBatch(rows[-1][0] if rows else after)
+    for pk, token, tenant, operation, key, status, sealed, headers, body in rows:
+        unchanged = IdempotencyRecord.objects.using(using).filter(
+            pk=pk, fencing_token=token, response_sealed=sealed
+        )
+        if sealed or sealed_by_an_earlier_release(headers, body):
+            try:
+                batch.rotated += unchanged.update(response_body=reseal(body), response_sealed=True)
+            except UnreadableRecord:
+                batch.unreadable.append((pk, Scope(tenant, operation, key)))
+        elif headers or body is not None:
+            encrypted = encrypt(status or 0, headers, None if body is None else bytes(body))
+            batch.encrypted += unchanged.update(
+                response_headers=encrypted.headers,
+                response_body=encrypted.body,
+                response_sealed=True,
+            )
+    return batch
