@@ -412,7 +412,7 @@ def _body_fits_in_memory(request: HttpRequest) -> bool:
 
     limit = settings.DATA_UPLOAD_MAX_MEMORY_SIZE
     try:
-        length = int(request.META.get("CONTENT_LENGTH") or 0)
+        length = int(request.headers.get("content-length") or 0)
     except ValueError:
         return False
     return limit is None or length <= limit

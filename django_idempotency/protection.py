@@ -128,7 +128,7 @@ def _declared_length(request: HttpRequest) -> int:
     if (request.content_type or "").startswith("multipart/"):
         return 0
     try:
-        return int(request.META.get("CONTENT_LENGTH") or 0)
+        return int(request.headers.get("content-length") or 0)
     except ValueError:
         return 0
 
