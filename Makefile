@@ -30,7 +30,7 @@ configurations: $(VENV)/.installed
 lint: $(VENV)/.installed
 	$(VENV)/bin/ruff check .
 	$(VENV)/bin/ruff format --check .
-	$(VENV)/bin/mypy django_idempotency tests testproject
+	$(VENV)/bin/mypy django_idempotency tests testproject conftest.py runtests.py
 
 # Every hook of .pre-commit-config.yaml (ruff, ruff-format, django-upgrade,
 # typos) on every file; the hooks' environments come from PyPI on first use.
