@@ -1,10 +1,11 @@
-"""Review of issue 12's restructuring: the paths it changed that nothing else covers.
+"""Takeovers: the claim loop views and tasks share, and the compare-and-set behind it.
 
-The claim loop that views and tasks now share (``store.claim_or_take_over``)
-and the compare-and-set the three takeovers now share (``take_over_where``,
-whose ``.exclude(a, b)`` became ``~Q(a, b)``). Written against public
-import paths only, so that the same file runs against the code before the
-restructuring and tells whether behaviour changed.
+``store.claim_or_take_over`` (claim, discard an expired record, take over an
+abandoned claim, a bounded number of times) and ``take_over_where``, which
+the request's, recovery's and the operator's takeovers share. Written
+against public import paths only (a review of issue 12 ran the same file
+against the code before the store became a package, to prove that behaviour
+did not change).
 """
 
 from __future__ import annotations
