@@ -362,7 +362,7 @@ class IdempotencyRecordAdmin(admin.ModelAdmin):  # type: ignore[type-arg]
             return "-" if not record.is_resolved else _("(not stored: too large or streamed)")
         text = raw.decode("utf-8", errors="replace")
         with contextlib.suppress(ValueError):
-            text = json.dumps(json.loads(raw), indent=2, ensure_ascii=False, sort_keys=True)
+            text = json.dumps(json.loads(raw), indent=2, ensure_ascii=False)
         return format_html('<pre class="idempotency-body">{}</pre>', text)
 
     def change_view(

@@ -415,31 +415,37 @@ def check_operations(app_configs: Any = None, **kwargs: Any) -> list[CheckMessag
 def _unknown_operation(
     operation: str, reconciler: str, urls: list[ProtectedURL], named: set[str | None], style: str
 ) -> CheckMessage:
-    for other in OPERATION_NAMES:
-        if other == style:
-            continue
+    # The settings under which some protected view has this very name.
+    others = [
+        other
+        for other in OPERATION_NAMES
+        if other != style
+        and any(
+            url.operation(handler, other) == operation for url in urls for handler in url.handlers
+        )
+    ]
+    if others:
         current = sorted(
             {
                 repr(url.operation(handler, style))
                 for url in urls
                 for handler in url.handlers
-                if url.operation(handler, other) == operation
+                if any(url.operation(handler, other) == operation for other in others)
             }
         )
-        if current:
-            # Kept on purpose while records of the old names drain, or
-            # written for the wrong setting: either way never called for
-            # new records.
-            return Warning(
-                f"A reconciler is registered for {operation!r}, which is an operation "
-                f"name under IDEMPOTENCY['OPERATION_NAMES'] = {other!r}, not under the "
-                f"current {style!r}: records made from now on are named otherwise.",
-                hint=f"Register it as {' or '.join(current)}. While switching settings, keep "
-                "the old registration until no unresolved record carries the old name, "
-                "then remove it.",
-                obj=reconciler,
-                id="django_idempotency.W005",
-            )
+        under = " and ".join(repr(other) for other in others)
+        # Kept on purpose while records of the old names drain, or written
+        # for the wrong setting: either way never called for new records.
+        return Warning(
+            f"A reconciler is registered for {operation!r}, which is an operation name "
+            f"under IDEMPOTENCY['OPERATION_NAMES'] = {under}, not under the current "
+            f"{style!r}: records made from now on are named otherwise.",
+            hint=f"Register it as {' or '.join(current)}. While switching settings, keep "
+            "the old registration until no unresolved record carries the old name, "
+            "then remove it.",
+            obj=reconciler,
+            id="django_idempotency.W005",
+        )
     hint = f"Register it under a protected operation's name{_closest(operation, named)}."
     if operation.startswith("task "):
         hint += (

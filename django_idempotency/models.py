@@ -148,9 +148,9 @@ class IdempotencyRecord(models.Model):
 
 
 RESOLVED_STATES = (IdempotencyRecord.State.COMPLETED, IdempotencyRecord.State.FAILED)
-"""The states of the five that are final: the outcome is stored and replayed.
+"""The final states: the outcome is stored and replayed to every retry.
 
-Every other module (and the SQL of ``store.statements``) uses these two.
+Filter with these (``state__in=RESOLVED_STATES``) rather than listing states.
 """
 
 UNRESOLVED_STATES = (

@@ -3,11 +3,13 @@
 Loaded by the AppConfig when drf-spectacular is installed. Every operation
 that ``@idempotent`` or ``IdempotentMixin`` protects gets the
 ``Idempotency-Key`` header parameter (required or not, as configured) and
-the 400, 409 and 422 responses it can answer with, in DRF's error shape.
+the 400, 409, 413, 422 and 503 responses it can answer with, in the
+configured error format; handlers under ``@extend_schema`` included.
 """
 
 from __future__ import annotations
 
+import functools
 from typing import Any
 
 from drf_spectacular.extensions import OpenApiViewExtension
@@ -70,7 +72,9 @@ class IdempotencySchemaMixin:
 
     def _protection(self) -> Options | None:
         handler = getattr(self.view, "action", None) or self.method.lower()
-        return protection_of(type(self.view), handler, self.method)
+        # The user's class: the replacement's handlers may be stand-ins.
+        view_class = getattr(type(self.view), "_idempotency_view_class", type(self.view))
+        return protection_of(view_class, handler, self.method)
 
     def get_override_parameters(self) -> list[Any]:
         parameters = list(super().get_override_parameters())  # type: ignore[misc]
@@ -145,9 +149,6 @@ class IdempotentViewExtension(OpenApiViewExtension):  # type: ignore[no-untyped-
         schema = getattr(view_class, "schema", None)
         if not isinstance(schema, AutoSchema) or isinstance(schema, IdempotencySchemaMixin):
             return view_class
-        schema_class = type(
-            f"Idempotent{type(schema).__name__}", (IdempotencySchemaMixin, type(schema)), {}
-        )
         # Spectacular names a view's source file and line in its warnings,
         # from the class's __module__ and __qualname__ (and __firstlineno__
         # from Python 3.13): the replacement takes the user's, or the
@@ -155,4 +156,53 @@ class IdempotentViewExtension(OpenApiViewExtension):  # type: ignore[no-untyped-
         where = {"__module__": view_class.__module__, "__qualname__": view_class.__qualname__}
         if "__firstlineno__" in vars(view_class):
             where["__firstlineno__"] = vars(view_class)["__firstlineno__"]
-        return type(view_class.__name__, (view_class,), {**where, "schema": schema_class()})
+        return type(
+            view_class.__name__,
+            (view_class,),
+            {
+                **where,
+                **_handlers_with_extended_schemas(view_class),
+                "schema": _with_idempotency(type(schema))(),
+                "_idempotency_view_class": view_class,
+            },
+        )
+
+
+def _with_idempotency(schema_class: type) -> type:
+    if issubclass(schema_class, IdempotencySchemaMixin):
+        return schema_class
+    return type(f"Idempotent{schema_class.__name__}", (IdempotencySchemaMixin, schema_class), {})
+
+
+def _handlers_with_extended_schemas(view_class: type) -> dict[str, Any]:
+    """Stand-ins for the handlers that ``@extend_schema`` gave a schema class of their own.
+
+    Spectacular builds such an operation's schema from the handler's
+    ``kwargs["schema"]`` (a subclass of the default AutoSchema), not from the
+    view's, so the header and the refusals would be lost. The stand-in
+    carries the same attributes (docstring, ``@action`` routing, kwargs)
+    with our mixin added to that class; the user's function is left as it is.
+    Schema generation never calls a handler.
+    """
+    stand_ins: dict[str, Any] = {}
+    for name in dir(view_class):
+        handler = getattr(view_class, name, None)
+        extended = getattr(handler, "kwargs", None)
+        if not callable(handler) or not isinstance(extended, dict):
+            continue
+        schema_class = extended.get("schema")
+        if not isinstance(schema_class, type) or not issubclass(schema_class, AutoSchema):
+            continue
+        stand_ins[name] = _stand_in(
+            handler, {**extended, "schema": _with_idempotency(schema_class)}
+        )
+    return stand_ins
+
+
+def _stand_in(handler: Any, kwargs: dict[str, Any]) -> Any:
+    def stand_in(*args: Any, **kwargs: Any) -> Any:
+        raise AssertionError("a schema-generation stand-in is never called")
+
+    functools.update_wrapper(stand_in, handler)
+    stand_in.kwargs = kwargs  # type: ignore[attr-defined]
+    return stand_in

@@ -148,15 +148,16 @@ def _claim_or_answer(
     poll = _FIRST_POLL
     while True:
         try:
-            held, record = store.claim_or_take_over(
+            attempt = store.claim_or_take_over(
                 scope, fingerprint, ttl=ttl, lease=conf.LEASE, using=database
             )
         except UNREACHABLE_ERRORS as exc:
             if is_contention(exc):  # a busy database, most likely this very key
                 in_flight(request, scope, state="contended", cause=exc)
             return store_unavailable(request, scope, view, exc)
-        if held is not None:
-            return run_owned(request, held, view, ttl)
+        if attempt.held is not None:
+            return run_owned(request, attempt.held, view, ttl)
+        record = attempt.record
         if record is not None and (
             not fingerprint.matches(record.fingerprint) or record.is_resolved
         ):
@@ -166,4 +167,4 @@ def _claim_or_answer(
             poll = min(poll * 2, _LAST_POLL)
             continue
         # In flight, or (None) the key kept changing hands: ask again later.
-        in_flight(request, scope, state="unknown" if record is None else record.state)
+        in_flight(request, scope, state=attempt.last_seen if record is None else record.state)

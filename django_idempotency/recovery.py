@@ -95,7 +95,7 @@ class _Answer:
 
 @dataclass(frozen=True)
 class Completed(_Answer):
-    """The operation happened: store this response (2xx) as COMPLETED.
+    """The operation happened: store this response (a status below 400) as COMPLETED.
 
     Args:
         status: The HTTP status replayed to the client's retries.

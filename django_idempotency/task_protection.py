@@ -119,9 +119,10 @@ def idempotent_task(
             digest = fingerprint(_arguments(func, args, kwargs))
             retention = as_timedelta(ttl) if ttl is not None else conf.TTL
             held_for = as_timedelta(lease) if lease is not None else conf.LEASE
-            held, record = store.claim_or_take_over(
+            attempt = store.claim_or_take_over(
                 scope, digest, ttl=retention, lease=held_for, using=database
             )
+            held, record = attempt.held, attempt.record
             if held is None:
                 if record is not None and not digest.matches(record.fingerprint):
                     raise TaskKeyReused(f"{scope} was used with other arguments")

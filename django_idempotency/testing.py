@@ -80,7 +80,7 @@ def assert_protected(
     changed: Mapping[str, Any] | None = None,
     required: bool | None = None,
 ) -> None:
-    """Assert that POSTing ``data`` to ``url`` is protected as the SPEC says.
+    """Assert that POSTing ``data`` to ``url`` is protected as docs/http.md says.
 
     Checks: a missing key is refused with 400 (when keys are required); a
     retry with the same key replays the first answer byte for byte, with

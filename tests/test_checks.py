@@ -326,3 +326,18 @@ def test_a_project_without_urls_is_not_judged(
 
     assert check_operations() == []
     assert check_atomic_requests() == []
+
+
+@pytest.mark.urls("tests.testapp.operation_urls")
+def test_a_name_shared_by_two_other_styles_is_said_to_be_both(
+    settings: Any, reconcilers: Callable[..., None]
+) -> None:
+    # A route without arguments: its pattern name is its normalised name too.
+    settings.IDEMPOTENCY = {"OPERATION_NAMES": "route_name"}
+    reconcilers("POST api/orders")
+
+    [(id_, message, hint)] = warnings_of(check_operations)
+
+    assert id_ == "django_idempotency.W005"
+    assert "OPERATION_NAMES'] = 'pattern' and 'normalised', not under" in message
+    assert "'POST orders-list'" in hint

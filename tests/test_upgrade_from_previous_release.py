@@ -330,15 +330,16 @@ def tasks_deduplicated(previous: dict[str, Any]) -> None:
 
 def purge(previous: dict[str, Any]) -> set[str]:
     """The purge command deletes the resolved records past retention, and only those."""
-    expiring = [record_of(previous, name) for name in ("expiring_completed", "expiring_failed")]
-    rows = {row["key"]: row for row in previous["records"]}
-    uncertain_expiring = rows[record_of(previous, "uncertain_expiring")["key"]]
-    # Until all three are past retention: the UNCERTAIN one was written last,
-    # later than the others by however slowly the previous release ran.
-    last_expiry = max(
-        datetime.fromisoformat(row["expires_at"]) for row in [*expiring, uncertain_expiring]
-    )
+    # The UNCERTAIN one too: it was written last, so it may expire last (a
+    # loaded machine), and the purge must be seen passing over an expired one.
+    expiring = [
+        record_of(previous, name)
+        for name in ("expiring_completed", "expiring_failed", "uncertain_expiring")
+    ]
+    last_expiry = max(datetime.fromisoformat(row["expires_at"]) for row in expiring)
     wait_until(lambda: timezone.now() > last_expiry)
+    rows = {row["key"]: row for row in previous["records"]}
+    uncertain_expiring = expiring.pop()
     before = set(IdempotencyRecord.objects.values_list("key", flat=True))
     started = timezone.now()
 

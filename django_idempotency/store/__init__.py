@@ -26,6 +26,7 @@ from __future__ import annotations
 from django_idempotency.models import RESOLVED_STATES, UNRESOLVED_STATES
 from django_idempotency.store.claims import (
     MAX_RECLAIMS,
+    Attempt,
     Claim,
     abandoned,
     claim,
@@ -66,6 +67,7 @@ __all__ = [
     "MAX_RECLAIMS",
     "RESOLVED_STATES",
     "UNRESOLVED_STATES",
+    "Attempt",
     "Claim",
     "ResealBatch",
     "UnreadableRecord",

@@ -30,6 +30,7 @@ from django_idempotency.store.statements import record_from_row, statements_for
 
 __all__ = [
     "MAX_RECLAIMS",
+    "Attempt",
     "Claim",
     "abandoned",
     "claim",
@@ -208,33 +209,47 @@ def take_over(
     return Claim(record.pk, token, scope, using, committed, record.provider_key)
 
 
+@dataclass(frozen=True)
+class Attempt:
+    """What ``claim_or_take_over`` came to: the key won, or who holds it."""
+
+    held: Claim | None = None
+    #: When the key is not won: the record that holds it (another input's, a
+    #: live resolved one, or one in flight).
+    record: IdempotencyRecord | None = None
+    #: When neither: the state of the record last seen while the key kept
+    #: changing hands ("unknown" if it vanished each time).
+    last_seen: str = "unknown"
+
+
 def claim_or_take_over(
     scope: Scope, fingerprint: Fingerprint, *, ttl: timedelta, lease: timedelta, using: str
-) -> tuple[Claim | None, IdempotencyRecord | None]:
-    """Claim the key, or take it over where that is safe; else the record holding it.
+) -> Attempt:
+    """Claim the key, or take it over where that is safe; else find who holds it.
 
     The one loop that views and tasks share. A resolved record past its
     retention is deleted and the key claimed anew; a CLAIMED record of this
-    very input whose owner's lease ran out is taken over. What is returned
-    otherwise is the record that holds the key: another input's, a live
-    resolved one, or one in flight. Both are None when the key kept changing
-    hands meanwhile, ``MAX_RECLAIMS`` times.
+    very input whose owner's lease ran out is taken over. Otherwise the
+    record that holds the key is returned. Neither, when the key kept
+    changing hands meanwhile, ``MAX_RECLAIMS`` times.
     """
+    last_seen = "unknown"
     for _ in range(1 + MAX_RECLAIMS):
         held, record = claim_or_find(scope, fingerprint, ttl=ttl, lease=lease, using=using)
         if held is not None:
-            return held, None
+            return Attempt(held)
         if record is None:
             continue  # released between the claim and the lookup
+        last_seen = record.state
         if past_retention(record):
             discard_expired(record, using=using)
             continue
         if not abandoned(record, fingerprint):
-            return None, record
+            return Attempt(record=record)
         held = take_over(record, scope, lease=lease, using=using)
         if held is not None:
-            return held, None
-    return None, None
+            return Attempt(held)
+    return Attempt(last_seen=last_seen)
 
 
 def past_retention(record: IdempotencyRecord) -> bool:

@@ -11,6 +11,7 @@ from __future__ import annotations
 from typing import Any
 
 from django.urls import include, path
+from drf_spectacular.utils import extend_schema
 from rest_framework import serializers, viewsets
 from rest_framework.decorators import action, api_view
 from rest_framework.request import Request
@@ -27,6 +28,7 @@ DOCUMENTED_VIEWSET = "Charges, as the API's author describes them."
 REFUND_ACTION = "Refund a charge once, however often the client retries."
 API_VIEW = "Count the charges, or make one."
 APIVIEW_POST = "Make a charge."
+EXTENDED_API_VIEW = "Make a charge, as @extend_schema describes it."
 
 
 class ChargeSerializer(serializers.ModelSerializer[Charge]):
@@ -74,12 +76,38 @@ class ChargeAPIView(APIView):
         return Response(status=204)
 
 
+class NoteViewSet(IdempotentMixin, viewsets.ViewSet):
+    # No docstring, and a handler with @extend_schema: drf-spectacular then
+    # builds the operation's schema class from the decorator's.
+    @extend_schema(request=None, responses={201: None})
+    def create(self, request: Request) -> Response:
+        return Response(status=201)
+
+
+@extend_schema(request=None, responses={201: None}, description=EXTENDED_API_VIEW)
+@api_view(["POST"])
+@idempotent
+def extended_charges(request: Request) -> Response:
+    return Response({}, status=201)
+
+
+class ExtendedChargeAPIView(APIView):
+    @extend_schema(request=None, responses={201: None})
+    @idempotent
+    def post(self, request: Request) -> Response:
+        """Make a charge, described by extend_schema's caller."""
+        return Response({}, status=201)
+
+
 router = DefaultRouter()
 router.register("documented", DocumentedChargeViewSet, basename="documented")
 router.register("undocumented", UndocumentedChargeViewSet, basename="undocumented")
+router.register("notes", NoteViewSet, basename="notes")
 
 urlpatterns = [
     path("api-view/charges", charges),
     path("apiview/charges", ChargeAPIView.as_view()),
+    path("extended/api-view/charges", extended_charges),
+    path("extended/apiview/charges", ExtendedChargeAPIView.as_view()),
     path("", include(router.urls)),
 ]
