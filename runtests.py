@@ -6,9 +6,10 @@
 
 The second form runs the configuration matrix (tests/configurations/): the
 guarantee tests (``-m guarantees``) under each named real-project
-configuration (all when none is named), on each database it applies to,
-every cell a pytest process of its own, and prints one table. Cell logs go
-to ``.configurations/`` (or ``IDEMPOTENCY_MATRIX_LOGS``).
+configuration (when none is named: every one not marked ``default=False``),
+on each database it applies to, every cell a pytest process of its own, and
+prints one table. Cell logs go to ``.configurations/`` (or
+``IDEMPOTENCY_MATRIX_LOGS``).
 
 The server passes use POSTGRES_URL and MARIADB_URL (default: the local
 servers' `test` databases; pytest-django creates and drops a test database
