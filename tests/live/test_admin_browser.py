@@ -15,8 +15,9 @@ each state change in the list, the success message and the LogEntry on the
 record's History page; the client's retry then gets the answer the operator
 chose, or the reconciler found.
 
-Screenshots go to docs/screenshots/ (``IDEMPOTENCY_SCREENSHOTS_DIR`` to put
-them elsewhere); docs/admin.md shows them.
+Screenshots go to a temporary directory, so that a test run leaves the
+checkout as it was; ``IDEMPOTENCY_SCREENSHOTS_DIR=docs/screenshots``
+refreshes the ones docs/admin.md shows.
 """
 
 from __future__ import annotations
@@ -25,6 +26,7 @@ import contextlib
 import json
 import os
 import re
+import tempfile
 import time
 from collections.abc import Iterator
 from pathlib import Path
@@ -35,7 +37,6 @@ from payments.demo_data import ADMIN_PASSWORD, ADMIN_USERNAME, DEMO_TOKENS
 
 from tests.live.admin_server import LEASE, AdminSite, admin_live_server
 from tests.live.browser import chromium, require_chromium
-from tests.live.server import REPO_ROOT
 from tests.live.services import require_postgres
 
 pytestmark = [pytest.mark.postgres, pytest.mark.live]
@@ -56,7 +57,8 @@ FAILED_ANSWER = {
 
 
 def screenshot_dir() -> Path:
-    directory = Path(os.environ.get(SCREENSHOTS_ENV) or REPO_ROOT / "docs" / "screenshots")
+    default = Path(tempfile.gettempdir()) / "django-idempotency-screenshots"
+    directory = Path(os.environ.get(SCREENSHOTS_ENV) or default)
     directory.mkdir(parents=True, exist_ok=True)
     return directory
 
