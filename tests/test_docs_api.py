@@ -18,29 +18,17 @@ from pathlib import Path
 
 import pytest
 
+from tests.utils import SPEC_CONTEXT_ATTRIBUTES, SPEC_CONTEXT_METHODS, SPEC_PATHS
+
 API_PAGE = Path(__file__).resolve().parent.parent / "docs" / "api.md"
 
 #: The names SPEC's "Public contract" fixes, by the path users import them from.
 CONTRACT = {
-    "django_idempotency.idempotent",
-    "django_idempotency.drf.IdempotentMixin",
-    "django_idempotency.context.IdempotencyContext.key",
-    "django_idempotency.context.IdempotencyContext.tenant",
-    "django_idempotency.context.IdempotencyContext.operation",
-    "django_idempotency.context.IdempotencyContext.provider_key",
-    "django_idempotency.context.IdempotencyContext.fencing_token",
-    "django_idempotency.context.IdempotencyContext.begin_external",
-    "django_idempotency.context.IdempotencyContext.set_provider_operation",
-    "django_idempotency.recovery.register_reconciler",
-    "django_idempotency.recovery.Completed",
-    "django_idempotency.recovery.Failed",
-    "django_idempotency.recovery.Retry",
-    "django_idempotency.tasks.recover_stale_records",
-    "django_idempotency.tasks.purge_expired_records",
-    "django_idempotency.tasks.BEAT_SCHEDULE",
-    "django_idempotency.tasks.idempotent_task",
-    "django_idempotency.models.IdempotencyRecord",
-    "django_idempotency.models.IdempotencyRecord.State",
+    *SPEC_PATHS,
+    *(
+        f"django_idempotency.context.IdempotencyContext.{name}"
+        for name in (*SPEC_CONTEXT_ATTRIBUTES, *SPEC_CONTEXT_METHODS)
+    ),
 }
 
 #: Names a documented module offers in ``__all__`` (to the package's other

@@ -45,6 +45,7 @@ from rest_framework.response import Response
 from rest_framework.test import APIRequestFactory
 
 from django_idempotency import idempotent
+from tests.utils import SPEC_CONTEXT_ATTRIBUTES, SPEC_CONTEXT_METHODS, SPEC_PATHS
 
 ROOT = Path(__file__).resolve().parent.parent
 SNAPSHOT = Path(__file__).resolve().parent / "public_api.txt"
@@ -202,19 +203,6 @@ def test_every_import_path_the_docs_show_imports(path: str) -> None:
 
 # -- what SPEC's "Public contract" fixes ----------------------------------------------
 
-SPEC_PATHS = [
-    "django_idempotency.idempotent",
-    "django_idempotency.drf.IdempotentMixin",
-    "django_idempotency.models.IdempotencyRecord",
-    "django_idempotency.recovery.register_reconciler",
-    "django_idempotency.recovery.Completed",
-    "django_idempotency.recovery.Failed",
-    "django_idempotency.recovery.Retry",
-    "django_idempotency.tasks.recover_stale_records",
-    "django_idempotency.tasks.purge_expired_records",
-    "django_idempotency.tasks.BEAT_SCHEDULE",
-    "django_idempotency.tasks.idempotent_task",
-]
 SPEC_FIELDS = {
     "tenant",
     "operation",
@@ -245,8 +233,6 @@ SPEC_SETTINGS: dict[str, Any] = {
     "IN_FLIGHT": "conflict",
     "FAIL_OPEN": False,
 }
-SPEC_CONTEXT_ATTRIBUTES = {"key", "tenant", "operation", "provider_key", "fencing_token"}
-SPEC_CONTEXT_METHODS = {"begin_external", "set_provider_operation"}
 
 
 @pytest.mark.parametrize("path", SPEC_PATHS)

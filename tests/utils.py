@@ -21,6 +21,26 @@ if TYPE_CHECKING:  # the stubs' type of a test client's response; DRF has no suc
 
 SentSignals = list[tuple[str, dict[str, Any]]]
 
+#: The import paths SPEC's "Public contract" fixes (test_public_api checks
+#: they resolve; test_docs_api that the reference documents them).
+SPEC_PATHS = [
+    "django_idempotency.idempotent",
+    "django_idempotency.drf.IdempotentMixin",
+    "django_idempotency.models.IdempotencyRecord",
+    "django_idempotency.models.IdempotencyRecord.State",
+    "django_idempotency.recovery.register_reconciler",
+    "django_idempotency.recovery.Completed",
+    "django_idempotency.recovery.Failed",
+    "django_idempotency.recovery.Retry",
+    "django_idempotency.tasks.recover_stale_records",
+    "django_idempotency.tasks.purge_expired_records",
+    "django_idempotency.tasks.BEAT_SCHEDULE",
+    "django_idempotency.tasks.idempotent_task",
+]
+#: What SPEC fixes of ``request.idempotency``.
+SPEC_CONTEXT_ATTRIBUTES = ("key", "tenant", "operation", "provider_key", "fencing_token")
+SPEC_CONTEXT_METHODS = ("begin_external", "set_provider_operation")
+
 
 @contextlib.contextmanager
 def signals_sent(by_name: Mapping[str, Signal]) -> Iterator[SentSignals]:
