@@ -21,7 +21,6 @@ from django.db import connections
 from django.db.models import CharField, Q, QuerySet
 from django.http import HttpRequest, QueryDict
 from django.template.response import TemplateResponse
-from django.utils import timezone
 from django.utils.formats import number_format
 from django.utils.functional import cached_property
 from django.utils.html import format_html, format_html_join
@@ -38,6 +37,7 @@ from django_idempotency.models import (
     IdempotencyRecord,
 )
 from django_idempotency.store import sealing
+from django_idempotency.store.database_time import DatabaseLater, DatabaseNow, database_now
 
 __all__ = [
     "COUNT_CAP",
@@ -64,9 +64,9 @@ def capped_count(queryset: QuerySet[Any]) -> tuple[int, bool]:
     return min(count, COUNT_CAP), count > COUNT_CAP
 
 
-def stuck(now: Any = None) -> Q:
-    """Unresolved, and nobody holds the lease any more."""
-    return Q(state__in=UNRESOLVED_STATES, lease_expires_at__lte=now or timezone.now())
+def stuck() -> Q:
+    """Unresolved, and nobody holds the lease any more (by the database's clock)."""
+    return Q(state__in=UNRESOLVED_STATES, lease_expires_at__lte=DatabaseNow())
 
 
 class EstimatedCountPaginator(Paginator):  # type: ignore[type-arg]
@@ -140,13 +140,14 @@ class ExpiryFilter(ListFilter):
         ]
 
     def queryset(self, request: HttpRequest, queryset: QuerySet[Any]) -> QuerySet[Any]:
-        now = timezone.now()
         value = self.value()
         if value in ("hour", "day"):
             window = timedelta(hours=1) if value == "hour" else timedelta(days=1)
-            return queryset.filter(expires_at__gt=now, expires_at__lte=now + window)
+            return queryset.filter(
+                expires_at__gt=DatabaseNow(), expires_at__lte=DatabaseLater(window)
+            )
         if value == "expired":
-            return queryset.filter(expires_at__lte=now)
+            return queryset.filter(expires_at__lte=DatabaseNow())
         return queryset
 
 
@@ -221,8 +222,10 @@ class IdempotencyRecordAdmin(admin.ModelAdmin):  # type: ignore[type-arg]
     ]
 
     # A log, not an editor.
+    # Each record comes with the database's time, which its lease is shown against.
     def get_queryset(self, request: HttpRequest) -> QuerySet[IdempotencyRecord]:
-        return super().get_queryset(request).using(idempotency_settings.DATABASE)
+        records = super().get_queryset(request).using(idempotency_settings.DATABASE)
+        return cast(QuerySet[IdempotencyRecord], records.annotate(read_at=DatabaseNow()))
 
     def get_search_results(
         self, request: HttpRequest, queryset: QuerySet[Any], search_term: str
@@ -306,7 +309,8 @@ class IdempotencyRecordAdmin(admin.ModelAdmin):  # type: ignore[type-arg]
     def lease_status(self, record: IdempotencyRecord) -> str:
         if record.state in RESOLVED_STATES or record.lease_expires_at is None:
             return "-"
-        return str(_("held")) if record.lease_expires_at > timezone.now() else str(_("expired"))
+        now = record.read_at or database_now(record._state.db or idempotency_settings.DATABASE)
+        return str(_("held")) if record.lease_expires_at > now else str(_("expired"))
 
     @admin.display(description=_("timeline"))
     def timeline(self, record: IdempotencyRecord) -> Any:

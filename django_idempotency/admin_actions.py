@@ -26,11 +26,12 @@ from django.utils.translation import gettext_lazy as _
 from django.utils.translation import ngettext
 
 from django_idempotency import admin_input, recovery, store
-from django_idempotency.clock import ahead, to_the_second
+from django_idempotency.clock import to_the_second
 from django_idempotency.conf import idempotency_settings
 from django_idempotency.exceptions import StaleOwner
 from django_idempotency.models import IdempotencyRecord
 from django_idempotency.responses import Verdict
+from django_idempotency.store.database_time import database_later
 
 __all__ = [
     "ACTIONS",
@@ -429,7 +430,9 @@ def extend_retention(
             title=str(_("Extend retention")),
             form=form,
         )
-    until = ahead(timedelta(hours=form.cleaned_data["hours"]))
+    until = database_later(
+        idempotency_settings.DATABASE, timedelta(hours=form.cleaned_data["hours"])
+    )
     shorter = [record for record in queryset if record.expires_at < until]
     extended = store.extend_retention(
         [record.pk for record in shorter], until=until, using=idempotency_settings.DATABASE

@@ -336,6 +336,7 @@ def check_settings(app_configs: Any = None, **kwargs: Any) -> list[CheckMessage]
             )
         )
     messages.extend(_check_sqlite_transaction_mode(user_settings.get("DATABASE", "default")))
+    messages.extend(_check_database_clock(user_settings.get("DATABASE", "default")))
     return messages
 
 
@@ -353,6 +354,22 @@ def _check_sqlite_transaction_mode(alias: Any) -> Iterator[CheckMessage]:
             "'timeout'): a deferred transaction that reads before it writes fails with "
             "'database is locked' when a concurrent request commits meanwhile.",
             id="django_idempotency.W003",
+        )
+
+
+def _check_database_clock(alias: Any) -> Iterator[CheckMessage]:
+    database = settings.DATABASES.get(alias) if isinstance(alias, str) else None
+    if database is None or settings.USE_TZ:
+        return
+    if str(database.get("ENGINE", "")).startswith("django.db.backends.mysql"):
+        yield Warning(
+            f"The idempotency records live in MySQL/MariaDB database {alias!r} with "
+            "USE_TZ=False: leases and retention follow each app server's clock.",
+            hint="Set USE_TZ=True: then the database's clock (UTC_TIMESTAMP) decides, and "
+            "an app server whose clock drifts cannot take over a lease that is still "
+            "running. With USE_TZ=False, keep the hosts' clocks synchronised (NTP) well "
+            "within the LEASE, or silence this warning if they are.",
+            id="django_idempotency.W007",
         )
 
 

@@ -1,5 +1,7 @@
 from __future__ import annotations
 
+from datetime import datetime
+
 from django.db import models
 from django.utils.translation import gettext_lazy as _
 
@@ -91,6 +93,11 @@ class IdempotencyRecord(models.Model):
     created_at = models.DateTimeField(_("created at"))
     updated_at = models.DateTimeField(_("updated at"))
     expires_at = models.DateTimeField(_("expires at"))
+
+    #: Not a column: the records database's time when ``store.lookup()`` read
+    #: this record, which its lease and retention are judged against (never
+    #: this host's clock); ``None`` on records read otherwise.
+    read_at: datetime | None = None
 
     class Meta:
         verbose_name = _("idempotency record")

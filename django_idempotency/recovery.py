@@ -35,14 +35,13 @@ from typing import Any, TypeAlias
 
 from django.db import transaction
 from django.db.models import Count, Min
-from django.utils import timezone
 
 from django_idempotency import signals, store
-from django_idempotency.clock import ahead
 from django_idempotency.conf import as_timedelta, idempotency_settings
 from django_idempotency.exceptions import StaleOwner
 from django_idempotency.models import IdempotencyRecord
 from django_idempotency.responses import StoredResponse, Verdict
+from django_idempotency.store.database_time import DatabaseNow
 
 __all__ = [
     "DEFAULT_BACKOFF",
@@ -235,7 +234,7 @@ def stale_records(*, limit: int) -> list[IdempotencyRecord]:
     database = idempotency_settings.DATABASE
     return list(
         IdempotencyRecord.objects.using(database)
-        .filter(state__in=store.UNRESOLVED_STATES, lease_expires_at__lte=timezone.now())
+        .filter(state__in=store.UNRESOLVED_STATES, lease_expires_at__lte=DatabaseNow())
         .order_by("lease_expires_at")[:limit]
     )
 
@@ -249,7 +248,7 @@ def leased_records() -> tuple[int, datetime | None]:
     """
     found = (
         IdempotencyRecord.objects.using(idempotency_settings.DATABASE)
-        .filter(state__in=store.UNRESOLVED_STATES, lease_expires_at__gt=timezone.now())
+        .filter(state__in=store.UNRESOLVED_STATES, lease_expires_at__gt=DatabaseNow())
         .aggregate(count=Count("pk"), first_end=Min("lease_expires_at"))
     )
     return found["count"], found["first_end"]
@@ -300,7 +299,7 @@ def settle(record: IdempotencyRecord, held: store.Claim, report: RecoveryReport)
         return
     reconciler = reconciler_for(record.operation)
     if reconciler is None:
-        store.postpone(held, ahead(DEFAULT_BACKOFF))
+        store.postpone(held, DEFAULT_BACKOFF)
         report.unreconciled += 1
         logger.error(
             "No reconciler for %r: record %s (%s) stays UNCERTAIN until an operator "
@@ -330,7 +329,7 @@ def settle(record: IdempotencyRecord, held: store.Claim, report: RecoveryReport)
         raise
     except Exception:
         logger.exception("The reconciler of %r failed on record %s", record.operation, record.pk)
-        store.postpone(held, ahead(DEFAULT_BACKOFF))
+        store.postpone(held, DEFAULT_BACKOFF)
         report.retried += 1
         return
     if isinstance(outcome, Completed):
@@ -344,5 +343,5 @@ def settle(record: IdempotencyRecord, held: store.Claim, report: RecoveryReport)
         else:
             report.stale += 1
     else:
-        store.postpone(held, ahead(as_timedelta(outcome.after)))
+        store.postpone(held, as_timedelta(outcome.after))
         report.retried += 1

@@ -341,3 +341,13 @@ def test_a_name_shared_by_two_other_styles_is_said_to_be_both(
     assert id_ == "django_idempotency.W005"
     assert "OPERATION_NAMES'] = 'pattern' and 'normalised', not under" in message
     assert "'POST orders-list'" in hint
+
+
+@pytest.mark.filterwarnings("ignore:Overriding setting DATABASES")
+def test_mysql_records_with_naive_times_are_warned_about(settings: Any) -> None:
+    mysql = {"ENGINE": "django.db.backends.mysql", "NAME": "records"}
+    settings.DATABASES = {**settings.DATABASES, "mysql": mysql}
+    settings.USE_TZ = False
+    assert ids({"DATABASE": "mysql"}) == ["django_idempotency.W007"]
+    settings.USE_TZ = True
+    assert ids({"DATABASE": "mysql"}) == []

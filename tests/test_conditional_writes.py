@@ -222,7 +222,7 @@ WRITES: dict[str, Callable[[store.Claim], Any]] = {
     "mark_uncertain": lambda held: store.mark_uncertain(
         held, provider_key="p", provider_operation_id="op"
     ),
-    "postpone": lambda held: store.postpone(held, timezone.now() + LEASE),
+    "postpone": lambda held: store.postpone(held, LEASE),
     "complete": lambda held: store.complete(
         held, Verdict.COMPLETED, StoredResponse(201, [], b"{}"), ttl=timedelta(hours=1)
     ),

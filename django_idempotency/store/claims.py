@@ -13,19 +13,20 @@ import socket
 import threading
 from contextlib import nullcontext
 from dataclasses import dataclass
-from datetime import timedelta
+from datetime import datetime, timedelta
 from typing import Any
 
 from django.db import IntegrityError, connections, transaction
+from django.db.backends.base.base import BaseDatabaseWrapper
 from django.db.models import Q
 from django.utils import timezone
 
-from django_idempotency.clock import ahead
 from django_idempotency.digests import Fingerprint
 from django_idempotency.models import RESOLVED_STATES, IdempotencyRecord
 from django_idempotency.scope import Scope
 from django_idempotency.store.conditional import delete_where, take_over_where
 from django_idempotency.store.connections import commit_now_alias
+from django_idempotency.store.database_time import DatabaseLater, DatabaseNow, clock_of
 from django_idempotency.store.statements import record_from_row, statements_for
 
 __all__ = [
@@ -105,7 +106,7 @@ def claim(
     committed = not connection.in_atomic_block
     if connection.vendor == "postgresql":
         sql = statements_for(connection)
-        params = _claim_params(scope, fingerprint, ttl=ttl, lease=lease)
+        params = _claim_params(connection, scope, fingerprint, ttl=ttl, lease=lease)
         if wait_at_most is not None:
             timeout_ms = max(1, round(wait_at_most.total_seconds() * 1000))
             params, query = [*params, str(timeout_ms)], sql.claim_waiting_at_most
@@ -121,7 +122,6 @@ def claim(
             cursor.execute(query, params)
             row = cursor.fetchone()
         return None if row is None else Claim(row[0], 1, scope, using, committed)
-    now = timezone.now()
     try:
         with transaction.atomic(using=using):
             record = IdempotencyRecord.objects.using(using).create(
@@ -131,11 +131,11 @@ def claim(
                 fingerprint=fingerprint.stored,
                 state=State.CLAIMED,
                 lease_owner=lease_owner(),
-                lease_expires_at=ahead(lease, now=now),
+                lease_expires_at=DatabaseLater(lease),
                 fencing_token=1,
-                created_at=now,
-                updated_at=now,
-                expires_at=ahead(ttl, now=now),
+                created_at=DatabaseNow(),
+                updated_at=DatabaseNow(),
+                expires_at=DatabaseLater(ttl),
             )
     except IntegrityError:
         return None
@@ -161,9 +161,14 @@ def _scope_params(scope: Scope) -> list[str]:
 
 
 def _claim_params(
-    scope: Scope, fingerprint: Fingerprint, *, ttl: timedelta, lease: timedelta
+    connection: BaseDatabaseWrapper,
+    scope: Scope,
+    fingerprint: Fingerprint,
+    *,
+    ttl: timedelta,
+    lease: timedelta,
 ) -> list[Any]:
-    now = timezone.now()
+    clock = clock_of(connection)
     return [
         scope.tenant,
         scope.operation,
@@ -171,10 +176,10 @@ def _claim_params(
         fingerprint.stored,
         State.CLAIMED.value,
         lease_owner(),
-        ahead(lease, now=now),
-        now,
-        now,
-        ahead(ttl, now=now),
+        *clock.later_params(connection, lease),
+        *clock.later_params(connection, ttl),
+        *clock.now_params(connection),
+        *clock.now_params(connection),
     ]
 
 
@@ -188,13 +193,11 @@ def take_over(
     it is merely slow, its completion will find the fencing token moved on
     and roll back too. So the record can be run again, once.
     """
-    now = timezone.now()
     token = take_over_where(
         record,
-        Q(state=State.CLAIMED, lease_expires_at__lte=now),
+        Q(state=State.CLAIMED, lease_expires_at__lte=DatabaseNow()),
         owner=lease_owner(),
-        lease_until=ahead(lease, now=now),
-        now=now,
+        lease=lease,
         using=using,
     )
     if token is None:
@@ -253,18 +256,32 @@ def claim_or_take_over(
 
 
 def past_retention(record: IdempotencyRecord) -> bool:
-    """A resolved record past retention: its key may start a new operation."""
-    return record.is_resolved and record.expires_at <= timezone.now()
+    """A resolved record past retention: its key may start a new operation.
+
+    Judged at the database's time of the lookup that read ``record``.
+    """
+    return record.is_resolved and record.expires_at <= _read_at(record)
 
 
 def abandoned(record: IdempotencyRecord, fingerprint: Fingerprint) -> bool:
-    """A claim for this very input whose owner's lease ran out."""
+    """A claim for this very input whose owner's lease ran out (at the lookup's time)."""
     return (
         record.state == State.CLAIMED
         and fingerprint.matches(record.fingerprint)
         and record.lease_expires_at is not None
-        and record.lease_expires_at <= timezone.now()
+        and record.lease_expires_at <= _read_at(record)
     )
+
+
+def _read_at(record: IdempotencyRecord) -> datetime:
+    """The database's time when ``lookup()`` read ``record``; this host's on a host clock."""
+    if record.read_at is not None:
+        return record.read_at
+    if clock_of(connections[record._state.db or "default"]).host:
+        return timezone.now()
+    # A record read another way carries no database time: judging it on this
+    # host's clock is exactly what must not happen.
+    raise ValueError(f"record {record.pk} was not read by store.lookup(): no database time")
 
 
 def discard_expired(record: IdempotencyRecord, *, using: str) -> bool:
@@ -274,7 +291,7 @@ def discard_expired(record: IdempotencyRecord, *, using: str) -> bool:
             pk=record.pk,
             fencing_token=record.fencing_token,
             state__in=RESOLVED_STATES,
-            expires_at__lte=timezone.now(),
+            expires_at__lte=DatabaseNow(),
         ),
         using=using,
     )
@@ -282,7 +299,10 @@ def discard_expired(record: IdempotencyRecord, *, using: str) -> bool:
 
 
 def lookup(scope: Scope, *, using: str) -> IdempotencyRecord | None:
-    """The record holding ``scope``, if any: one SELECT, no lock."""
+    """The record holding ``scope``, if any: one SELECT, no lock.
+
+    The record's ``read_at`` is the database's time of that SELECT.
+    """
     connection = connections[using]
     with connection.cursor() as cursor:
         cursor.execute(statements_for(connection).find, _scope_params(scope))

@@ -9,11 +9,12 @@ change nothing.
 
 from __future__ import annotations
 
-from datetime import datetime
+from datetime import timedelta
 
 from django.db.models import Q, QuerySet
 
 from django_idempotency.models import IdempotencyRecord
+from django_idempotency.store.database_time import DatabaseLater, DatabaseNow
 
 __all__ = [
     "delete_where",
@@ -26,8 +27,7 @@ def take_over_where(
     still: Q,
     *,
     owner: str,
-    lease_until: datetime | None,
-    now: datetime,
+    lease: timedelta | None,
     using: str,
 ) -> int | None:
     """Hand ``record`` to ``owner`` if it is still as seen; the new fencing token, or None.
@@ -35,7 +35,8 @@ def take_over_where(
     ``still`` is what else must hold (its state, an expired lease...); the
     fencing token the caller read is always part of the condition, so of
     two workers that saw the same record, one wins and the other matches
-    no row.
+    no row. The new lease (none if ``lease`` is None) ends that long after
+    the database's current time.
     """
     token = record.fencing_token + 1
     updated = (
@@ -44,8 +45,8 @@ def take_over_where(
         .update(
             fencing_token=token,
             lease_owner=owner[:255],
-            lease_expires_at=lease_until,
-            updated_at=now,
+            lease_expires_at=None if lease is None else DatabaseLater(lease),
+            updated_at=DatabaseNow(),
         )
     )
     return token if updated else None

@@ -14,14 +14,13 @@ from datetime import UTC, datetime, timedelta
 from django.db import OperationalError, connections, transaction
 from django.db.backends.base.base import BaseDatabaseWrapper
 from django.db.models import Q
-from django.utils import timezone
 
-from django_idempotency.clock import ahead
 from django_idempotency.database_errors import is_serialization_failure
 from django_idempotency.models import RESOLVED_STATES, UNRESOLVED_STATES, IdempotencyRecord
 from django_idempotency.scope import Scope
 from django_idempotency.store.claims import Claim, lease_owner
 from django_idempotency.store.conditional import delete_where, take_over_where
+from django_idempotency.store.database_time import DatabaseNow
 from django_idempotency.store.sealing import (
     UnreadableRecord,
     encrypt,
@@ -54,9 +53,8 @@ def take_over_next_stale(*, lease: timedelta, using: str) -> tuple[IdempotencyRe
     connection = connections[using]
     conflicts = 0
     while True:
-        now = timezone.now()
         try:
-            record, token, owner = _take_over_oldest_stale(connection, lease, now)
+            record, token, owner = _take_over_oldest_stale(connection, lease)
         except OperationalError as exc:
             # At REPEATABLE READ, a row another worker took after this
             # transaction's snapshot is a serialization failure, not a skip:
@@ -69,7 +67,10 @@ def take_over_next_stale(*, lease: timedelta, using: str) -> tuple[IdempotencyRe
             return None
         if token is not None:
             record.fencing_token, record.lease_owner = token, owner
-            record.lease_expires_at = ahead(lease, now=now)
+            # As seen by the SELECT, a moment before the UPDATE: never later
+            # than the lease really ends.
+            if record.read_at is not None:
+                record.lease_expires_at = record.read_at + lease
             scope = Scope(record.tenant, record.operation, record.key)
             return record, Claim(record.pk, token, scope, using, provider_key=record.provider_key)
 
@@ -79,12 +80,14 @@ _MAX_CONFLICTS = 10
 
 
 def _take_over_oldest_stale(
-    connection: BaseDatabaseWrapper, lease: timedelta, now: datetime
+    connection: BaseDatabaseWrapper, lease: timedelta
 ) -> tuple[IdempotencyRecord | None, int | None, str]:
     using = connection.alias
     with transaction.atomic(using=using):
-        stale = IdempotencyRecord.objects.using(using).filter(
-            state__in=UNRESOLVED_STATES, lease_expires_at__lte=now
+        stale = (
+            IdempotencyRecord.objects.using(using)
+            .filter(state__in=UNRESOLVED_STATES, lease_expires_at__lte=DatabaseNow())
+            .annotate(read_time=DatabaseNow())
         )
         if connection.features.has_select_for_update_skip_locked:
             stale = stale.select_for_update(skip_locked=True)
@@ -93,13 +96,13 @@ def _take_over_oldest_stale(
         record = stale.order_by("lease_expires_at").first()
         if record is None:
             return None, None, ""
+        record.read_at = record.read_time
         owner = lease_owner()
         token = take_over_where(
             record,
-            Q(state__in=UNRESOLVED_STATES, lease_expires_at__lte=now),
+            Q(state__in=UNRESOLVED_STATES, lease_expires_at__lte=DatabaseNow()),
             owner=owner,
-            lease_until=ahead(lease, now=now),
-            now=now,
+            lease=lease,
             using=using,
         )
     return record, token, owner
@@ -118,15 +121,14 @@ def purge_expired_batch(
     back as ``after`` so the next batch starts its scan there.
     """
     connection = connections[using]
-    now = timezone.now()
     if connection.vendor == "postgresql":
         start = after or _EPOCH  # timestamptz on PostgreSQL, whatever USE_TZ says
         with connection.cursor() as cursor:
-            cursor.execute(statements_for(connection).purge, [now, start, limit, now])
+            cursor.execute(statements_for(connection).purge, [start, limit])
             deleted, reached = cursor.fetchone()
         return deleted, reached
     expired = IdempotencyRecord.objects.using(using).filter(
-        state__in=RESOLVED_STATES, expires_at__lte=now
+        state__in=RESOLVED_STATES, expires_at__lte=DatabaseNow()
     )
     batch = expired if after is None else expired.filter(expires_at__gte=after)
     batch = batch.order_by("expires_at")[:limit]
@@ -153,13 +155,11 @@ def take_over_for_operator(
     So is a record whose lease somebody holds (its owner, or a recovery
     worker reconciling it): they are working on it.
     """
-    now = timezone.now()
     token = take_over_where(
         record,
-        Q(state=seen_state) & ~Q(lease_owner__gt="", lease_expires_at__gt=now),
+        Q(state=seen_state) & ~Q(lease_owner__gt="", lease_expires_at__gt=DatabaseNow()),
         owner=f"operator:{operator}",
-        lease_until=ahead(lease, now=now) if seen_state not in RESOLVED_STATES else None,
-        now=now,
+        lease=lease if seen_state not in RESOLVED_STATES else None,
         using=using,
     )
     if token is None:
@@ -174,7 +174,7 @@ def extend_retention(record_ids: list[int], *, until: datetime, using: str) -> i
     return (
         IdempotencyRecord.objects.using(using)
         .filter(pk__in=record_ids, expires_at__lt=until)
-        .update(expires_at=until, updated_at=timezone.now())
+        .update(expires_at=until, updated_at=DatabaseNow())
     )
 
 
@@ -183,7 +183,7 @@ def expire_leases(*, using: str) -> int:
     return (
         IdempotencyRecord.objects.using(using)
         .filter(state__in=UNRESOLVED_STATES)
-        .update(lease_expires_at=timezone.now())
+        .update(lease_expires_at=DatabaseNow())
     )
 
 

@@ -9,19 +9,18 @@ from __future__ import annotations
 
 import json
 import logging
-from datetime import datetime, timedelta
+from datetime import timedelta
 from typing import Any
 
 from django.db import connections
-from django.db.models import Case, DateTimeField, F, Value, When
-from django.utils import timezone
+from django.db.models import Case, F, When
 
-from django_idempotency.clock import ahead
 from django_idempotency.exceptions import StaleOwner
 from django_idempotency.models import UNRESOLVED_STATES, IdempotencyRecord
 from django_idempotency.responses import StoredResponse, Verdict
 from django_idempotency.store.claims import Claim
 from django_idempotency.store.conditional import delete_where
+from django_idempotency.store.database_time import DatabaseLater, DatabaseNow
 from django_idempotency.store.sealing import seal
 from django_idempotency.store.statements import statements_for
 
@@ -49,9 +48,8 @@ def complete(held: Claim, verdict: Verdict, response: StoredResponse, *, ttl: ti
     sealed = seal(response)
     response = sealed.response
     connection = connections[held.database]
-    adapt = connection.ops.adapt_datetimefield_value
-    now = timezone.now()
-    expires_at = adapt(ahead(ttl, now=now))
+    sql = statements_for(connection)
+    retention_ends = sql.clock.later_params(connection, ttl)
     params = [
         verdict.value,
         response.status,
@@ -60,14 +58,14 @@ def complete(held: Claim, verdict: Verdict, response: StoredResponse, *, ttl: ti
         json.dumps(response.headers),
         response.body,
         sealed.sealed,
-        expires_at,
-        expires_at,
-        adapt(now),
+        *retention_ends,
+        *retention_ends,
+        *sql.clock.now_params(connection),
         held.record_id,
         held.fencing_token,
     ]
     with connection.cursor() as cursor:
-        cursor.execute(statements_for(connection).complete, params)
+        cursor.execute(sql.complete, params)
         updated = cursor.rowcount
     if not updated:
         _log_stale(held, "completion")
@@ -103,7 +101,7 @@ def _log_stale(held: Claim, write: str) -> None:
 
 
 def _owner_update(held: Claim, write: str, *, using: str, states: Any, **values: Any) -> None:
-    values["updated_at"] = timezone.now()
+    values["updated_at"] = DatabaseNow()
     updated = (
         IdempotencyRecord.objects.using(using)
         .filter(pk=held.record_id, fencing_token=held.fencing_token, state__in=states)
@@ -123,10 +121,9 @@ def _owner_update(held: Claim, write: str, *, using: str, states: Any, **values:
 # when either side is NULL; here a NULL lease compares unknown and takes the
 # new one.
 def _lease_at_least(lease: timedelta) -> Case:
-    until = ahead(lease)
     return Case(
-        When(lease_expires_at__gt=until, then=F("lease_expires_at")),
-        default=Value(until, output_field=DateTimeField()),
+        When(lease_expires_at__gt=DatabaseLater(lease), then=F("lease_expires_at")),
+        default=DatabaseLater(lease),
     )
 
 
@@ -183,13 +180,13 @@ def mark_uncertain(held: Claim, *, provider_key: str, provider_operation_id: str
         states=UNRESOLVED_STATES,
         state=State.UNCERTAIN,
         lease_owner="",
-        lease_expires_at=timezone.now(),
+        lease_expires_at=DatabaseNow(),
         **values,
     )
 
 
-def postpone(held: Claim, until: datetime) -> None:
-    """Leave an unresolved record UNCERTAIN for recovery to try again ``until``."""
+def postpone(held: Claim, delay: timedelta) -> None:
+    """Leave an unresolved record UNCERTAIN for recovery to try again ``delay`` from now."""
     _owner_update(
         held,
         "postpone",
@@ -197,5 +194,5 @@ def postpone(held: Claim, until: datetime) -> None:
         states=UNRESOLVED_STATES,
         state=State.UNCERTAIN,
         lease_owner="",
-        lease_expires_at=until,
+        lease_expires_at=DatabaseLater(delay),
     )

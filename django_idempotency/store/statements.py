@@ -22,6 +22,7 @@ from django.conf import settings
 from django.db.backends.base.base import BaseDatabaseWrapper
 
 from django_idempotency.models import RESOLVED_STATES, UNRESOLVED_STATES, IdempotencyRecord
+from django_idempotency.store.database_time import DatabaseClock, clock_of
 
 __all__ = [
     "FIELD_NAMES",
@@ -37,7 +38,7 @@ _FIELDS = tuple(IdempotencyRecord._meta.concrete_fields)
 FIELD_NAMES = tuple(field.attname for field in _FIELDS)
 _COLUMNS = tuple(str(field.column) for field in _FIELDS)
 
-#: Written by the claim; the constants spelled in its SQL follow.
+#: Written by the claim; the times and constants spelled in its SQL follow.
 _CLAIM_COLUMNS = (
     "tenant",
     "operation",
@@ -45,66 +46,82 @@ _CLAIM_COLUMNS = (
     "fingerprint",
     "state",
     "lease_owner",
-    "lease_expires_at",
-    "created_at",
-    "updated_at",
-    "expires_at",
     "fencing_token",
     "provider_key",
     "provider_operation_id",
     "response_headers",
 )
-_CLAIM_VALUES = "%s, %s, %s, %s, %s, %s, %s, %s, %s, %s, 1, '', '', '[]'"
+_CLAIM_TIMES = ("lease_expires_at", "expires_at", "created_at", "updated_at")
 
 
 @dataclass(frozen=True)
 class Statements:
     #: Parameters of every claim: tenant, operation, key, fingerprint, state,
-    #: lease owner, lease expiry, created, updated, expiry.
+    #: lease owner, lease (seconds), retention (seconds).
     #: -> one row (id) if claimed, none if the scope is taken. PostgreSQL only.
     claim: str
     #: The claim, first setting ``lock_timeout`` for the rest of the
     #: transaction (one more parameter, last: milliseconds, as text).
     #: PostgreSQL only.
     claim_waiting_at_most: str
-    #: tenant, operation, key -> the record's row, if any.
+    #: tenant, operation, key -> the record's row, if any, then the
+    #: database's time (on a database clock; see ``find_reads_time``).
     find: str
-    #: state, status, headers, body, sealed, expiry, expiry (again), updated,
-    #: id, fencing token -> rowcount 1, or 0 for a stale owner.
+    #: state, status, headers, body, sealed, then the clock's parameters for
+    #: the retention's end (twice) and the current time, then id, fencing
+    #: token -> rowcount 1, or 0 for a stale owner.
     complete: str
-    #: now, scan start, limit, now -> (rows deleted, latest expiry deleted).
+    #: scan start, limit -> (rows deleted, latest expiry deleted).
     #: PostgreSQL only.
     purge: str
+    #: The clock the statements read the time from.
+    clock: DatabaseClock
+
+    @property
+    def find_reads_time(self) -> bool:
+        """Whether ``find`` returns the database's time as one more column."""
+        return not self.clock.host
 
 
-_statements: dict[str, Statements] = {}
+#: Per vendor and clock (MySQL's depends on USE_TZ).
+_statements: dict[tuple[str, DatabaseClock], Statements] = {}
 
 
 def statements_for(connection: BaseDatabaseWrapper) -> Statements:
-    built = _statements.get(connection.vendor)
+    built_for = (connection.vendor, clock_of(connection))
+    built = _statements.get(built_for)
     if built is None:
-        built = _statements[connection.vendor] = _build(connection)
+        built = _statements[built_for] = _build(connection, built_for[1])
     return built
 
 
-def _build(connection: BaseDatabaseWrapper) -> Statements:
+def _build(connection: BaseDatabaseWrapper, clock: DatabaseClock) -> Statements:
     quote = connection.ops.quote_name
     table = quote(IdempotencyRecord._meta.db_table)
     columns = ", ".join(quote(column) for column in _COLUMNS)
     scope = ", ".join(quote(name) for name in ("tenant", "operation", "key"))
     where_scope = " AND ".join(f"{quote(name)} = %s" for name in ("tenant", "operation", "key"))
-    insert = f"INSERT INTO {table} ({', '.join(quote(name) for name in _CLAIM_COLUMNS)}) "
+    claim_columns = ", ".join(quote(name) for name in (*_CLAIM_COLUMNS, *_CLAIM_TIMES))
+    insert = f"INSERT INTO {table} ({claim_columns}) "
     conflict = f"ON CONFLICT ({scope}) DO NOTHING RETURNING {quote('id')}"
-    claim = f"{insert}VALUES ({_CLAIM_VALUES}) {conflict}"
+    # The lease and the retention end on the database's clock (store.database_time).
+    claim_values = (
+        f"%s, %s, %s, %s, %s, %s, 1, '', '', '[]', "
+        f"{clock.later}, {clock.later}, {clock.now}, {clock.now}"
+    )
+    claim = f"{insert}VALUES ({claim_values}) {conflict}"
     # The WHERE of a SELECT without FROM is a one-time condition, evaluated
     # before its row exists, so the timeout is in force when the INSERT of
     # that row waits on the unique index. One round trip instead of two.
     claim_waiting_at_most = (
-        f"{insert}SELECT {_CLAIM_VALUES} "
+        f"{insert}SELECT {claim_values} "
         "WHERE set_config('lock_timeout', %s, true) IS NOT NULL "
         f"{conflict}"
     )
-    find = f"SELECT {columns} FROM {table} WHERE {where_scope}"
+    # The database's time comes with the row, for the judgments Python makes
+    # on it (expired? abandoned?), at no extra round trip.
+    read_time = "" if clock.host else f", {clock.now}"
+    find = f"SELECT {columns}{read_time} FROM {table} WHERE {where_scope}"
     unresolved = _sql_list(UNRESOLVED_STATES)
     expires_at = quote("expires_at")
     complete = (
@@ -115,14 +132,15 @@ def _build(connection: BaseDatabaseWrapper) -> Statements:
         f"{quote('response_sealed')} = %s, "
         f"{quote('lease_owner')} = '', {quote('lease_expires_at')} = NULL, "
         # An operator may have extended retention already: never shorten it.
-        f"{expires_at} = CASE WHEN {expires_at} > %s THEN {expires_at} ELSE %s END, "
-        f"{quote('updated_at')} = %s "
+        f"{expires_at} = CASE WHEN {expires_at} > {clock.later} THEN {expires_at} "
+        f"ELSE {clock.later} END, "
+        f"{quote('updated_at')} = {clock.now} "
         f"WHERE {quote('id')} = %s AND {quote('fencing_token')} = %s "
         f"AND {quote('state')} IN ({unresolved})"
     )
     state_column = quote("state")
     resolved = _sql_list(RESOLVED_STATES)
-    expired = f"{state_column} IN ({resolved}) AND {expires_at} <= %s"
+    expired = f"{state_column} IN ({resolved}) AND {expires_at} <= {clock.now}"
     # One statement per batch: no id list travels to the client and back.
     # The scan starts where the previous batch ended, past index entries of
     # rows already deleted (only VACUUM removes those, and rescanning them
@@ -132,7 +150,7 @@ def _build(connection: BaseDatabaseWrapper) -> Statements:
     # subquery more than once, each run locking other rows, and delete more
     # than the limit. The DELETE repeats the conditions, which PostgreSQL
     # re-checks on a row changed meanwhile.
-    qualified = f"record.{state_column} IN ({resolved}) AND record.{expires_at} <= %s"
+    qualified = f"record.{state_column} IN ({resolved}) AND record.{expires_at} <= {clock.now}"
     purge = (
         f"WITH batch AS MATERIALIZED (SELECT {quote('id')} FROM {table} "
         f"WHERE {expired} AND {expires_at} >= %s "
@@ -142,7 +160,7 @@ def _build(connection: BaseDatabaseWrapper) -> Statements:
         f"RETURNING record.{expires_at}) "
         f"SELECT count(*), max({expires_at}) FROM purged"
     )
-    return Statements(claim, claim_waiting_at_most, find, complete, purge)
+    return Statements(claim, claim_waiting_at_most, find, complete, purge, clock)
 
 
 Converter = Callable[[Any, Any, BaseDatabaseWrapper], Any]
@@ -158,18 +176,31 @@ def _sql_list(states: Sequence[str]) -> str:
 
 
 def record_from_row(connection: BaseDatabaseWrapper, row: Sequence[Any]) -> IdempotencyRecord:
-    """A model instance from a row of ``FIELD_NAMES``, converted as the ORM would."""
+    """A model instance from a row of ``FIELD_NAMES``, converted as the ORM would.
+
+    A column past those is the database's time of the read (``find``):
+    it becomes ``read_at``, converted as a datetime column is.
+    """
     by_time_zone_support = _converters.setdefault(connection, {})
     converters = by_time_zone_support.get(settings.USE_TZ)
     if converters is None:
         converters = by_time_zone_support[settings.USE_TZ] = _converters_of(connection)
-    values = list(row)
+    values = list(row[: len(FIELD_NAMES)])
+    read_at = row[len(FIELD_NAMES)] if len(row) > len(FIELD_NAMES) else None
     for index, functions, expression in converters:
         value = values[index]
         for function in functions:
             value = function(value, expression, connection)
+            if index == _EXPIRES_AT and read_at is not None:
+                read_at = function(read_at, expression, connection)
         values[index] = value
-    return IdempotencyRecord.from_db(connection.alias, FIELD_NAMES, values)
+    record = IdempotencyRecord.from_db(connection.alias, FIELD_NAMES, values)
+    record.read_at = read_at
+    return record
+
+
+#: A datetime column: the database's time of a read is converted as it is.
+_EXPIRES_AT = FIELD_NAMES.index("expires_at")
 
 
 def _converters_of(connection: BaseDatabaseWrapper) -> Converters:
