@@ -19,7 +19,6 @@ from django.db import connections
 from django.test import Client, TestCase
 from django.test.client import MULTIPART_CONTENT
 from django.test.utils import CaptureQueriesContext
-from django.utils import timezone
 from rest_framework.test import APIClient
 
 from django_idempotency import store
@@ -27,6 +26,7 @@ from django_idempotency.fingerprint import fingerprint
 from django_idempotency.models import IdempotencyRecord
 from django_idempotency.recovery import stale_records
 from django_idempotency.scope import Scope
+from django_idempotency.store.database_time import DatabaseNow
 from django_idempotency.testing import assert_protected
 from tests import configurations
 from tests.testapp.models import Charge
@@ -61,8 +61,10 @@ def test_a_lease_taken_before_spring_forward_still_runs_after_it(api: APIClient)
     )
     post(api, URL, {"amount": 100}, "dst-1")
     # The owner is still running its view: a claim with a two-minute lease,
-    # written by the store itself (a takeover of the record by recovery).
-    IdempotencyRecord.objects.update(state=State.CLAIMED, lease_expires_at=timezone.now())
+    # written by the store itself (a takeover of the record by recovery). On
+    # PostgreSQL the lease is the database's, whose clock faketime leaves alone:
+    # there the jump of this process's clock must change nothing at all.
+    IdempotencyRecord.objects.update(state=State.CLAIMED, lease_expires_at=DatabaseNow())
     assert store.take_over_next_stale(lease=timedelta(minutes=2), using="default") is not None
     claimed_at = time.monotonic()
 
