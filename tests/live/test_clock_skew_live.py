@@ -98,11 +98,15 @@ PURGE_SCRIPT = (
 )
 
 
-def stop_all(stops: list[Callable[[], None]]) -> None:
-    """Stop processes at once: each takes seconds to shut down gracefully."""
-    with ThreadPoolExecutor(max_workers=max(1, len(stops))) as pool:
-        for stopped in [pool.submit(stop) for stop in stops]:
-            stopped.result()
+def all_at_once(actions: list[Callable[[], None]]) -> None:
+    """Run ``actions`` in threads, wait for all of them; raise the first failure.
+
+    Starting and stopping servers one by one would cost the module seconds
+    each (Django boots in every worker, graceful shutdowns wait).
+    """
+    with ThreadPoolExecutor(max_workers=max(1, len(actions))) as pool:
+        for done in [pool.submit(action) for action in actions]:
+            done.result()
 
 
 def clock_name(offset: str | None) -> str:
@@ -170,6 +174,18 @@ class Deployment:
         return {clock: server.log_offset() for clock, server in self.servers.items()}
 
 
+def server_starter(server: LiveServer, offset: str | None) -> Callable[[], None]:
+    """Start ``server`` and check the clock of its workers."""
+
+    def start() -> None:
+        server.start()
+        skew = measure_server_clock(server, offset)
+        name = "true" if offset is None else offset
+        summary_lines.append(f"clock skew: gunicorn meant to run {name}: {skew:+.0f}s")
+
+    return start
+
+
 def measure_server_clock(server: LiveServer, offset: str | None) -> float:
     """Ask every worker of ``server`` for its wall clock (a few requests each); the skews agree."""
     skews = []
@@ -197,23 +213,25 @@ def deployment_started() -> Iterator[Deployment]:
                     name = "true" if offset is None else offset
                     log_dir = root / f"gunicorn{name}"
                     log_dir.mkdir()
-                    server = LiveServer(
+                    deployment.servers[offset] = LiveServer(
                         database,
                         workers=WORKERS[offset],
                         extra_env=deployment.environment(offset),
                         project=CLOCK_PROJECT,
                         log_dir=log_dir,
                     )
-                    deployment.servers[offset] = server
-                    if offset is None:
-                        server.migrate()  # with a true clock: only the schema matters
-                    server.start()
-                    skew = measure_server_clock(server, offset)
-                    summary_lines.append(f"clock skew: gunicorn meant to run {name}: {skew:+.0f}s")
+                deployment.servers[None].migrate()  # with a true clock: only the schema matters
+                # At once: each takes seconds to boot Django in every worker.
+                all_at_once(
+                    [
+                        server_starter(server, offset)
+                        for offset, server in deployment.servers.items()
+                    ]
+                )
                 yield deployment
             finally:
                 (hold_dir / RELEASE_ALL).touch()  # no worker waits for a test that is gone
-                stop_all([server.stop for server in deployment.servers.values()])
+                all_at_once([server.stop for server in deployment.servers.values()])
                 database.close_connection()
     finally:
         if os.environ.get(KEEP_LOGS_ENV) == "1":
@@ -316,10 +334,10 @@ def workers_started(deployment: Deployment) -> Iterator[dict[str | None, ClockWo
     try:
         for offset in (None, AHEAD):
             workers[offset] = ClockWorker(deployment, broker, offset)
-            workers[offset].start()
+        all_at_once([worker.start for worker in workers.values()])
         yield workers
     finally:
-        stop_all([worker.stop for worker in workers.values()])
+        all_at_once([worker.stop for worker in workers.values()])
 
 
 @pytest.fixture(scope="module")
