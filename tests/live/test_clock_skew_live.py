@@ -317,7 +317,11 @@ class ClockWorker:
                 contextlib.suppress(Exception),
                 self._client.connection_for_write() as connection,
             ):
-                connection.default_channel.client.delete(self.queue, f"_kombu.binding.{self.queue}")
+                connection.default_channel.client.delete(
+                    self.queue,
+                    f"_kombu.binding.{self.queue}",
+                    f"_kombu.binding_permanent.{self.queue}",
+                )
             backend = self._client.backend
             with contextlib.suppress(Exception):
                 backend.result_consumer.stop()
