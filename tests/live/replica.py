@@ -83,6 +83,10 @@ class Standby(OwnPostgres):
         super().__init__(primary.bindir, label="standby", settings=("hot_standby=on",))
         self.primary = primary
 
+    def __enter__(self) -> Standby:
+        super().__enter__()
+        return self
+
     def _make_data_dir(self) -> None:
         self._run(
             "pg_basebackup",
