@@ -29,7 +29,8 @@ through the management commands in their own processes:
   list and on its page, marks it failed (the client's retry gets that
   answer) and extends another record's retention, on the primary.
 
-Runtime about 45 s.
+Runtime about 30-40 s on 2 cores, half of it starting the two servers, migrating and
+starting gunicorn.
 """
 
 from __future__ import annotations
@@ -167,8 +168,8 @@ def replica() -> Iterator[Lazy[ReplicaStack]]:
         lazy.close()
 
 
-@pytest.fixture
-def stack(replica: Lazy[ReplicaStack]) -> ReplicaStack:
+def started(replica: Lazy[ReplicaStack]) -> ReplicaStack:
+    """The stack, started by the first test (inside it: a missing binary fails the test)."""
     stack = replica.get()
     # Every test runs with replay paused: what it writes is on the primary only.
     assert stack.standby.replay_paused()
@@ -198,7 +199,8 @@ def primary_record(stack: ReplicaStack, key: str) -> dict[str, Any]:
 # -- the setting has teeth ----------------------------------------------------------------
 
 
-def test_the_views_reads_go_to_the_paused_replica(stack: ReplicaStack) -> None:
+def test_the_views_reads_go_to_the_paused_replica(replica: Lazy[ReplicaStack]) -> None:
+    stack = started(replica)
     key = new_key("teeth")
     created = send(stack, key, {"amount": 3, "note": key})
     assert created.status == 201, explain(stack, created)
@@ -217,7 +219,8 @@ def test_the_views_reads_go_to_the_paused_replica(stack: ReplicaStack) -> None:
 # -- the protected requests ---------------------------------------------------------------
 
 
-def test_a_retry_replays_the_stored_response(stack: ReplicaStack) -> None:
+def test_a_retry_replays_the_stored_response(replica: Lazy[ReplicaStack]) -> None:
+    stack = started(replica)
     key = new_key("replay")
     body = {"amount": 11, "note": key}
     first = send(stack, key, body)
@@ -231,7 +234,8 @@ def test_a_retry_replays_the_stored_response(stack: ReplicaStack) -> None:
     assert stack.replica_records(key) == 0
 
 
-def test_a_concurrent_duplicate_gets_409(stack: ReplicaStack) -> None:
+def test_a_concurrent_duplicate_gets_409(replica: Lazy[ReplicaStack]) -> None:
+    stack = started(replica)
     key = new_key("busy")
     body = {"amount": 12, "note": key, "sleep": HOLD}
     results: list[Result] = []
@@ -249,7 +253,8 @@ def test_a_concurrent_duplicate_gets_409(stack: ReplicaStack) -> None:
     assert stack.database.count_charges(key) == 1
 
 
-def test_the_same_key_with_another_body_gets_422(stack: ReplicaStack) -> None:
+def test_the_same_key_with_another_body_gets_422(replica: Lazy[ReplicaStack]) -> None:
+    stack = started(replica)
     key = new_key("changed")
     first = send(stack, key, {"amount": 13, "note": key})
     changed = send(stack, key, {"amount": 14, "note": key})
@@ -261,7 +266,10 @@ def test_the_same_key_with_another_body_gets_422(stack: ReplicaStack) -> None:
 # -- recovery and purge ---------------------------------------------------------------------
 
 
-def test_recovery_settles_a_stale_record_that_only_the_primary_has(stack: ReplicaStack) -> None:
+def test_recovery_settles_a_stale_record_that_only_the_primary_has(
+    replica: Lazy[ReplicaStack],
+) -> None:
+    stack = started(replica)
     key = new_key("recover")
     pid = claim_held_by_a_worker(stack, key)
     # While its lease runs, the record is held, not stale. (A lease of a
@@ -284,7 +292,10 @@ def test_recovery_settles_a_stale_record_that_only_the_primary_has(stack: Replic
     assert stack.database.count_charges(key) == 1
 
 
-def test_purge_deletes_the_expired_records_only_the_primary_has(stack: ReplicaStack) -> None:
+def test_purge_deletes_the_expired_records_only_the_primary_has(
+    replica: Lazy[ReplicaStack],
+) -> None:
+    stack = started(replica)
     keys = [new_key(f"purge{n}") for n in range(3)]
     for key in keys:
         answer = send(stack, key, {"amount": 16, "note": key})
@@ -314,7 +325,8 @@ def test_purge_deletes_the_expired_records_only_the_primary_has(stack: ReplicaSt
 # -- the admin ----------------------------------------------------------------------------
 
 
-def test_admin_actions_find_and_change_records_on_the_primary(stack: ReplicaStack) -> None:
+def test_admin_actions_find_and_change_records_on_the_primary(replica: Lazy[ReplicaStack]) -> None:
+    stack = started(replica)
     stuck_key, kept_key = new_key("admin-stuck"), new_key("admin-kept")
     kept = send(stack, kept_key, {"amount": 17, "note": kept_key})
     assert kept.status == 201, explain(stack, kept)
