@@ -35,6 +35,7 @@ import shutil
 import subprocess
 import tempfile
 import time
+from collections.abc import Sequence
 from pathlib import Path
 from types import TracebackType
 from typing import Any
@@ -102,9 +103,13 @@ def require_own_postgres() -> Path:
 class OwnPostgres:
     """One throw-away PostgreSQL cluster: ``with OwnPostgres() as pg: ... pg.stop() ...``."""
 
-    def __init__(self, bindir: Path | None = None, label: str = "own") -> None:
+    def __init__(
+        self, bindir: Path | None = None, label: str = "own", settings: Sequence[str] = ()
+    ) -> None:
         self.bindir = bindir or require_own_postgres()
         self.label = label
+        #: More ``name=value`` server settings, passed as ``-c`` at every start.
+        self.settings = list(settings)
         self.port = free_port()
         self.root: Path | None = None
         self.running = False
@@ -134,21 +139,25 @@ class OwnPostgres:
             if os.geteuid() == 0:
                 entry = pwd.getpwnam(OS_USER)
                 os.chown(self.root, entry.pw_uid, entry.pw_gid)
-            self._run(
-                "initdb",
-                "-D", str(self.data_dir),
-                "-U", "postgres",
-                "-A", "trust",
-                "-E", "UTF8",
-                "--locale=C.UTF-8",
-                "--no-sync",
-                timeout=60,
-            )  # fmt: skip
+            self._make_data_dir()
             self.start()
         except BaseException:
             self.close()
             raise
         return self
+
+    def _make_data_dir(self) -> None:
+        """``initdb`` (a standby copies its primary's instead: ``replica.Standby``)."""
+        self._run(
+            "initdb",
+            "-D", str(self.data_dir),
+            "-U", "postgres",
+            "-A", "trust",
+            "-E", "UTF8",
+            "--locale=C.UTF-8",
+            "--no-sync",
+            timeout=60,
+        )  # fmt: skip
 
     def __exit__(
         self,
@@ -172,6 +181,7 @@ class OwnPostgres:
                 "-c fsync=off",
                 "-c full_page_writes=off",
                 "-c log_min_messages=warning",
+                *(f"-c {setting}" for setting in self.settings),
             ]
         )
         self._run(
