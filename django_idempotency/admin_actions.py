@@ -151,7 +151,7 @@ def _taken(
             seen_state=seen_state,
             operator=_operator(request),
             lease=conf.LEASE,
-            using=conf.DATABASE,
+            using=record._state.db or "",  # where the record lives, read from there
         )
         if held is not None:
             record.state = seen_state
@@ -432,7 +432,7 @@ def extend_retention(
     until = ahead(timedelta(hours=form.cleaned_data["hours"]))
     shorter = [record for record in queryset if record.expires_at < until]
     extended = store.extend_retention(
-        [record.pk for record in shorter], until=until, using=idempotency_settings.DATABASE
+        [record.pk for record in shorter], until=until, using=queryset.db
     )
     # In the site's time zone, named: under USE_TZ=False ``until`` is not UTC.
     shown = to_the_second(until)
