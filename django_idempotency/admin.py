@@ -41,8 +41,8 @@ from django_idempotency.store import sealing
 
 __all__ = [
     "COUNT_CAP",
-    "DatabaseFilter",
     "FILTERS",
+    "DatabaseFilter",
     "EstimatedCountPaginator",
     "ExpiryFilter",
     "IdempotencyRecordAdmin",

@@ -24,8 +24,8 @@ from django_idempotency.answers import (
     store_unavailable,
 )
 from django_idempotency.conf import as_timedelta, idempotency_settings
-from django_idempotency.databases import database_for
 from django_idempotency.database_errors import is_contention
+from django_idempotency.databases import database_for
 from django_idempotency.digests import Fingerprint
 from django_idempotency.exceptions import (
     BodyTooLarge,

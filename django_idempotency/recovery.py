@@ -38,9 +38,9 @@ from django.db.models import Count, Min
 from django.utils import timezone
 
 from django_idempotency import signals, store
-from django_idempotency.databases import records_database_named
 from django_idempotency.clock import ahead
 from django_idempotency.conf import as_timedelta, idempotency_settings
+from django_idempotency.databases import records_database_named
 from django_idempotency.exceptions import StaleOwner
 from django_idempotency.models import IdempotencyRecord
 from django_idempotency.responses import StoredResponse, Verdict

@@ -118,9 +118,8 @@ def idempotent_task(
         @functools.wraps(func)
         def run_once(*args: Any, **kwargs: Any) -> Any:
             from django_idempotency import store
-            from django_idempotency.scope import Scope
-
             from django_idempotency.databases import database_for
+            from django_idempotency.scope import Scope
 
             conf = idempotency_settings
             scope = Scope(TASK_TENANT, name, _key_of(key, func, args, kwargs))
