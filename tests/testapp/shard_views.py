@@ -2,7 +2,8 @@
 
 The tenant is the ``X-Tenant`` header. The body steers the view: ``fail``
 (write, then raise: a 500), ``external`` (call ``begin_external()`` before
-writing; with the live tests' crash hook, the process dies there).
+writing), ``note`` (the Charge's note: the live servers' hooks read
+``[sleep=<s>]`` and ``[crash]`` in it, tests/live/hooks.py).
 """
 
 from __future__ import annotations
@@ -40,7 +41,7 @@ def _charge(request: Request, using: str | None) -> Response:
     if data.get("external"):
         context.begin_external()
     charge = Charge.objects.using(using).create(
-        tenant=context.tenant, amount=int(data.get("amount", 0))
+        tenant=context.tenant, amount=int(data.get("amount", 0)), note=str(data.get("note", ""))
     )
     if data.get("fail"):
         raise ShardViewFailure("the view failed after writing")
