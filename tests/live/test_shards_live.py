@@ -85,7 +85,7 @@ class Shards:
 
     def records(self, alias: str, key: str) -> list[tuple[Any, ...]]:
         return self.databases[alias].query(
-            'SELECT tenant, state, response_status, response_body FROM django_idempotency_record '
+            "SELECT tenant, state, response_status, response_body FROM django_idempotency_record "
             'WHERE "key" = %s',
             [key],
         )
@@ -234,7 +234,9 @@ def test_fifty_same_key_requests_per_tenant_run_once_per_shard(shards: Shards) -
 
     results = fire_together(calls, timeout=60)
 
-    described = "\n".join(result.describe() for result in results if result.status not in (201, 409))
+    described = "\n".join(
+        result.describe() for result in results if result.status not in (201, 409)
+    )
     assert {result.status for result in results} <= {201, 409}, described
     for tenant, alias in TENANT_SHARD.items():
         assert shards.charges(alias, tenant).count((17, note)) == 1, shards.describe()
