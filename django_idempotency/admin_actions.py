@@ -205,6 +205,8 @@ def _page(
         "warning": warning,
         "opts": modeladmin.model._meta,
         "action_checkbox_name": ACTION_CHECKBOX_NAME,
+        # Back to the list as it was filtered: its database above all.
+        "list_query": request.GET.urlencode(),
     }
     return TemplateResponse(request, TEMPLATE, context)
 

@@ -351,6 +351,7 @@ def test_an_admin_action_writes_in_the_records_own_shard(operator: Client) -> No
         {"action": "release", "_selected_action": [in_b.pk]},
     )
     assert "act-b" in page.content.decode()  # the confirmation page, from shard_b
+    assert f'{CHANGELIST}?database=shard_b" class="button cancel-link"' in page.content.decode()
     done = operator.post(
         f"{CHANGELIST}?database=shard_b",
         {
