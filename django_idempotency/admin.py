@@ -29,7 +29,7 @@ from django.utils.translation import gettext_lazy as _
 
 from django_idempotency import admin_actions, admin_input
 from django_idempotency.clock import to_the_second
-from django_idempotency.conf import idempotency_settings
+from django_idempotency.databases import record_databases
 from django_idempotency.models import (
     OPERATION_MAX_LENGTH,
     RESOLVED_STATES,
@@ -42,6 +42,7 @@ from django_idempotency.store.database_time import DatabaseLater, DatabaseNow, d
 __all__ = [
     "COUNT_CAP",
     "FILTERS",
+    "DatabaseFilter",
     "EstimatedCountPaginator",
     "ExpiryFilter",
     "IdempotencyRecordAdmin",
@@ -49,6 +50,7 @@ __all__ = [
     "OperationFilter",
     "StateFilter",
     "capped_count",
+    "records_database_of",
     "stuck",
 ]
 
@@ -99,6 +101,55 @@ class ListFilter(admin.SimpleListFilter):
     @classmethod
     def accepts(cls, value: str) -> bool:
         raise NotImplementedError
+
+
+def records_database_of(request: HttpRequest) -> str:
+    """The records database the operator is looking at: ``?database=``, else the first.
+
+    Record ids repeat from one database to the next, so every admin page
+    names its database: the list in its ``database`` parameter, the record
+    and action pages in the list's filters they preserve
+    (``_changelist_filters``, or the changelist URL the action posts to).
+    """
+    chosen = request.GET.get(DatabaseFilter.parameter_name)
+    if chosen is None:
+        preserved = QueryDict(request.GET.get("_changelist_filters", ""))
+        chosen = preserved.get(DatabaseFilter.parameter_name)
+    every = record_databases()
+    if chosen is None:
+        return every[0]
+    if chosen not in every:
+        raise BadRequest("No such records database.")
+    return chosen
+
+
+class DatabaseFilter(ListFilter):
+    """Which records database to list; shown only when there is more than one."""
+
+    title = _("database")
+    parameter_name = "database"
+
+    @classmethod
+    def accepts(cls, value: str) -> bool:
+        return value in record_databases()
+
+    def lookups(self, request: HttpRequest, model_admin: Any) -> Any:
+        every = record_databases()
+        # No choice to offer with one database: the filter is then not shown.
+        return [(alias, alias) for alias in every] if len(every) > 1 else []
+
+    def choices(self, changelist: Any) -> Any:
+        # No "All": one list shows one database (ids repeat across them).
+        current = self.value() or record_databases()[0]
+        for value, label in self.lookup_choices:
+            yield {
+                "selected": value == current,
+                "query_string": changelist.get_query_string({self.parameter_name: value}),
+                "display": label,
+            }
+
+    def queryset(self, request: HttpRequest, queryset: QuerySet[Any]) -> QuerySet[Any]:
+        return queryset  # get_queryset already reads from the chosen database
 
 
 class StateFilter(ListFilter):
@@ -173,7 +224,12 @@ class OperationFilter(ListFilter):
         return queryset.filter(operation=self.value()) if self.value() else queryset
 
 
-FILTERS: tuple[type[ListFilter], ...] = (StateFilter, OperationFilter, ExpiryFilter)
+FILTERS: tuple[type[ListFilter], ...] = (
+    DatabaseFilter,
+    StateFilter,
+    OperationFilter,
+    ExpiryFilter,
+)
 
 
 @admin.register(IdempotencyRecord)
@@ -224,7 +280,7 @@ class IdempotencyRecordAdmin(admin.ModelAdmin):  # type: ignore[type-arg]
     # A log, not an editor.
     # Each record comes with the database's time, which its lease is shown against.
     def get_queryset(self, request: HttpRequest) -> QuerySet[IdempotencyRecord]:
-        records = super().get_queryset(request).using(idempotency_settings.DATABASE)
+        records = super().get_queryset(request).using(records_database_of(request))
         return cast(QuerySet[IdempotencyRecord], records.annotate(read_at=DatabaseNow()))
 
     def get_search_results(
@@ -309,7 +365,8 @@ class IdempotencyRecordAdmin(admin.ModelAdmin):  # type: ignore[type-arg]
     def lease_status(self, record: IdempotencyRecord) -> str:
         if record.state in RESOLVED_STATES or record.lease_expires_at is None:
             return "-"
-        now = record.read_at or database_now(record._state.db or idempotency_settings.DATABASE)
+        # Read with the page (get_queryset); a record read otherwise asks its database.
+        now = record.read_at or database_now(record._state.db or "default")
         return str(_("held")) if record.lease_expires_at > now else str(_("expired"))
 
     @admin.display(description=_("timeline"))
@@ -386,11 +443,17 @@ class IdempotencyRecordAdmin(admin.ModelAdmin):  # type: ignore[type-arg]
 
     def changelist_view(self, request: HttpRequest, extra_context: Any = None) -> TemplateResponse:
         records = self.get_queryset(request)
+        # The counts' links stay on the database they count.
+        chosen = request.GET.get(DatabaseFilter.parameter_name)
+        on = QueryDict(mutable=True)
+        if chosen is not None:
+            on[DatabaseFilter.parameter_name] = chosen
         counts = []
         for value, label in [*State.choices, ("stuck", _("stuck"))]:
             subset = records.filter(stuck()) if value == "stuck" else records.filter(state=value)
             count, capped = capped_count(subset)
             shown = number_format(count, force_grouping=True) + ("+" if capped else "")
-            counts.append({"value": value, "label": label, "count": shown})
+            on[StateFilter.parameter_name] = value
+            counts.append({"value": value, "label": label, "count": shown, "query": on.urlencode()})
         extra_context = {**(extra_context or {}), "state_counts": counts}
         return super().changelist_view(request, extra_context)  # type: ignore[return-value]

@@ -152,7 +152,7 @@ def _taken(
             seen_state=seen_state,
             operator=_operator(request),
             lease=conf.LEASE,
-            using=conf.DATABASE,
+            using=record._state.db or "",  # where the record lives, read from there
         )
         if held is not None:
             record.state = seen_state
@@ -206,6 +206,8 @@ def _page(
         "warning": warning,
         "opts": modeladmin.model._meta,
         "action_checkbox_name": ACTION_CHECKBOX_NAME,
+        # Back to the list as it was filtered: its database above all.
+        "list_query": request.GET.urlencode(),
     }
     return TemplateResponse(request, TEMPLATE, context)
 
@@ -430,12 +432,10 @@ def extend_retention(
             title=str(_("Extend retention")),
             form=form,
         )
-    until = database_later(
-        idempotency_settings.DATABASE, timedelta(hours=form.cleaned_data["hours"])
-    )
+    until = database_later(queryset.db, timedelta(hours=form.cleaned_data["hours"]))
     shorter = [record for record in queryset if record.expires_at < until]
     extended = store.extend_retention(
-        [record.pk for record in shorter], until=until, using=idempotency_settings.DATABASE
+        [record.pk for record in shorter], until=until, using=queryset.db
     )
     # In the site's time zone, named: under USE_TZ=False ``until`` is not UTC.
     shown = to_the_second(until)

@@ -16,6 +16,7 @@ from django.core.checks import CheckMessage, Error, Tags, Warning, register
 from django.core.exceptions import ImproperlyConfigured
 
 from django_idempotency.conf import DEFAULTS, as_timedelta, idempotency_settings, import_callable
+from django_idempotency.databases import routed_record_databases
 from django_idempotency.models import KEY_MAX_LENGTH
 from django_idempotency.scope import OPERATION_NAMES
 
@@ -109,11 +110,24 @@ def _check_tenant(value: Any) -> Iterator[CheckMessage]:
 
 
 def _check_database(value: Any) -> Iterator[CheckMessage]:
-    if value not in settings.DATABASES:
+    if value is None:
+        # The routers choose per request: they must let the records migrate somewhere.
+        if not routed_record_databases():
+            yield _error(
+                23,
+                "IDEMPOTENCY['DATABASE'] is None, but no database router lets "
+                "IdempotencyRecord migrate to any alias in DATABASES: no database "
+                "holds the records.",
+                "Let allow_migrate() return True for app_label 'django_idempotency' on every "
+                "alias db_for_write() may return for it (each shard), and False on replicas.",
+            )
+        return
+    if not isinstance(value, str) or value not in settings.DATABASES:
         yield _error(
             8,
             f"IDEMPOTENCY['DATABASE'] = {value!r} is not an alias in DATABASES.",
-            f"Use one of: {', '.join(sorted(settings.DATABASES))}.",
+            f"Use one of: {', '.join(sorted(settings.DATABASES))}, or None to let the "
+            "database routers choose per request.",
         )
 
 
@@ -335,8 +349,10 @@ def check_settings(app_configs: Any = None, **kwargs: Any) -> list[CheckMessage]
                 "while its request still runs. Raise TTL or lower LEASE.",
             )
         )
-    messages.extend(_check_sqlite_transaction_mode(user_settings.get("DATABASE", "default")))
-    messages.extend(_check_database_clock(user_settings.get("DATABASE", "default")))
+    configured = user_settings.get("DATABASE", "default")
+    for alias in routed_record_databases() if configured is None else [configured]:
+        messages.extend(_check_sqlite_transaction_mode(alias))
+        messages.extend(_check_database_clock(alias))
     return messages
 
 
@@ -377,8 +393,9 @@ def _check_database_clock(alias: Any) -> Iterator[CheckMessage]:
 def check_atomic_requests(app_configs: Any = None, **kwargs: Any) -> list[CheckMessage]:
     # Only the records' database matters: the claim commits on its own
     # unless that database's request transaction is already open.
-    records = idempotency_settings.DATABASE
-    atomic = settings.DATABASES.get(records, {}).get("ATOMIC_REQUESTS")
+    configured = idempotency_settings.DATABASE
+    every = routed_record_databases() if configured is None else [configured]
+    atomic = {alias for alias in every if settings.DATABASES.get(alias, {}).get("ATOMIC_REQUESTS")}
     if not atomic or not getattr(settings, "ROOT_URLCONF", None):
         return []
     from django_idempotency.routes import protected_urls
@@ -386,7 +403,7 @@ def check_atomic_requests(app_configs: Any = None, **kwargs: Any) -> list[CheckM
     messages: list[CheckMessage] = []
     for url in protected_urls():
         exempt: set[str] = getattr(url.callback, "_non_atomic_requests", set())
-        if records in exempt:
+        if all(alias in exempt for alias in atomic):
             continue
         messages.append(
             Warning(

@@ -166,8 +166,9 @@ class IdempotencySettings:
         return cast(TenantResolver, value)
 
     @_resolved
-    def DATABASE(self) -> str:
-        return cast(str, self._get("DATABASE"))
+    def DATABASE(self) -> str | None:
+        # None: the routers choose per request (databases.database_for).
+        return cast("str | None", self._get("DATABASE"))
 
     @_resolved
     def IN_FLIGHT(self) -> Literal["conflict", "wait"]:

@@ -96,6 +96,18 @@ class IdempotencyContext:
         return self._held.scope.operation
 
     @property
+    def database(self) -> str:
+        """The alias of the database holding the record and the view's transaction.
+
+        ``IDEMPOTENCY["DATABASE"]``, or the routers' choice for this request
+        when it is ``None``. Write the view's rows there
+        (``Payment.objects.using(request.idempotency.database)``): routers
+        never see the tenant, so a write left to them may land elsewhere,
+        outside the transaction the outcome commits in.
+        """
+        return self._held.database
+
+    @property
     def fencing_token(self) -> int:
         """The token every write of this owner is conditional on; a takeover moves it on."""
         return self._held.fencing_token

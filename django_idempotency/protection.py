@@ -25,6 +25,7 @@ from django_idempotency.answers import (
 )
 from django_idempotency.conf import as_timedelta, idempotency_settings
 from django_idempotency.database_errors import is_contention
+from django_idempotency.databases import database_for
 from django_idempotency.digests import Fingerprint
 from django_idempotency.exceptions import (
     BodyTooLarge,
@@ -113,12 +114,17 @@ def protect(
     single = options.single_transaction
     if single is None:
         single = conf.SINGLE_TRANSACTION
-    connection = connections[conf.DATABASE]
+    # Asked once: the claim, the view's transaction and the completion all
+    # use this alias, and the view learns it as request.idempotency.database.
+    database = database_for(scope, request=request)
+    connection = connections[database]
     response = None
     if single and connection.vendor == "postgresql" and not connection.in_atomic_block:
-        response = claim_in_one_transaction(request, scope, fingerprint, view, options.retention)
+        response = claim_in_one_transaction(
+            request, scope, fingerprint, view, options.retention, database=database
+        )
     if response is None:
-        response = _claim_or_answer(request, scope, fingerprint, view, options)
+        response = _claim_or_answer(request, scope, fingerprint, view, options, database)
     response[conf.HEADER] = raw_key
     return response
 
@@ -139,10 +145,10 @@ def _claim_or_answer(
     fingerprint: Fingerprint,
     view: Callable[[], HttpResponseBase],
     options: Options,
+    database: str,
 ) -> HttpResponseBase:
     conf = idempotency_settings
     ttl = options.retention
-    database = conf.DATABASE
     waiting = conf.IN_FLIGHT == "wait"
     deadline = time.monotonic() + conf.IN_FLIGHT_WAIT.total_seconds()
     poll = _FIRST_POLL

@@ -5,11 +5,10 @@ from __future__ import annotations
 from dataclasses import dataclass
 from time import monotonic, sleep
 
-from django.utils import timezone
-
 from django_idempotency import store
-from django_idempotency.conf import idempotency_settings
+from django_idempotency.databases import records_database_named
 from django_idempotency.models import RESOLVED_STATES, IdempotencyRecord
+from django_idempotency.store.database_time import DatabaseNow
 
 __all__ = [
     "PurgeReport",
@@ -34,12 +33,16 @@ class PurgeReport:
     longest_batch: float = 0.0
 
 
-def expired_count() -> int:
-    """How many records a purge would delete now (for ``--dry-run``)."""
-    return (
-        IdempotencyRecord.objects.using(idempotency_settings.DATABASE)
-        .filter(state__in=RESOLVED_STATES, expires_at__lte=timezone.now())
+def expired_count(*, database: str | None = None) -> int:
+    """How many records a purge would delete now (for ``--dry-run``).
+
+    Over every records database, or only ``database``.
+    """
+    return sum(
+        IdempotencyRecord.objects.using(alias)
+        .filter(state__in=RESOLVED_STATES, expires_at__lte=DatabaseNow())
         .count()
+        for alias in records_database_named(database)
     )
 
 
@@ -49,6 +52,7 @@ def purge_expired_records(
     max_batches: int | None = None,
     batch_seconds: float = 0.1,
     pause_factor: float = 2.0,
+    database: str | None = None,
 ) -> PurgeReport:
     """Delete COMPLETED and FAILED records past ``expires_at``, in short batches.
 
@@ -75,12 +79,38 @@ def purge_expired_records(
         batch_seconds: A batch that took longer halves the next one.
         pause_factor: After each batch, pause this many times as long as the
             batch took.
+        database: Only this records database; ``None``: every one
+            (``databases.record_databases()``), one after the other,
+            ``max_batches`` counting over all of them.
 
     Returns:
         What the purge deleted, in how many batches.
+
+    Raises:
+        UnknownRecordDatabase: ``database`` holds no records.
     """
     report = PurgeReport()
-    database = idempotency_settings.DATABASE
+    for alias in records_database_named(database):
+        _purge_one(
+            alias,
+            report,
+            batch_size=batch_size,
+            max_batches=max_batches,
+            batch_seconds=batch_seconds,
+            pause_factor=pause_factor,
+        )
+    return report
+
+
+def _purge_one(
+    database: str,
+    report: PurgeReport,
+    *,
+    batch_size: int,
+    max_batches: int | None,
+    batch_seconds: float,
+    pause_factor: float,
+) -> None:
     size = batch_size
     reached = None
     while max_batches is None or report.batches < max_batches:
@@ -100,4 +130,3 @@ def purge_expired_records(
             size = min(batch_size, size * 2)
         if pause_factor and (max_batches is None or report.batches < max_batches):
             sleep(took * pause_factor)
-    return report

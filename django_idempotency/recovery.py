@@ -38,6 +38,7 @@ from django.db.models import Count, Min
 
 from django_idempotency import signals, store
 from django_idempotency.conf import as_timedelta, idempotency_settings
+from django_idempotency.databases import records_database_named
 from django_idempotency.exceptions import StaleOwner
 from django_idempotency.models import IdempotencyRecord
 from django_idempotency.responses import StoredResponse, Verdict
@@ -157,7 +158,7 @@ def register_reconciler(operation: str) -> Callable[[Reconciler], Reconciler]:
 
     The function takes the stuck ``IdempotencyRecord`` and returns
     ``Completed``, ``Failed``, ``Retry`` or ``Release``. It runs inside a
-    transaction on ``IDEMPOTENCY["DATABASE"]`` that also stores a
+    transaction on the record's database (``record._state.db``) that also stores a
     ``Completed`` or ``Failed``; after ``Retry`` or ``Release``, or when it
     raises, its writes are rolled back. Anything else returned raises
     ``TypeError``, handled like any exception the reconciler raises: logged,
@@ -223,38 +224,48 @@ class RecoveryReport:
         return self.released + self.completed + self.failed + self.retried + self.unreconciled
 
 
-def stale_records(*, limit: int) -> list[IdempotencyRecord]:
+def stale_records(*, limit: int, database: str | None = None) -> list[IdempotencyRecord]:
     """Unresolved records whose lease ran out (what a run would take), read-only.
 
-    Used by ``idempotency_recover --dry-run``.
+    Used by ``idempotency_recover --dry-run``. Each record's
+    ``_state.db`` names the database it was read from.
 
     Args:
-        limit: At most this many records, the longest expired first.
+        limit: At most this many records from each database, the longest
+            expired first.
+        database: Only this records database; ``None``: all of them.
     """
-    database = idempotency_settings.DATABASE
-    return list(
-        IdempotencyRecord.objects.using(database)
-        .filter(state__in=store.UNRESOLVED_STATES, lease_expires_at__lte=DatabaseNow())
-        .order_by("lease_expires_at")[:limit]
-    )
+    found: list[IdempotencyRecord] = []
+    for alias in records_database_named(database):
+        found.extend(
+            IdempotencyRecord.objects.using(alias)
+            .filter(state__in=store.UNRESOLVED_STATES, lease_expires_at__lte=DatabaseNow())
+            .order_by("lease_expires_at")[:limit]
+        )
+    return found
 
 
-def leased_records() -> tuple[int, datetime | None]:
+def leased_records(*, database: str | None = None) -> tuple[int, datetime | None]:
     """Unresolved records a run would skip, their lease still running, read-only.
 
     How many, and when the first of those leases ends: their owner is at
     work, or a run postponed them (no reconciler, ``Retry``, a reconciler
-    that raised).
+    that raised). Over every records database, or only ``database``.
     """
-    found = (
-        IdempotencyRecord.objects.using(idempotency_settings.DATABASE)
-        .filter(state__in=store.UNRESOLVED_STATES, lease_expires_at__gt=DatabaseNow())
-        .aggregate(count=Count("pk"), first_end=Min("lease_expires_at"))
-    )
-    return found["count"], found["first_end"]
+    count, first_end = 0, None
+    for alias in records_database_named(database):
+        found = (
+            IdempotencyRecord.objects.using(alias)
+            .filter(state__in=store.UNRESOLVED_STATES, lease_expires_at__gt=DatabaseNow())
+            .aggregate(count=Count("pk"), first_end=Min("lease_expires_at"))
+        )
+        count += found["count"]
+        if found["first_end"] is not None and (first_end is None or found["first_end"] < first_end):
+            first_end = found["first_end"]
+    return count, first_end
 
 
-def recover_stale_records(*, batch_size: int = 100) -> RecoveryReport:
+def recover_stale_records(*, batch_size: int = 100, database: str | None = None) -> RecoveryReport:
     """Take over and settle up to ``batch_size`` stale records, one at a time.
 
     What the ``recover_stale_records`` Celery task and the
@@ -272,22 +283,31 @@ def recover_stale_records(*, batch_size: int = 100) -> RecoveryReport:
     outcome up, so asking twice is harmless; the fencing token keeps the
     slower answer from being stored).
 
+    Every records database is swept (``databases.record_databases()``: one
+    unless ``IDEMPOTENCY["DATABASE"]`` is ``None``); each record is settled
+    in the database it lives in.
+
     Args:
-        batch_size: At most this many records in this run.
+        batch_size: At most this many records from each database in this run.
+        database: Only this records database; ``None``: all of them.
 
     Returns:
-        What the run did, by outcome.
+        What the run did, by outcome, over all the databases swept.
+
+    Raises:
+        UnknownRecordDatabase: ``database`` holds no records.
     """
     conf = idempotency_settings
     report = RecoveryReport()
-    for _ in range(batch_size):
-        taken = store.take_over_next_stale(lease=conf.LEASE, using=conf.DATABASE)
-        if taken is None:
-            break
-        try:
-            settle(*taken, report)
-        except StaleOwner:
-            report.stale += 1
+    for alias in records_database_named(database):
+        for _ in range(batch_size):
+            taken = store.take_over_next_stale(lease=conf.LEASE, using=alias)
+            if taken is None:
+                break
+            try:
+                settle(*taken, report)
+            except StaleOwner:
+                report.stale += 1
     return report
 
 

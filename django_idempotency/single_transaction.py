@@ -65,6 +65,8 @@ def claim_in_one_transaction(
     fingerprint: Fingerprint,
     view: Callable[[], HttpResponseBase],
     ttl: timedelta,
+    *,
+    database: str,
 ) -> HttpResponseBase | None:
     """Claim, view and completion in ONE transaction; None: take the general path.
 
@@ -75,7 +77,6 @@ def claim_in_one_transaction(
     view's writes, so the retry runs.
     """
     conf = idempotency_settings
-    database = conf.DATABASE
     held: store.Claim | None = None
     run: _SingleRun | None = None
     try:

@@ -96,6 +96,13 @@ def idempotent_task(
             the body: a duplicate arriving after it takes the task over.
             Give it your task's time limit.
 
+    With ``IDEMPOTENCY["DATABASE"] = None`` the routers pick the record's
+    database once per run: ``db_for_write(IdempotencyRecord, tenant="task",
+    operation=..., request=None, task=<the function>, arguments={name:
+    value})``. The body runs in a transaction on that database: write its
+    rows there (``.using()``, picking the alias from the arguments as the
+    router does).
+
     Returns:
         The decorator.
 
@@ -111,12 +118,15 @@ def idempotent_task(
         @functools.wraps(func)
         def run_once(*args: Any, **kwargs: Any) -> Any:
             from django_idempotency import store
+            from django_idempotency.databases import database_for
             from django_idempotency.scope import Scope
 
             conf = idempotency_settings
-            database = conf.DATABASE
             scope = Scope(TASK_TENANT, name, _key_of(key, func, args, kwargs))
-            digest = fingerprint(_arguments(func, args, kwargs))
+            arguments = _arguments(func, args, kwargs)
+            digest = fingerprint(arguments)
+            # Asked once per run; a router may route by the task's arguments.
+            database = database_for(scope, task=func, arguments=arguments)
             retention = as_timedelta(ttl) if ttl is not None else conf.TTL
             held_for = as_timedelta(lease) if lease is not None else conf.LEASE
             attempt = store.claim_or_take_over(

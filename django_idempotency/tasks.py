@@ -38,14 +38,16 @@ __all__ = [
 
 
 @shared_task(name="django_idempotency.tasks.recover_stale_records", ignore_result=False)
-def recover_stale_records(batch_size: int = 100) -> dict[str, int]:
+def recover_stale_records(batch_size: int = 100, database: str | None = None) -> dict[str, int]:
     """Settle up to ``batch_size`` records whose owner's lease ran out.
 
     Celery task ``django_idempotency.tasks.recover_stale_records``: runs
     ``django_idempotency.recovery.recover_stale_records()``.
 
     Args:
-        batch_size: At most this many records in this run.
+        batch_size: At most this many records from each records database
+            in this run.
+        database: Only this records database; ``None``: every one.
 
     Returns:
         The ``RecoveryReport`` counts as a dict: ``released``, ``completed``,
@@ -53,7 +55,7 @@ def recover_stale_records(batch_size: int = 100) -> dict[str, int]:
     """
     from django_idempotency import recovery
 
-    return asdict(recovery.recover_stale_records(batch_size=batch_size))
+    return asdict(recovery.recover_stale_records(batch_size=batch_size, database=database))
 
 
 @shared_task(name="django_idempotency.tasks.purge_expired_records", ignore_result=False)
@@ -62,6 +64,7 @@ def purge_expired_records(
     max_batches: int = 10_000,
     batch_seconds: float = 0.1,
     pause_factor: float = 2.0,
+    database: str | None = None,
 ) -> dict[str, Any]:
     """Delete resolved records past retention, at most ``max_batches`` batches a run.
 
@@ -76,6 +79,7 @@ def purge_expired_records(
         batch_seconds: A batch that took longer halves the next one.
         pause_factor: After each batch, pause this many times as long as
             the batch took.
+        database: Only this records database; ``None``: every one.
 
     Returns:
         The ``PurgeReport`` as a dict: ``deleted``, ``batches``,
@@ -88,6 +92,7 @@ def purge_expired_records(
         max_batches=max_batches,
         batch_seconds=batch_seconds,
         pause_factor=pause_factor,
+        database=database,
     )
     return asdict(report)
 

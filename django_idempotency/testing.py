@@ -23,6 +23,7 @@ from django.db import connections
 
 from django_idempotency import store
 from django_idempotency.conf import idempotency_settings
+from django_idempotency.databases import record_databases
 from django_idempotency.exceptions import REFUSAL_CODES
 from django_idempotency.simulated_crash import SimulatedCrash, armed
 
@@ -52,9 +53,9 @@ def simulate_crash_after_begin_external() -> Iterator[None]:
     a CLAIMED record that recovery releases without asking the reconciler.
 
     Raises:
-        ImproperlyConfigured: ``IDEMPOTENCY["DATABASE"]`` is SQLite.
+        ImproperlyConfigured: A database holding records is SQLite.
     """
-    if connections[idempotency_settings.DATABASE].vendor == "sqlite":
+    if any(connections[alias].vendor == "sqlite" for alias in record_databases()):
         raise ImproperlyConfigured(
             "simulate_crash_after_begin_external() needs PostgreSQL or MySQL/MariaDB: on "
             "SQLite a crash leaves a CLAIMED record and no reconciler is asked."
@@ -66,10 +67,13 @@ def simulate_crash_after_begin_external() -> Iterator[None]:
 def expire_leases() -> int:
     """End every unresolved record's lease now, as if its owner were long gone.
 
+    In every database that holds records (``IDEMPOTENCY["DATABASE"]``, or
+    with ``None`` every alias the routers let the records migrate to).
+
     Returns:
         How many records' leases it ended.
     """
-    return store.expire_leases(using=idempotency_settings.DATABASE)
+    return sum(store.expire_leases(using=alias) for alias in record_databases())
 
 
 def assert_protected(

@@ -73,6 +73,19 @@ if DATABASES["default"]["ENGINE"] == "django.db.backends.sqlite3":
     DATABASES["default"]["OPTIONS"] = {"timeout": 20, "transaction_mode": "IMMEDIATE"}
 else:
     DATABASES["default"]["TEST"] = {"NAME": f"test_idempotency_{_run}"}
+# Two more databases on the same server, the tenants' shards of
+# tests/test_shards.py (IDEMPOTENCY["DATABASE"] = None, routed per tenant).
+# pytest-django creates a test database only for the aliases the collected
+# tests ask for, so other runs do not pay for them.
+SHARD_ALIASES = ("shard_a", "shard_b")
+for _shard in SHARD_ALIASES:
+    _default = DATABASES["default"]
+    if _default["ENGINE"] == "django.db.backends.sqlite3":
+        _test_name = str(BASE_DIR / f"test-{_run}-{_shard}.sqlite3")
+        _name = str(Path(_sqlite_file).with_name(f"{Path(_sqlite_file).stem}-{_shard}.sqlite3"))
+    else:
+        _test_name, _name = f"test_idempotency_{_run}_{_shard}", _default["NAME"]
+    DATABASES[_shard] = {**_default, "NAME": _name, "TEST": {"NAME": _test_name}}
 if DATABASES["default"]["ENGINE"] == "django.db.backends.mysql":
     try:
         import MySQLdb  # noqa: F401  (mysqlclient, the driver Django recommends)

@@ -276,9 +276,9 @@ def own_options(name: str) -> dict[str, Any]:
     }
 
 
-def documented_option_default(value: Any) -> str:
+def documented_option_default(value: Any, option: str = "") -> str:
     if value is None:
-        return "no limit"
+        return "every records database" if option == "--database" else "no limit"
     if value is False:
         return "off"
     return f"`{value:g}`" if isinstance(value, float) else f"`{value}`"
@@ -298,7 +298,7 @@ def test_the_commands_page_gives_each_option_with_its_default(name: str) -> None
     assert options
     for option, default in options.items():
         assert option in usage, option
-        assert rows[option][1] == documented_option_default(default), (option, rows[option])
+        assert rows[option][1] == documented_option_default(default, option), (option, rows[option])
     documented = {option for option in rows if option.startswith("--")}
     assert documented == set(options)
 

@@ -28,7 +28,7 @@ from django.db import connections
 from django.test.utils import CaptureQueriesContext
 
 from django_idempotency import store
-from django_idempotency.conf import idempotency_settings
+from django_idempotency.databases import record_databases
 from django_idempotency.models import IdempotencyRecord
 from django_idempotency.scope import Scope
 
@@ -96,7 +96,7 @@ def million_records() -> None:
     definitions come from the catalog (i.e. from the migrations), and the
     rollback at the end of the test restores everything as it was.
     """
-    with connections[idempotency_settings.DATABASE].cursor() as cursor:
+    with connections[record_databases()[0]].cursor() as cursor:
         cursor.execute(
             "SELECT indexname, indexdef FROM pg_indexes WHERE tablename = %s "
             "AND indexname NOT IN (SELECT conname FROM pg_constraint)",
@@ -126,7 +126,7 @@ def million_records() -> None:
 
 def statements_on_records(action: Callable[[], Any]) -> list[str]:
     """The SQL ``action`` sent that reads or writes the records table."""
-    connection = connections[idempotency_settings.DATABASE]
+    connection = connections[record_databases()[0]]
     with CaptureQueriesContext(connection) as captured:
         action()
     return [
@@ -138,7 +138,7 @@ def statements_on_records(action: Callable[[], Any]) -> list[str]:
 
 
 def explain(sql: str) -> str:
-    with connections[idempotency_settings.DATABASE].cursor() as cursor:
+    with connections[record_databases()[0]].cursor() as cursor:
         cursor.execute(f"EXPLAIN {sql}")
         return "\n".join(row[0] for row in cursor.fetchall())
 
@@ -154,7 +154,7 @@ def plan_problem(sql: str) -> str | None:
 
 
 def test_recovery_purge_and_lookup_use_indexes_at_a_million_rows(million_records: None) -> None:
-    using = idempotency_settings.DATABASE
+    using = record_databases()[0]
 
     # Recovery: the oldest stale unresolved record, then its compare-and-set.
     taken: list[Any] = []

@@ -2,8 +2,10 @@ from __future__ import annotations
 
 import argparse
 import math
+from typing import Any
 
 __all__ = [
+    "add_database_argument",
     "non_negative_float",
     "positive_float",
     "positive_int",
@@ -45,3 +47,23 @@ def non_negative_float(text: str) -> float:
     if value < 0:
         raise argparse.ArgumentTypeError(f"{text} is not at least 0")
     return value
+
+
+def _records_database(text: str) -> str:
+    from django_idempotency.databases import UnknownRecordDatabase, records_database_named
+
+    try:
+        records_database_named(text)
+    except UnknownRecordDatabase as exc:
+        raise argparse.ArgumentTypeError(str(exc)) from None
+    return text
+
+
+def add_database_argument(parser: Any) -> None:
+    """``--database ALIAS``: only that records database (default: every one)."""
+    parser.add_argument(
+        "--database",
+        type=_records_database,
+        default=None,
+        help="only this database alias (default: every database that holds records)",
+    )

@@ -16,7 +16,9 @@ Configured from the environment (``tests.live.celery_harness`` sets it):
   task names), only with this interval, which proves the shipped task names
   are the registered ones;
 - ``IDEMPOTENCY_TEST_VISIBILITY_TIMEOUT``: seconds after which Redis hands an
-  unacknowledged message (its worker died) to another worker.
+  unacknowledged message (its worker died) to another worker;
+- ``IDEMPOTENCY_TEST_CELERY_IMPORTS``: more modules to import, comma-separated
+  (a test's reconciler).
 
 Tasks are acknowledged late and rejected (requeued) when their worker
 process is lost, the settings ``idempotent_task`` is documented with.
@@ -40,6 +42,7 @@ BROKER_URL_ENV = "IDEMPOTENCY_TEST_BROKER_URL"
 QUEUE_ENV = "IDEMPOTENCY_TEST_CELERY_QUEUE"
 BEAT_INTERVAL_ENV = "IDEMPOTENCY_TEST_BEAT_INTERVAL"
 VISIBILITY_TIMEOUT_ENV = "IDEMPOTENCY_TEST_VISIBILITY_TIMEOUT"
+IMPORTS_ENV = "IDEMPOTENCY_TEST_CELERY_IMPORTS"
 
 
 def beat_schedule(interval: float) -> dict[str, dict[str, Any]]:
@@ -50,6 +53,8 @@ def beat_schedule(interval: float) -> dict[str, dict[str, Any]]:
 broker_url = os.environ.get(BROKER_URL_ENV, "redis://127.0.0.1:6379/12")
 visibility_timeout = float(os.environ.get(VISIBILITY_TIMEOUT_ENV, "3600"))
 beat_interval = os.environ.get(BEAT_INTERVAL_ENV)
+#: More task or reconciler modules, comma-separated (a test's own reconciler).
+extra_imports = [name for name in os.environ.get(IMPORTS_ENV, "").split(",") if name]
 
 app = Celery("idempotency_live_tests")
 app.conf.update(
@@ -67,7 +72,7 @@ app.conf.update(
     task_acks_late=True,
     task_reject_on_worker_lost=True,
     worker_prefetch_multiplier=1,
-    imports=["django_idempotency.tasks", "tests.live.celery_tasks"],
+    imports=["django_idempotency.tasks", "tests.live.celery_tasks", *extra_imports],
     beat_schedule=beat_schedule(float(beat_interval)) if beat_interval else {},
     timezone="UTC",
 )

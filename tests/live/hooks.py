@@ -7,18 +7,24 @@ serializer that knows only ``amount`` and ``note``, so they cannot be asked
 to ``sleep`` like the ``@api_view`` one. To widen their race window all the
 same, a Charge whose note contains ``[sleep=<seconds>]`` makes its save wait
 that long: inside the view, after the claim, while the claim is held, exactly
-where the ``sleep`` of the other views waits.
+where the ``sleep`` of the other views waits. One whose note contains
+``[crash]`` SIGKILLs the worker process instead.
 """
 
 from __future__ import annotations
 
 import logging
+import os
 import re
+import signal
 import sys
 import time
 from typing import Any
 
 SLOW_NOTE = re.compile(r"\[sleep=(\d+(?:\.\d+)?)\]")
+#: A Charge whose note holds this kills its worker process (SIGKILL) as it is
+#: saved: a crash in the middle of a view, after what the view did before.
+CRASH_NOTE = "[crash]"
 
 
 def slow_note(seconds: float) -> str:
@@ -27,7 +33,11 @@ def slow_note(seconds: float) -> str:
 
 
 def _slow_charge(sender: Any, instance: Any, **kwargs: Any) -> None:
-    match = SLOW_NOTE.search(getattr(instance, "note", "") or "")
+    note = getattr(instance, "note", "") or ""
+    if CRASH_NOTE in note:
+        os.kill(os.getpid(), signal.SIGKILL)
+        time.sleep(10)  # never reached: SIGKILL cannot be caught
+    match = SLOW_NOTE.search(note)
     if match:
         time.sleep(min(float(match.group(1)), 5.0))
 

@@ -6,6 +6,7 @@ from django.core.management.base import BaseCommand, CommandParser
 
 from django_idempotency import purge
 from django_idempotency.management.arguments import (
+    add_database_argument,
     non_negative_float,
     positive_float,
     positive_int,
@@ -38,6 +39,7 @@ class Command(BaseCommand):
         parser.add_argument(
             "--dry-run", action="store_true", help="count what would be deleted, delete nothing"
         )
+        add_database_argument(parser)
 
     def handle(
         self,
@@ -47,10 +49,11 @@ class Command(BaseCommand):
         batch_seconds: float,
         pause_factor: float,
         dry_run: bool,
+        database: str | None,
         **options: Any,
     ) -> None:
         if dry_run:
-            count = purge.expired_count()
+            count = purge.expired_count(database=database)
             if max_batches is not None:
                 count = min(count, batch_size * max_batches)
             self.stdout.write(f"{count} expired record(s) would be deleted.")
@@ -60,6 +63,7 @@ class Command(BaseCommand):
             max_batches=max_batches,
             batch_seconds=batch_seconds,
             pause_factor=pause_factor,
+            database=database,
         )
         self.stdout.write(
             f"deleted {report.deleted} record(s) in {report.batches} batch(es); "

@@ -6,7 +6,8 @@ from django.core.management.base import BaseCommand, CommandParser
 
 from django_idempotency import recovery
 from django_idempotency.clock import to_the_second
-from django_idempotency.management.arguments import positive_int
+from django_idempotency.databases import record_databases
+from django_idempotency.management.arguments import add_database_argument, positive_int
 
 
 class Command(BaseCommand):
@@ -21,10 +22,15 @@ class Command(BaseCommand):
         parser.add_argument(
             "--dry-run", action="store_true", help="list what would be handled, change nothing"
         )
+        add_database_argument(parser)
 
-    def handle(self, *args: Any, batch_size: int, dry_run: bool, **options: Any) -> None:
+    def handle(
+        self, *args: Any, batch_size: int, dry_run: bool, database: str | None, **options: Any
+    ) -> None:
         if dry_run:
-            stale = recovery.stale_records(limit=batch_size)
+            stale = recovery.stale_records(limit=batch_size, database=database)
+            # Ids repeat from one database to the next: name it when there are several.
+            several = database is None and len(record_databases()) > 1
             for record in stale:
                 reconciler = recovery.reconciler_for(record.operation)
                 action = (
@@ -34,12 +40,14 @@ class Command(BaseCommand):
                     if reconciler
                     else "no reconciler"
                 )
+                where = f"{record._state.db}\t" if several else ""
                 self.stdout.write(
-                    f"{record.pk}\t{record.state}\t{record.operation}\t{record.key}\t{action}"
+                    f"{where}{record.pk}\t{record.state}\t{record.operation}\t{record.key}\t"
+                    f"{action}"
                 )
             self.stdout.write(f"{len(stale)} stale record(s) would be handled (dry run).")
             # Why an unresolved record is not listed: somebody holds it, for now.
-            leased, first_end = recovery.leased_records()
+            leased, first_end = recovery.leased_records(database=database)
             if first_end is None:
                 self.stdout.write(f"{leased} unresolved record(s) skipped: no lease still runs.")
             else:
@@ -49,7 +57,7 @@ class Command(BaseCommand):
                     f"{to_the_second(first_end)}."
                 )
             return
-        report = recovery.recover_stale_records(batch_size=batch_size)
+        report = recovery.recover_stale_records(batch_size=batch_size, database=database)
         self.stdout.write(
             f"released {report.released}, completed {report.completed}, failed "
             f"{report.failed}, retry later {report.retried}, no reconciler "

@@ -6,7 +6,8 @@ from django.core.management.base import BaseCommand, CommandError, CommandParser
 
 from django_idempotency import store
 from django_idempotency.conf import idempotency_settings
-from django_idempotency.management.arguments import positive_int
+from django_idempotency.databases import records_database_named
+from django_idempotency.management.arguments import add_database_argument, positive_int
 
 
 class Command(BaseCommand):
@@ -22,26 +23,30 @@ class Command(BaseCommand):
         parser.add_argument(
             "--batch-size", type=positive_int, default=500, help="records per batch"
         )
+        add_database_argument(parser)
 
-    def handle(self, *args: Any, batch_size: int, **options: Any) -> None:
+    def handle(self, *args: Any, batch_size: int, database: str | None, **options: Any) -> None:
         if not idempotency_settings.ENCRYPTION_KEYS:
             raise CommandError("IDEMPOTENCY['ENCRYPTION_KEYS'] is empty: nothing to rotate to.")
-        after, rotated, encrypted, unreadable = 0, 0, 0, 0
-        while True:
-            batch = store.reseal_batch(
-                after=after, limit=batch_size, using=idempotency_settings.DATABASE
-            )
-            rotated += batch.rotated
-            encrypted += batch.encrypted
-            for pk, scope in batch.unreadable:
-                unreadable += 1
-                self.stderr.write(
-                    f"record {pk} ({scope.tenant} / {scope.operation} / {scope.key}): "
-                    "none of ENCRYPTION_KEYS decrypts its response; left as it is"
-                )
-            if batch.last == after:
-                break
-            after = batch.last
+        rotated, encrypted, unreadable = 0, 0, 0
+        aliases = records_database_named(database)
+        for alias in aliases:
+            where = f" in {alias!r}" if len(aliases) > 1 else ""
+            after = 0
+            while True:
+                batch = store.reseal_batch(after=after, limit=batch_size, using=alias)
+                rotated += batch.rotated
+                encrypted += batch.encrypted
+                for pk, scope in batch.unreadable:
+                    unreadable += 1
+                    self.stderr.write(
+                        f"record {pk}{where} ({scope.tenant} / {scope.operation} / "
+                        f"{scope.key}): none of ENCRYPTION_KEYS decrypts its response; "
+                        "left as it is"
+                    )
+                if batch.last == after:
+                    break
+                after = batch.last
         self.stdout.write(f"rotated {rotated}, encrypted {encrypted}, unreadable {unreadable}")
         if unreadable:
             raise CommandError(
