@@ -8,8 +8,8 @@ on the server), PgBouncers of the test's own in transaction pooling
 1. The trap. A view inside ``begin_external()`` holds a server connection
    (its open transaction) and needs a second one for the intent. With a
    pool of 2 and 4 simultaneous such requests, the two views holding the
-   pool wait for it forever: every request fails after
-   ``query_wait_timeout``, nothing is written. With
+   pool wait for it forever: no request gets anywhere until
+   ``query_wait_timeout``, then at least 3 of the 4 fail (503). With
    ``IDEMPOTENCY["INTENT_DATABASES"]`` mapping the records' alias to a
    second PgBouncer entry of the same database (a pool of its own), the
    same load runs: every request once, 201.
@@ -159,15 +159,21 @@ def test_begin_external_deadlocks_a_pool_its_views_hold(database: LiveDatabase) 
             f"query_wait_timeout disconnections logged: {timeouts_logged(bouncer)}"
         )
         explain = describe(results, server, bouncer)
-        # Every request waited for a server connection that never came back.
-        assert all(
-            result.status is not None and result.status >= 500 for result in results
-        ), explain
-        assert timeouts_logged(bouncer) >= CONCURRENT, explain
-        assert seconds >= QUERY_WAIT_TIMEOUT, explain
-        # Nothing was written, and the pool is usable again afterwards: a
-        # deadlock of the pool, not a broken set-up.
-        assert charges_before_call(database) == written_before, explain
+        # No request got anywhere until PgBouncer gave up on the waiting
+        # clients: the two queued behind the views first, then the intent
+        # of one view (whose rollback lets the other view's intent through,
+        # or not, depending on the order PgBouncer times them out).
+        answered = [result for result in results if result.status is not None]
+        assert len(answered) == CONCURRENT, explain
+        assert all(result.elapsed >= QUERY_WAIT_TIMEOUT for result in answered), explain
+        failed = [result for result in answered if result.status == 503]
+        assert len(failed) >= CONCURRENT - 1, explain
+        assert timeouts_logged(bouncer) >= len(failed), explain
+        # Only what answered 201 was written, and the pool is usable again
+        # afterwards: a deadlock of the pool, not a broken set-up.
+        created = CONCURRENT - len(failed)
+        assert set(counted) <= {201, 503}, explain
+        assert charges_before_call(database) == written_before + created, explain
         alone = post(
             f"{server.url}/api-view/charges",
             {"amount": 1, "note": "after-deadlock"},
