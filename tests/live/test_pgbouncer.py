@@ -342,3 +342,40 @@ def test_no_server_side_prepared_statement_is_left_on_the_pool(
     with through(bouncer, name) as tidy:
         tidy.execute("DEALLOCATE ALL")
     assert (seen, same_pid) == (1, pid)
+
+
+def test_recovery_and_purge_commands_run_through_the_pool(
+    database: LiveDatabase, shared: tuple[PgBouncer, LiveServer]
+) -> None:
+    """``idempotency_recover`` and ``idempotency_purge`` through the pool of 1, as cron runs them."""
+    bouncer, server = shared
+    tag = uuid.uuid4().hex[:8]
+    keys = [f"maintenance-{tag}-{number}" for number in range(4)]
+    for key in keys:
+        answer = post(f"{server.url}/api-view/charges", {"amount": 3, "note": key}, {"Idempotency-Key": key})
+        assert answer.status == 201, answer.describe()
+    stale, expired = keys[:2], keys[2:]
+    # An owner that died holding its claim, by the database's clock ...
+    database.query(
+        "UPDATE django_idempotency_record SET state = 'CLAIMED', lease_owner = 'gone:1:1', "
+        "lease_expires_at = now() - interval '1 minute', response_status = NULL "
+        'WHERE "key" = ANY(%s) RETURNING id',
+        [stale],
+    )
+    # ... and outcomes past their retention.
+    database.query(
+        "UPDATE django_idempotency_record SET expires_at = now() - interval '1 day' "
+        'WHERE "key" = ANY(%s) RETURNING id',
+        [expired],
+    )
+
+    recovered = server.manage("idempotency_recover")
+    purged = server.manage("idempotency_purge")
+    summary_lines.append(
+        f"[pgbouncer] through the pool of 1: recover: {recovered.strip().splitlines()[-1:]}; "
+        f"purge: {purged.strip().splitlines()[-1:]}"
+    )
+    remaining = database.query(
+        'SELECT "key", state FROM django_idempotency_record WHERE "key" = ANY(%s)', [keys]
+    )
+    assert remaining == [], (recovered, purged, remaining, bouncer.diagnostics())
