@@ -277,8 +277,7 @@ def _check_operation_names(value: Any) -> Iterator[CheckMessage]:
 
 def _check_intent_databases(value: Any) -> Iterator[CheckMessage]:
     if not isinstance(value, Mapping) or not all(
-        isinstance(records, str) and isinstance(intents, str)
-        for records, intents in value.items()
+        isinstance(records, str) and isinstance(intents, str) for records, intents in value.items()
     ):
         yield _error(
             30,
@@ -304,7 +303,7 @@ def _intent_alias_mismatch(records: str, intents: str) -> Iterator[CheckMessage]
     """What the settings alone tell about two aliases that must reach one database.
 
     A pooler's database entry has a name of its own for the same database,
-    so different NAMEs (or hosts) prove nothing: the servers are asked by
+    so a different NAME (or host) proves nothing: the servers are asked by
     ``check --database`` (E032). Different engines are never one database.
     """
     engine = settings.DATABASES[records].get("ENGINE")

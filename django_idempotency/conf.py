@@ -235,7 +235,6 @@ class IdempotencySettings:
     def OPERATION_NAMES(self) -> OperationNames:
         return cast("OperationNames", self._get("OPERATION_NAMES"))
 
-
     @_resolved
     def INTENT_DATABASES(self) -> Mapping[str, str]:
         return dict(self._get("INTENT_DATABASES"))

@@ -224,7 +224,7 @@ def test_the_second_connection_is_one_of_the_alias_intent_databases_names(
         finally:
             close_independent_connections()
     if alias != "default":
-        from django.db.utils import ConnectionDoesNotExist
+        from django.utils.connection import ConnectionDoesNotExist
 
         with pytest.raises(ConnectionDoesNotExist):
             connections[alias]  # closed and unregistered

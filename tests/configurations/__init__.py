@@ -387,6 +387,8 @@ def intent_database_from_environment(settings: Settings) -> None:
     settings["DATABASES"]["intents"] = {
         **default,
         **dj_database_url.parse(url),
+        # Only the package writes there, never a view's request transaction.
+        "ATOMIC_REQUESTS": False,
         "TEST": {**default.get("TEST", {}), "MIRROR": "default"},
     }
     _idempotency(settings, INTENT_DATABASES={"default": "intents"})

@@ -1,4 +1,4 @@
-"""PgBouncer in transaction pooling: the pool deadlock begin_external() must not cause, and no leaks.
+"""PgBouncer in transaction pooling: begin_external()'s pool deadlock designed out, no leaks.
 
 Real processes: a fresh PostgreSQL database (created and migrated directly
 on the server), PgBouncers of the test's own in transaction pooling
@@ -113,7 +113,7 @@ def served_through(
 
 
 def external_calls(server: LiveServer, label: str) -> tuple[list[Result], float, str]:
-    """CONCURRENT simultaneous begin_external() requests, distinct keys; (results, seconds, note)."""
+    """CONCURRENT simultaneous begin_external() requests, distinct keys: results, seconds, note."""
     note = f"{label}-{uuid.uuid4().hex[:8]}"
     calls = [
         Call(
@@ -129,7 +129,9 @@ def external_calls(server: LiveServer, label: str) -> tuple[list[Result], float,
 
 
 def charges_before_call(database: LiveDatabase) -> int:
-    return int(database.query("SELECT count(*) FROM testapp_charge WHERE tenant = 'before-call'")[0][0])
+    return int(
+        database.query("SELECT count(*) FROM testapp_charge WHERE tenant = 'before-call'")[0][0]
+    )
 
 
 def statuses(results: list[Result]) -> Counter[Any]:
@@ -281,7 +283,8 @@ def test_a_lock_timeout_set_for_one_request_never_reaches_another_client(
         deadline = time.monotonic() + 10
         while not claim_seen and time.monotonic() < deadline:
             rows = database.query(
-                "SELECT query FROM pg_stat_activity WHERE pid = %s AND state = 'idle in transaction'",
+                "SELECT query FROM pg_stat_activity "
+                "WHERE pid = %s AND state = 'idle in transaction'",
                 [pid],
             )
             claim_seen = str(rows[0][0]) if rows else ""
@@ -347,12 +350,17 @@ def test_no_server_side_prepared_statement_is_left_on_the_pool(
 def test_recovery_and_purge_commands_run_through_the_pool(
     database: LiveDatabase, shared: tuple[PgBouncer, LiveServer]
 ) -> None:
-    """``idempotency_recover`` and ``idempotency_purge`` through the pool of 1, as cron runs them."""
+    """``idempotency_recover`` and ``idempotency_purge`` through the pool of 1, as cron runs them.
+
+    Records seeded directly on the server: two stale claims, two expired outcomes.
+    """
     bouncer, server = shared
     tag = uuid.uuid4().hex[:8]
     keys = [f"maintenance-{tag}-{number}" for number in range(4)]
     for key in keys:
-        answer = post(f"{server.url}/api-view/charges", {"amount": 3, "note": key}, {"Idempotency-Key": key})
+        answer = post(
+            f"{server.url}/api-view/charges", {"amount": 3, "note": key}, {"Idempotency-Key": key}
+        )
         assert answer.status == 201, answer.describe()
     stale, expired = keys[:2], keys[2:]
     # An owner that died holding its claim, by the database's clock ...
