@@ -485,11 +485,24 @@ class LiveServer:
                     answered = response.status_code in self.project.ready_statuses
             if answered and booted >= self.workers:
                 self._warm_up()
+                self._check_through_bouncer()
                 return
             time.sleep(0.1)
         raise RuntimeError(
             f"gunicorn did not become ready within {STARTUP_TIMEOUT:.0f}s.\n" + self.diagnostics()
         )
+
+    def _check_through_bouncer(self) -> None:
+        """Behind the PgBouncer cell's bouncer, the app's queries did go through it."""
+        bouncer = self.database.bouncer
+        if bouncer is None or self.environment()["DATABASE_URL"] != self.database.app_url:
+            return
+        served = int(bouncer.stats().get(self.database.name, {}).get("total_query_count", 0))
+        if served == 0:
+            raise RuntimeError(
+                "the app's processes did not reach the database through PgBouncer.\n"
+                + bouncer.diagnostics()
+            )
 
     def _warm_up(self) -> None:
         """A few simultaneous GETs, so that every worker has loaded the views.
