@@ -25,6 +25,7 @@ if TYPE_CHECKING:
 
 __all__ = [
     "check_atomic_requests",
+    "check_intent_databases_reach_the_records",
     "check_operations",
     "check_settings",
 ]
@@ -288,6 +289,55 @@ def _check_operation_names(value: Any) -> Iterator[CheckMessage]:
         )
 
 
+def _check_intent_databases(value: Any) -> Iterator[CheckMessage]:
+    if not isinstance(value, Mapping) or not all(
+        isinstance(records, str) and isinstance(intents, str) for records, intents in value.items()
+    ):
+        yield _error(
+            30,
+            f"IDEMPOTENCY['INTENT_DATABASES'] = {value!r} is not a dict of database aliases.",
+            "Map the alias of the records to the alias whose connections write the intents "
+            "of begin_external(), e.g. {'default': 'intents'}; {} for none.",
+        )
+        return
+    for records, intents in value.items():
+        unknown = [alias for alias in (records, intents) if alias not in settings.DATABASES]
+        if unknown:
+            yield _error(
+                31,
+                f"IDEMPOTENCY['INTENT_DATABASES'] maps {records!r} to {intents!r}, but "
+                f"{' and '.join(map(repr, unknown))} is not an alias in DATABASES.",
+                f"Use aliases of DATABASES: {', '.join(sorted(settings.DATABASES))}.",
+            )
+            continue
+        yield from _intent_alias_mismatch(records, intents)
+
+
+def _intent_alias_mismatch(records: str, intents: str) -> Iterator[CheckMessage]:
+    """What the settings alone tell about two aliases that must reach one database.
+
+    A pooler's database entry has a name of its own for the same database,
+    so a different NAME (or host) proves nothing: the servers are asked by
+    ``check --database`` (E032). Different engines are never one database.
+    """
+    engine = settings.DATABASES[records].get("ENGINE")
+    if settings.DATABASES[intents].get("ENGINE") != engine:
+        yield _error(
+            33,
+            f"IDEMPOTENCY['INTENT_DATABASES'] maps {records!r} to {intents!r}, whose ENGINE "
+            "differs: the intents must be written to the records' own database.",
+            "Point the intents' alias at the same database, through a pool of its own.",
+        )
+    elif engine == "django.db.backends.sqlite3":
+        yield Warning(
+            f"IDEMPOTENCY['INTENT_DATABASES'] maps {records!r}, a SQLite database: it is "
+            "not used there.",
+            hint="SQLite has one writer at a time, so begin_external() writes the intent in "
+            "the view's transaction; there is no second connection to route.",
+            id="django_idempotency.W010",
+        )
+
+
 _CHECKS: Mapping[str, Callable[[Any], Iterator[CheckMessage]]] = {
     "HEADER": _check_header,
     "REQUIRED": _check_bool("REQUIRED", 3),
@@ -309,6 +359,7 @@ _CHECKS: Mapping[str, Callable[[Any], Iterator[CheckMessage]]] = {
     "DIGEST_KEYS": _check_digest_keys,
     "MAX_FINGERPRINTED_BODY": _check_max_fingerprinted_body,
     "OPERATION_NAMES": _check_operation_names,
+    "INTENT_DATABASES": _check_intent_databases,
 }
 
 
@@ -527,3 +578,65 @@ def _shared_names(urls: list[ProtectedURL], style: str) -> Iterator[CheckMessage
                 obj=name,
                 id="django_idempotency.W006",
             )
+
+
+#: The database a connection reached, as its server tells: the same answer
+#: through a pooler's database entry as directly.
+_IDENTITY = {
+    "postgresql": "SELECT current_database(), (SELECT system_identifier FROM pg_control_system())",
+    "mysql": "SELECT DATABASE(), @@hostname, @@port",
+}
+
+
+@register(Tags.database)
+def check_intent_databases_reach_the_records(
+    app_configs: Any = None, databases: Any = None, **kwargs: Any
+) -> list[CheckMessage]:
+    """E032: an intents alias of INTENT_DATABASES that reaches another database.
+
+    A database check: ``manage.py check --database <alias>`` and ``migrate``
+    run it, with connections to both aliases.
+    """
+    mapping = getattr(settings, "IDEMPOTENCY", {})
+    mapping = mapping.get("INTENT_DATABASES") if isinstance(mapping, Mapping) else None
+    if not isinstance(mapping, Mapping):
+        return []
+    messages: list[CheckMessage] = []
+    for records, intents in mapping.items():
+        if records not in (databases or ()) or intents not in settings.DATABASES:
+            continue
+        if records == intents or records not in settings.DATABASES:
+            continue
+        reached = [_identity(alias) for alias in (records, intents)]
+        if None in reached or reached[0] == reached[1]:
+            continue
+        messages.append(
+            _error(
+                32,
+                f"IDEMPOTENCY['INTENT_DATABASES'] maps {records!r} to {intents!r}, but they "
+                f"reach different databases ({reached[0]} and {reached[1]}).",
+                "The intents of begin_external() must commit in the records' own table: "
+                "point the intents' alias at the same database (a second pooler entry for "
+                "it, say).",
+            )
+        )
+    return messages
+
+
+def _identity(alias: str) -> tuple[Any, ...] | None:
+    """The database ``alias`` reaches, by its server's own account; None if it cannot tell."""
+    from django.db import DatabaseError, connections
+
+    connection = connections.create_connection(alias)
+    query = _IDENTITY.get(connection.vendor)
+    if query is None:
+        return None
+    try:
+        with connection.cursor() as cursor:
+            cursor.execute(query)
+            row = cursor.fetchone()
+    except DatabaseError:
+        return None  # unreachable, or pg_control_system() not allowed: no verdict
+    finally:
+        connection.close()
+    return tuple(row) if row is not None else None

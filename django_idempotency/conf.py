@@ -63,6 +63,9 @@ DEFAULTS: Mapping[str, Any] = {
     "PROBLEM_TYPE_BASE": "https://django-idempotency.readthedocs.io/en/latest/errors/#",
     #: How default operation names are written; see scope.operation_name.
     "OPERATION_NAMES": "pattern",
+    #: {records alias: alias of the connections that commit at once while the
+    #: view's transaction is open}; {}: a second connection to the same alias.
+    "INTENT_DATABASES": {},
 }
 
 
@@ -232,6 +235,10 @@ class IdempotencySettings:
     @_resolved
     def OPERATION_NAMES(self) -> OperationNames:
         return cast("OperationNames", self._get("OPERATION_NAMES"))
+
+    @_resolved
+    def INTENT_DATABASES(self) -> Mapping[str, str]:
+        return dict(self._get("INTENT_DATABASES"))
 
 
 idempotency_settings = IdempotencySettings()

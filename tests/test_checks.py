@@ -85,6 +85,10 @@ def test_a_complete_valid_configuration_passes() -> None:
         ({"SINGLE_TRANSACTION": "yes"}, "E020"),
         ({"OPERATION_NAMES": "route-name"}, "E022"),
         ({"OPERATION_NAMES": None}, "E022"),
+        ({"INTENT_DATABASES": "default"}, "E030"),
+        ({"INTENT_DATABASES": {"default": 1}}, "E030"),
+        ({"INTENT_DATABASES": {"default": "missing"}}, "E031"),
+        ({"INTENT_DATABASES": {"missing": "default"}}, "E031"),
     ],
 )
 def test_invalid_value_is_reported_with_its_id(settings_value: Any, expected: str) -> None:
@@ -351,3 +355,66 @@ def test_mysql_records_with_naive_times_are_warned_about(settings: Any) -> None:
     assert ids({"DATABASE": "mysql"}) == ["django_idempotency.W007"]
     settings.USE_TZ = True
     assert ids({"DATABASE": "mysql"}) == []
+
+
+# -- INTENT_DATABASES (E030 to E033, W010) ----------------------------------------------
+
+
+def _alias_like_default(**changes: Any) -> dict[str, Any]:
+    from copy import deepcopy
+
+    from django.db import connections
+
+    return {**deepcopy(connections["default"].settings_dict), **changes}
+
+
+@pytest.mark.filterwarnings("ignore:Overriding setting DATABASES")
+def test_intent_databases_on_another_engine_or_on_sqlite(settings: Any) -> None:
+    engine = settings.DATABASES["default"]["ENGINE"]
+    other = next(
+        name
+        for name in ("django.db.backends.postgresql", "django.db.backends.mysql")
+        if name != engine
+    )
+    settings.DATABASES = {
+        **settings.DATABASES,
+        "elsewhere": _alias_like_default(ENGINE=other),
+        "same": _alias_like_default(),
+    }
+    assert ids({"INTENT_DATABASES": {"default": "elsewhere"}}) == ["django_idempotency.E033"]
+    expected = ["django_idempotency.W010"] if engine.endswith("sqlite3") else []
+    assert ids({"INTENT_DATABASES": {"default": "same"}}) == expected
+
+
+@pytest.mark.postgres
+@pytest.mark.filterwarnings("ignore:Overriding setting DATABASES")
+def test_an_intents_alias_reaching_another_database_is_an_error(
+    settings: Any, monkeypatch: pytest.MonkeyPatch, django_db_blocker: Any
+) -> None:
+    """E032 asks both servers which database they are: names alone prove nothing (PgBouncer)."""
+    from django.db import connection, connections
+
+    from django_idempotency.checks import check_intent_databases_reach_the_records
+
+    if connection.vendor != "postgresql":
+        pytest.skip("asks PostgreSQL which database a connection reached")
+    # Databases every server has, so that no test database is needed.
+    aliases = {
+        "records": _alias_like_default(NAME="postgres"),
+        "same": _alias_like_default(NAME="postgres"),
+        "elsewhere": _alias_like_default(NAME="template1"),
+    }
+    for alias, values in aliases.items():
+        monkeypatch.setitem(connections.settings, alias, values)
+    settings.DATABASES = {**settings.DATABASES, **aliases}
+
+    def check(intents: str, databases: list[str]) -> list[str | None]:
+        settings.IDEMPOTENCY = {"INTENT_DATABASES": {"records": intents}}
+        with django_db_blocker.unblock():
+            messages = check_intent_databases_reach_the_records(databases=databases)
+        return [message.id for message in messages]
+
+    assert check("same", ["records"]) == []
+    assert check("elsewhere", ["records"]) == ["django_idempotency.E032"]
+    # Only for the databases asked about (``check --database``, ``migrate``).
+    assert check("elsewhere", ["default"]) == []

@@ -189,3 +189,42 @@ def test_renew_lease_extends_the_lease(api: APIClient) -> None:
 
 def test_view_failure_class_is_what_the_test_view_raises() -> None:
     assert issubclass(ViewFailure, RuntimeError)
+
+
+def test_the_second_connection_is_one_of_the_alias_intent_databases_names(
+    settings: Any, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """INTENT_DATABASES: made from the mapped alias's settings, closed after the view.
+
+    Behind PgBouncer that alias is a pool of its own; tests/live/test_pgbouncer.py
+    shows the intents committing through it, and the deadlock without it.
+    """
+    from copy import deepcopy
+
+    from django.db import connections, transaction
+
+    from django_idempotency.store import close_independent_connections, commit_now_alias
+
+    intents = {**deepcopy(connections["default"].settings_dict), "CONN_MAX_AGE": 7}
+    monkeypatch.setitem(connections.settings, "intents", intents)
+    settings.IDEMPOTENCY = {
+        **getattr(settings, "IDEMPOTENCY", {}),
+        "INTENT_DATABASES": {"default": "intents"},
+    }
+    assert commit_now_alias("default") == "default"  # autocommit: the alias itself
+    with transaction.atomic():
+        alias = commit_now_alias("default")
+        try:
+            if connection.vendor == "sqlite":
+                assert alias == "default"  # one writer: the intent joins the view's transaction
+            else:
+                assert alias != "default"
+                assert connections[alias].alias == "intents"
+                assert connections[alias].settings_dict["CONN_MAX_AGE"] == 7
+        finally:
+            close_independent_connections()
+    if alias != "default":
+        from django.utils.connection import ConnectionDoesNotExist
+
+        with pytest.raises(ConnectionDoesNotExist):
+            connections[alias]  # closed and unregistered

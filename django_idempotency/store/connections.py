@@ -8,6 +8,16 @@ transaction, so such writes go through a second connection to the same
 database, one per thread, opened on first use and closed as soon as the protected
 view is done.
 
+That second connection is made from the settings of the alias that
+``IDEMPOTENCY["INTENT_DATABASES"]`` maps the records' alias to, else of the
+records' alias itself. Behind a pooler in transaction mode (PgBouncer) this
+matters: the view's open transaction holds one server connection of its
+pool while the intent waits for another; once every server connection is
+held by such a view, none is ever returned and the pool deadlocks until
+``query_wait_timeout``. An alias of its own for the intents (a second
+PgBouncer database entry for the same database) gives them a pool that the
+views' transactions never hold. See docs/pgbouncer.md.
+
 SQLite has one writer at a time: a second connection would wait for the
 view's own transaction, forever. There the intent is written in the view's
 transaction instead; the docs say so, and production belongs on PostgreSQL
@@ -19,6 +29,8 @@ from __future__ import annotations
 import threading
 
 from django.db import connections
+
+from django_idempotency.conf import idempotency_settings
 
 __all__ = [
     "close_independent_connections",
@@ -35,7 +47,8 @@ def commit_now_alias(alias: str) -> str:
 
     Outside a transaction that is ``alias`` itself (autocommit). Inside one,
     it is a second connection to the same database, where the backend
-    allows a second writer.
+    allows a second writer: made from the settings of the alias that
+    ``IDEMPOTENCY["INTENT_DATABASES"]`` maps ``alias`` to, or of ``alias``.
     """
     connection = connections[alias]
     if not connection.in_atomic_block or connection.vendor == "sqlite":
@@ -45,7 +58,8 @@ def commit_now_alias(alias: str) -> str:
     if independent not in opened:
         # Registered for this thread only (not in DATABASES), so the ORM and
         # transaction.atomic() can address it by name.
-        connections[independent] = connections.create_connection(alias)
+        source = idempotency_settings.INTENT_DATABASES.get(alias, alias)
+        connections[independent] = connections.create_connection(source)
         opened.add(independent)
     return independent
 

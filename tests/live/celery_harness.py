@@ -71,7 +71,7 @@ def migrate(database: LiveDatabase, log_path: Path) -> None:
     result = subprocess.run(
         command,
         cwd=REPO_ROOT,
-        env={**os.environ, "DATABASE_URL": database.url, "DJANGO_SETTINGS_MODULE": SETTINGS},
+        env={**os.environ, **database.app_environment(), "DJANGO_SETTINGS_MODULE": SETTINGS},
         capture_output=True,
         text=True,
         timeout=120,
@@ -102,8 +102,8 @@ def celery_environment(
     database: LiveDatabase, broker: str, queue: str, **extra: str
 ) -> dict[str, str]:
     env = dict(os.environ)
+    env.update(database.app_environment())
     env.update(
-        DATABASE_URL=database.url,
         DJANGO_SETTINGS_MODULE=SETTINGS,
         IDEMPOTENCY_TEST_BROKER_URL=broker,
         IDEMPOTENCY_TEST_CELERY_QUEUE=queue,

@@ -42,7 +42,7 @@ import uuid
 from collections.abc import Callable, Iterator, Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, Generic, TypeVar
+from typing import TYPE_CHECKING, Any, Generic, TypeVar
 from urllib.parse import urlsplit, urlunsplit
 
 import psycopg
@@ -50,6 +50,9 @@ import requests
 from psycopg import sql
 
 from tests.live.services import postgres_url, require_postgres
+
+if TYPE_CHECKING:
+    from tests.live.pgbouncer import PgBouncer
 
 REPO_ROOT = Path(__file__).resolve().parents[2]
 # gunicorn's worker model, set by a configuration of the matrix
@@ -167,23 +170,86 @@ def free_port() -> int:
         return int(sock.getsockname()[1])
 
 
+#: Set by the matrix's PgBouncer cell (tests/configurations/): every live
+#: database gets a PgBouncer in transaction pooling, and the app processes
+#: (gunicorn, Celery, management commands) reach it only through that.
+LIVE_PGBOUNCER_ENV = "IDEMPOTENCY_TEST_LIVE_PGBOUNCER"
+#: The URL of the intents' pool (``INTENT_DATABASES``), read by the settings.
+INTENT_DATABASE_URL_ENV = "IDEMPOTENCY_TEST_INTENT_DATABASE_URL"
+#: That cell's pools: smaller than the app's database clients (4 gunicorn
+#: workers, a Celery worker), so that server connections change hands all
+#: the time; the intents' pool of its own keeps begin_external() out of the
+#: self-deadlock (tests/live/test_pgbouncer.py shows it).
+LIVE_PGBOUNCER_POOL_SIZE = 3
+LIVE_PGBOUNCER_INTENT_POOL_SIZE = 2
+LIVE_PGBOUNCER_QUERY_WAIT_TIMEOUT = 30.0
+
+
 class LiveDatabase:
-    """A fresh database on the test server, created on enter and force-dropped on exit."""
+    """A fresh database on the test server, created on enter and force-dropped on exit.
+
+    Created and dropped directly on the server. The app's processes use
+    ``app_environment()``: the same database, through a PgBouncer of its own
+    when ``IDEMPOTENCY_TEST_LIVE_PGBOUNCER=1``; the test's own queries
+    (``query()``, ...) go directly to the server.
+    """
 
     def __init__(self, server_url: str | None = None, prefix: str = "idem_live") -> None:
         self.server_url = server_url or postgres_url()
         self.name = f"{prefix}_{uuid.uuid4().hex[:12]}"
         self.url = database_url(self.server_url, self.name)
+        self.bouncer: PgBouncer | None = None
         self._connection: psycopg.Connection[Any] | None = None
         self._lock = threading.Lock()
 
     def __enter__(self) -> LiveDatabase:
         with psycopg.connect(self.server_url, autocommit=True, connect_timeout=5) as admin:
             admin.execute(sql.SQL("CREATE DATABASE {}").format(sql.Identifier(self.name)))
+        if os.environ.get(LIVE_PGBOUNCER_ENV) == "1":
+            try:
+                self.bouncer = self._start_bouncer()
+            except BaseException:
+                self.__exit__()
+                raise
         return self
+
+    def _start_bouncer(self) -> PgBouncer:
+        from tests.live.pgbouncer import PgBouncer, PgBouncerEntry
+
+        bouncer = PgBouncer(
+            server_url=self.server_url,
+            pool_size=LIVE_PGBOUNCER_POOL_SIZE,
+            query_wait_timeout=LIVE_PGBOUNCER_QUERY_WAIT_TIMEOUT,
+            entries=[
+                PgBouncerEntry(
+                    self.intents_entry, self.name, pool_size=LIVE_PGBOUNCER_INTENT_POOL_SIZE
+                )
+            ],
+        )
+        return bouncer.__enter__()
+
+    @property
+    def intents_entry(self) -> str:
+        """The PgBouncer database entry of the intents' pool."""
+        return f"{self.name}_intents"
+
+    @property
+    def app_url(self) -> str:
+        """The URL the app's processes use: through PgBouncer when there is one."""
+        return self.bouncer.url(self.name) if self.bouncer is not None else self.url
+
+    def app_environment(self) -> dict[str, str]:
+        """``DATABASE_URL`` (and the intents' pool) for the app's processes."""
+        env = {"DATABASE_URL": self.app_url, INTENT_DATABASE_URL_ENV: ""}
+        if self.bouncer is not None:
+            env[INTENT_DATABASE_URL_ENV] = self.bouncer.url(self.intents_entry)
+        return env
 
     def __exit__(self, *exc_info: object) -> None:
         self.close_connection()
+        bouncer, self.bouncer = self.bouncer, None
+        if bouncer is not None:
+            bouncer.close()
         with psycopg.connect(self.server_url, autocommit=True, connect_timeout=5) as admin:
             admin.execute(
                 sql.SQL("DROP DATABASE IF EXISTS {} WITH (FORCE)").format(sql.Identifier(self.name))
@@ -339,7 +405,7 @@ class LiveServer:
 
     def environment(self) -> dict[str, str]:
         env = dict(os.environ)
-        env["DATABASE_URL"] = self.database.url
+        env.update(self.database.app_environment())
         env["DJANGO_SETTINGS_MODULE"] = self.project.settings
         env["PYTHONUNBUFFERED"] = "1"
         if self.project.pythonpath:
@@ -419,11 +485,24 @@ class LiveServer:
                     answered = response.status_code in self.project.ready_statuses
             if answered and booted >= self.workers:
                 self._warm_up()
+                self._check_through_bouncer()
                 return
             time.sleep(0.1)
         raise RuntimeError(
             f"gunicorn did not become ready within {STARTUP_TIMEOUT:.0f}s.\n" + self.diagnostics()
         )
+
+    def _check_through_bouncer(self) -> None:
+        """Behind the PgBouncer cell's bouncer, the app's queries did go through it."""
+        bouncer = self.database.bouncer
+        if bouncer is None or self.environment()["DATABASE_URL"] != self.database.app_url:
+            return
+        served = int(bouncer.stats().get(self.database.name, {}).get("total_query_count", 0))
+        if served == 0:
+            raise RuntimeError(
+                "the app's processes did not reach the database through PgBouncer.\n"
+                + bouncer.diagnostics()
+            )
 
     def _warm_up(self) -> None:
         """A few simultaneous GETs, so that every worker has loaded the views.

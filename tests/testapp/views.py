@@ -342,14 +342,21 @@ def api_view_external_call(request: Request) -> Response:
     """An external call between local writes, steered by the body.
 
     ``then``: "raise" or a status to answer with after the call;
-    ``provider_id``: the id the "provider" gave back.
+    ``provider_id``: the id the "provider" gave back; ``hold``: seconds to
+    wait between the local write (the transaction holds its connection) and
+    ``begin_external()``; ``peek``: false to skip reading the record on
+    another connection after ``begin_external()``.
     """
     data = data_of(request)
     Charge.objects.create(tenant="before-call", amount=int(data.get("amount", 0)))
+    if data.get("hold"):
+        time.sleep(float(data["hold"]))
     if data.get("read_first"):  # the transaction's snapshot starts here
         IdempotencyRecord.objects.filter(key=idempotency_of(request).key).exists()
     provider_key = idempotency_of(request).begin_external()
-    seen_after_begin = committed_state()
+    # On a connection of its own (``"peek": false`` skips it: behind a small
+    # pool that connection would wait for the one this transaction holds).
+    seen_after_begin = committed_state() if data.get("peek", True) else None
     if data.get("lose_store"):
         _terminate_this_session(refuse_new=False)
     if data.get("provider_id"):
