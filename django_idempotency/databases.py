@@ -69,14 +69,29 @@ def record_databases() -> list[str]:
 
 
 def routed_record_databases() -> list[str]:
-    """The aliases the routers let ``IdempotencyRecord`` migrate to."""
+    """The aliases the routers let ``IdempotencyRecord`` migrate to.
+
+    Less the aliases that are other names of a records database, which
+    would be swept twice: the intents' pools (``INTENT_DATABASES``) and
+    test mirrors (``TEST["MIRROR"]``). Many routers allow every migration.
+    """
     from django_idempotency.models import IdempotencyRecord
 
+    other_names = set(_intent_aliases())
     return [
         alias
-        for alias in settings.DATABASES
-        if router.allow_migrate_model(alias, IdempotencyRecord)
+        for alias, database in settings.DATABASES.items()
+        if alias not in other_names
+        and not (database.get("TEST") or {}).get("MIRROR")
+        and router.allow_migrate_model(alias, IdempotencyRecord)
     ]
+
+
+def _intent_aliases() -> list[str]:
+    try:
+        return [str(alias) for alias in idempotency_settings.INTENT_DATABASES.values()]
+    except (TypeError, ValueError, AttributeError):  # not a mapping: check E030 says so
+        return []
 
 
 def records_database_named(alias: str | None) -> list[str]:

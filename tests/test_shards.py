@@ -403,3 +403,25 @@ def test_no_database_for_the_records_is_an_error() -> None:
 def test_routed_records_databases_pass_the_checks() -> None:
     ids = {message.id for message in run_checks()}
     assert not {i for i in ids if i and i.startswith("django_idempotency.E")}
+
+
+@pytest.mark.filterwarnings("ignore:Overriding setting DATABASES")
+def test_intent_pools_and_test_mirrors_are_not_swept_as_records_databases(
+    settings: Any,
+) -> None:
+    """Routers often allow every migration; those aliases are other names of a records database."""
+    default = settings.DATABASES["default"]
+    settings.DATABASES = {
+        **settings.DATABASES,
+        "intents": {**default},
+        "mirror": {**default, "TEST": {"MIRROR": "default"}},
+    }
+    settings.IDEMPOTENCY = {
+        **settings.IDEMPOTENCY,
+        "DATABASE": None,
+        "INTENT_DATABASES": {"default": "intents"},
+    }
+    settings.DATABASE_ROUTERS = []  # every alias allows every migration
+    swept = databases.record_databases()
+    assert "default" in swept
+    assert "intents" not in swept and "mirror" not in swept
