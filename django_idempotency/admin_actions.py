@@ -213,7 +213,14 @@ def _page(
 
 
 def _report(
-    modeladmin: Any, request: HttpRequest, done: int, selected: int, singular: str, plural: str
+    modeladmin: Any,
+    request: HttpRequest,
+    done: int,
+    selected: int,
+    singular: str,
+    plural: str,
+    *,
+    gone: int | None = None,
 ) -> None:
     modeladmin.message_user(
         request, ngettext(singular, plural, done) % {"count": done}, messages.SUCCESS
@@ -221,11 +228,13 @@ def _report(
     skipped = selected - done
     if skipped:
         modeladmin.message_user(request, _skipped_message(skipped), messages.WARNING)
-    _report_gone(modeladmin, request)
+    _report_gone(modeladmin, request, gone)
 
 
-def _report_gone(modeladmin: Any, request: HttpRequest) -> None:
-    _, gone = _ticked_and_gone(modeladmin, request)
+def _report_gone(modeladmin: Any, request: HttpRequest, gone: int | None = None) -> None:
+    """``gone``: counted before an action that deletes (else counted now)."""
+    if gone is None:
+        _, gone = _ticked_and_gone(modeladmin, request)
     if gone:
         modeladmin.message_user(request, _gone_message(gone), messages.WARNING)
 
@@ -399,6 +408,8 @@ def release(
             warning=str(warning),
         )
     done, selected = 0, queryset.count()
+    # Before releasing: the records this deletes are not "gone since the list was shown".
+    gone = _ticked_and_gone(modeladmin, request)[1]
     for record, held in _taken(request, queryset):
         if store.release(held, states=tuple(State.values)):
             modeladmin.log_change(request, record, f"Released (was {record.state}).")
@@ -410,6 +421,7 @@ def release(
         selected,
         "%(count)d record was released.",
         "%(count)d records were released.",
+        gone=gone,
     )
     return None
 
