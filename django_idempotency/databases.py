@@ -11,10 +11,15 @@ written only where it was first written. Everything that walks all records
 
 from __future__ import annotations
 
+import functools
+import logging
+from collections.abc import Callable
 from typing import TYPE_CHECKING, Any
 
 from django.conf import settings
-from django.db import router
+from django.core.exceptions import ImproperlyConfigured
+from django.core.signals import setting_changed
+from django.db import DatabaseError, router
 
 from django_idempotency.conf import idempotency_settings
 
@@ -29,7 +34,10 @@ __all__ = [
     "record_databases",
     "records_database_named",
     "routed_record_databases",
+    "sweep",
 ]
+
+logger = logging.getLogger("django_idempotency")
 
 
 class UnknownRecordDatabase(ValueError):
@@ -48,13 +56,22 @@ def database_for(scope: Scope, *, request: HttpRequest | None = None, **hints: A
         return configured
     from django_idempotency.models import IdempotencyRecord
 
-    return router.db_for_write(
+    alias = router.db_for_write(
         IdempotencyRecord,
         tenant=scope.tenant,
         operation=scope.operation,
         request=request,
         **hints,
     )
+    if alias not in routed_record_databases():
+        # Else a raw "relation does not exist" (or records nobody sweeps).
+        raise ImproperlyConfigured(
+            f"The routers put the idempotency record of tenant {scope.tenant!r} in "
+            f"{alias!r}, where they do not let IdempotencyRecord migrate "
+            f"(allow_migrate), so recovery and the purge would never see it. The databases "
+            f"that hold records: {', '.join(routed_record_databases()) or 'none'}."
+        )
+    return alias
 
 
 def record_databases() -> list[str]:
@@ -74,17 +91,32 @@ def routed_record_databases() -> list[str]:
     Less the aliases that are other names of a records database, which
     would be swept twice: the intents' pools (``INTENT_DATABASES``) and
     test mirrors (``TEST["MIRROR"]``). Many routers allow every migration.
+    Asked once per value of the settings involved (every request checks
+    its routed alias against it).
     """
+    return list(_routed_record_databases())
+
+
+@functools.cache
+def _routed_record_databases() -> tuple[str, ...]:
     from django_idempotency.models import IdempotencyRecord
 
     other_names = set(_intent_aliases())
-    return [
+    return tuple(
         alias
         for alias, database in settings.DATABASES.items()
         if alias not in other_names
         and not (database.get("TEST") or {}).get("MIRROR")
         and router.allow_migrate_model(alias, IdempotencyRecord)
-    ]
+    )
+
+
+def _forget_routed(*, setting: str, **kwargs: Any) -> None:
+    if setting in {"DATABASES", "DATABASE_ROUTERS", "IDEMPOTENCY"}:
+        _routed_record_databases.cache_clear()
+
+
+setting_changed.connect(_forget_routed, dispatch_uid="django_idempotency.databases")
 
 
 def _intent_aliases() -> list[str]:
@@ -104,7 +136,31 @@ def records_database_named(alias: str | None) -> list[str]:
     if alias is None:
         return every
     if alias not in every:
+        known = "" if alias in settings.DATABASES else " (it is not in DATABASES)"
         raise UnknownRecordDatabase(
-            f"{alias!r} holds no idempotency records; those that do: {', '.join(every) or 'none'}."
+            f"{alias!r} holds no idempotency records{known}; those that do: "
+            f"{', '.join(every) or 'none'}."
         )
     return [alias]
+
+
+def sweep(aliases: list[str], work: Callable[[str], object]) -> None:
+    """``work(alias)`` on each records database; one that fails stops none of the others.
+
+    A shard that is down (or was never migrated) must not keep recovery or
+    the purge from the rest. Each failure is logged with its alias; once all
+    were tried, the first is raised again, naming its database, so that the
+    run still fails visibly (a command's exit status, a task's state).
+    """
+    failures: list[tuple[str, DatabaseError]] = []
+    for alias in aliases:
+        try:
+            work(alias)
+        except DatabaseError as exc:
+            logger.exception("Records database %r failed; going on with the others.", alias)
+            failures.append((alias, exc))
+    if failures:
+        alias, first = failures[0]
+        failed = ", ".join(repr(name) for name, _ in failures)
+        first.add_note(f"django-idempotency: records database {alias!r} failed ({failed} in all).")
+        raise first

@@ -6,7 +6,7 @@ from dataclasses import dataclass
 from time import monotonic, sleep
 
 from django_idempotency import store
-from django_idempotency.databases import records_database_named
+from django_idempotency.databases import records_database_named, sweep
 from django_idempotency.models import RESOLVED_STATES, IdempotencyRecord
 from django_idempotency.store.database_time import DatabaseNow
 
@@ -88,17 +88,20 @@ def purge_expired_records(
 
     Raises:
         UnknownRecordDatabase: ``database`` holds no records.
+        DatabaseError: A records database failed; the others were still purged.
     """
     report = PurgeReport()
-    for alias in records_database_named(database):
-        _purge_one(
+    sweep(
+        records_database_named(database),
+        lambda alias: _purge_one(
             alias,
             report,
             batch_size=batch_size,
             max_batches=max_batches,
             batch_seconds=batch_seconds,
             pause_factor=pause_factor,
-        )
+        ),
+    )
     return report
 
 

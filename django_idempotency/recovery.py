@@ -38,7 +38,7 @@ from django.db.models import Count, Min
 
 from django_idempotency import signals, store
 from django_idempotency.conf import as_timedelta, idempotency_settings
-from django_idempotency.databases import records_database_named
+from django_idempotency.databases import records_database_named, sweep
 from django_idempotency.exceptions import StaleOwner
 from django_idempotency.models import IdempotencyRecord
 from django_idempotency.responses import StoredResponse, Verdict
@@ -296,10 +296,12 @@ def recover_stale_records(*, batch_size: int = 100, database: str | None = None)
 
     Raises:
         UnknownRecordDatabase: ``database`` holds no records.
+        DatabaseError: A records database failed; the others were still swept.
     """
     conf = idempotency_settings
     report = RecoveryReport()
-    for alias in records_database_named(database):
+
+    def recover_in(alias: str) -> None:
         for _ in range(batch_size):
             taken = store.take_over_next_stale(lease=conf.LEASE, using=alias)
             if taken is None:
@@ -308,6 +310,8 @@ def recover_stale_records(*, batch_size: int = 100, database: str | None = None)
                 settle(*taken, report)
             except StaleOwner:
                 report.stale += 1
+
+    sweep(records_database_named(database), recover_in)
     return report
 
 

@@ -19,8 +19,9 @@ from cryptography.fernet import Fernet
 from django.conf import settings
 from django.contrib.auth.models import User
 from django.core.checks import run_checks
+from django.core.exceptions import ImproperlyConfigured
 from django.core.management import CommandError, call_command
-from django.db import connections
+from django.db import DatabaseError, connections
 from django.test import Client, override_settings
 from django.utils import timezone
 from rest_framework.test import APIClient
@@ -249,6 +250,36 @@ def test_recovery_sweeps_every_shard_and_honours_database() -> None:
     assert records("shard_a") == records("shard_b") == []
 
 
+@contextmanager
+def records_table_missing(alias: str) -> Iterator[None]:
+    """A shard whose records table is not there (never migrated, or being restored)."""
+    table = IdempotencyRecord._meta.db_table
+    quote = connections[alias].ops.quote_name
+    with connections[alias].cursor() as cursor:
+        cursor.execute(f"ALTER TABLE {quote(table)} RENAME TO {quote(table + '_away')}")
+    try:
+        yield
+    finally:
+        with connections[alias].cursor() as cursor:
+            cursor.execute(f"ALTER TABLE {quote(table + '_away')} RENAME TO {quote(table)}")
+
+
+def test_a_broken_shard_stops_neither_recovery_nor_purge_of_the_others() -> None:
+    """Both still fail visibly, naming the shard; the healthy shard is settled meanwhile."""
+    stuck_in("shard_b", key="stuck-b")
+    expired_in("shard_b", key="old-b")
+
+    with records_table_missing("shard_a"):
+        with pytest.raises(DatabaseError) as recovering:
+            recovery.recover_stale_records()
+        with pytest.raises(DatabaseError) as purging:
+            purge.purge_expired_records(pause_factor=0)
+
+    for failed in (recovering, purging):
+        assert "records database 'shard_a' failed" in "\n".join(failed.value.__notes__)
+    assert records("shard_b") == []
+
+
 def test_purge_sweeps_every_shard_and_honours_database() -> None:
     expired_in("shard_a", key="old-a")
     expired_in("shard_b", key="old-b")
@@ -425,3 +456,16 @@ def test_intent_pools_and_test_mirrors_are_not_swept_as_records_databases(
     swept = databases.record_databases()
     assert "default" in swept
     assert "intents" not in swept and "mirror" not in swept
+
+
+def test_a_tenant_routed_where_no_records_live_is_a_clear_configuration_error() -> None:
+    """Not a raw "relation does not exist": the router sends "tenant-z" to ``default``."""
+    with pytest.raises(ImproperlyConfigured, match="tenant 'tenant-z' in 'default'"):
+        APIClient().post(
+            "/shard/charges",
+            {"amount": 5},
+            format="json",
+            HTTP_IDEMPOTENCY_KEY="k-z",
+            HTTP_X_TENANT="tenant-z",
+        )
+    assert records("shard_a") == records("shard_b") == []
