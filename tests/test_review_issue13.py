@@ -9,6 +9,7 @@ goes wrong and on which engines. Run on SQLite, PostgreSQL
 - test_intent_databases_mapping_a_shard_to_itself_keeps_it_swept      FAILS (all engines)
 - test_a_record_is_never_written_where_no_sweep_looks                 FAILS (all engines)
 - test_the_history_page_shows_only_the_shards_own_actions             FAILS (all engines)
+- test_an_intents_alias_of_the_same_backend_under_another_engine_path_is_no_error  FAILS (all)
 - test_mysql_database_time_zone_claim_times_read_back_true            FAILS (MariaDB only)
 - test_mysql_database_time_zone_recovery_takes_no_live_lease          FAILS (MariaDB only)
 - test_the_admin_age_column_follows_the_database_clock                FAILS (PostgreSQL, MariaDB)
@@ -35,6 +36,7 @@ from rest_framework.test import APIClient
 
 from django_idempotency import databases, purge, recovery, store
 from django_idempotency.admin import IdempotencyRecordAdmin
+from django_idempotency.checks import check_settings
 from django_idempotency.digests import FingerprintHasher
 from django_idempotency.models import IdempotencyRecord
 from django_idempotency.scope import Scope
@@ -102,9 +104,42 @@ def test_intent_databases_mapping_a_shard_to_itself_keeps_it_swept() -> None:
         swept = databases.record_databases()
         report = purge.purge_expired_records(batch_size=10, pause_factor=0)
 
+    with routed(INTENT_DATABASES={"shard_a": "shard_a", "shard_b": "shard_b"}):
+        refused = [message.id for message in check_settings()]
     assert swept == ["shard_a", "shard_b"]
+    assert "django_idempotency.E023" not in refused  # "no database holds the records"
     assert report.deleted == 1
     assert not IdempotencyRecord.objects.using("shard_a").filter(pk=expired.pk).exists()
+
+
+#: The same backend under another ENGINE path (GeoDjango's, of a database with PostGIS).
+SAME_VENDOR_ENGINE = {
+    "postgresql": "django.contrib.gis.db.backends.postgis",
+    "mysql": "django.contrib.gis.db.backends.mysql",
+    "sqlite": "django.contrib.gis.db.backends.spatialite",
+}
+
+
+@pytest.mark.filterwarnings("ignore:Overriding setting DATABASES")
+def test_an_intents_alias_of_the_same_backend_under_another_engine_path_is_no_error(
+    settings: Any,
+) -> None:
+    """checks.py _intent_alias_mismatch compares ENGINE strings, not backends (E033).
+
+    Records in a PostGIS database (ENGINE django.contrib.gis.db.backends.postgis)
+    and a pooled alias for the intents with the plain PostgreSQL ENGINE reach
+    one database through one backend; so do wrapping engines (connection
+    pools, metrics). E033 is an Error: manage.py check, runserver and migrate
+    refuse to start. The servers are asked anyway by E032.
+    """
+    engine = SAME_VENDOR_ENGINE[connection.vendor]
+    settings.DATABASES = {
+        **settings.DATABASES,
+        "pooled": {**connections["default"].settings_dict, "ENGINE": engine},
+    }
+    with override_settings(IDEMPOTENCY={"INTENT_DATABASES": {"default": "pooled"}}):
+        found = [message.id for message in check_settings()]
+    assert "django_idempotency.E033" not in found
 
 
 # --- 2. routing ---------------------------------------------------------------------
