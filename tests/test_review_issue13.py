@@ -13,6 +13,15 @@ goes wrong and on which engines. Run on SQLite, PostgreSQL
 - test_mysql_database_time_zone_claim_times_read_back_true            FAILS (MariaDB only)
 - test_mysql_database_time_zone_recovery_takes_no_live_lease          FAILS (MariaDB only)
 - test_the_admin_age_column_follows_the_database_clock                FAILS (PostgreSQL, MariaDB)
+
+Kept although they pass (paths no other test covers; each fails when
+store/database_time.uses_host_clock() is forced to True):
+
+- test_no_record_read_is_left_to_db_for_read (replicas, in-process)
+- test_wait_mode_and_single_transaction_on_a_host_ahead_never_take_over
+- test_idempotent_task_on_a_host_ahead_never_takes_over
+- test_retry_after_postpones_on_the_database_clock
+- test_an_operator_on_a_host_ahead_cannot_release_a_live_lease
 """
 
 from __future__ import annotations
@@ -23,7 +32,7 @@ import types
 import uuid
 from collections.abc import Iterator
 from datetime import timedelta
-from typing import Any
+from typing import Any, ClassVar
 from unittest import mock
 
 import pytest
@@ -40,7 +49,7 @@ from django_idempotency.checks import check_settings
 from django_idempotency.digests import FingerprintHasher
 from django_idempotency.models import IdempotencyRecord
 from django_idempotency.scope import Scope
-from django_idempotency.store.database_time import DatabaseNow
+from django_idempotency.store.database_time import DatabaseLater, DatabaseNow, database_now
 from tests.factories import RecordFactory
 from tests.utils import post
 
@@ -187,7 +196,12 @@ def test_the_history_page_shows_only_the_shards_own_actions(operator: Client) ->
     with routed():
         done = operator.post(
             f"{CHANGELIST}?database=shard_b",
-            {"action": "extend_retention", "_selected_action": [in_b.pk], "apply": "1", "hours": 48},
+            {
+                "action": "extend_retention",
+                "_selected_action": [in_b.pk],
+                "apply": "1",
+                "hours": 48,
+            },
         )
         assert done.status_code == 302
         history_of_a = operator.get(
@@ -297,7 +311,7 @@ def host_clock(offset: timedelta) -> Iterator[None]:
 
     class Shifted(datetime.datetime, metaclass=AnyDatetime):
         @classmethod
-        def now(cls, tz: Any = None) -> Any:  # type: ignore[override]
+        def now(cls, tz: Any = None) -> Any:
             return datetime.datetime.now(tz) + offset
 
     shifted_module = types.SimpleNamespace(**vars(datetime))
@@ -319,9 +333,7 @@ def test_the_admin_age_column_follows_the_database_clock(operator: Client) -> No
     the database's time (``read_at``); age should be measured against it.
     """
     record = RecordFactory.create(state=State.COMPLETED)
-    IdempotencyRecord.objects.filter(pk=record.pk).update(
-        created_at=DatabaseNow()
-    )
+    IdempotencyRecord.objects.filter(pk=record.pk).update(created_at=DatabaseNow())
     from django.contrib import admin
 
     model_admin = admin.site._registry[IdempotencyRecord]
@@ -332,3 +344,167 @@ def test_the_admin_age_column_follows_the_database_clock(operator: Client) -> No
         age = model_admin.age(shown)
 
     assert age.startswith("0"), f"a record created just now is shown {age!r} old"
+
+
+# --- 3. replicas (holds: kept as in-process coverage) ------------------------------------
+
+
+class ReadsAreForbiddenRouter:
+    """Any record read left to the routers (db_for_read) is a bug: it would go to a replica."""
+
+    reads: ClassVar[list[dict[str, Any]]] = []
+
+    def db_for_read(self, model: type[Any], **hints: Any) -> str | None:
+        if model._meta.app_label == "django_idempotency":
+            self.reads.append(hints)
+        return None
+
+
+def test_no_record_read_is_left_to_db_for_read(operator: Client) -> None:
+    """Holds on the code under review: the store, admin, recovery, purge pin their alias."""
+    ReadsAreForbiddenRouter.reads.clear()
+    key = str(uuid.uuid4())
+    stuck = RecordFactory.create(
+        state=State.CLAIMED,
+        response_status=None,
+        response_body=None,
+        response_headers=[],
+        lease_expires_at=timezone.now() - timedelta(minutes=1),
+    )
+    with override_settings(DATABASE_ROUTERS=[f"{__name__}.ReadsAreForbiddenRouter"]):
+        client = APIClient()
+        assert post(client, "/api-view/charges", {"amount": 5}, key).status_code == 201
+        assert post(client, "/api-view/charges", {"amount": 5}, key).status_code == 201
+        assert post(client, "/api-view/charges", {"amount": 6}, key).status_code == 422
+        assert operator.get(CHANGELIST, {"state": "stuck"}).status_code == 200
+        assert operator.get(f"{CHANGELIST}{stuck.pk}/change/").status_code == 200
+        assert operator.get(f"{CHANGELIST}{stuck.pk}/history/").status_code == 200
+        operator.post(
+            CHANGELIST,
+            {
+                "action": "extend_retention",
+                "_selected_action": [stuck.pk],
+                "apply": "1",
+                "hours": 1,
+            },
+        )
+        recovery.stale_records(limit=10)
+        recovery.leased_records()
+        recovery.recover_stale_records(batch_size=10)
+        purge.expired_count()
+        purge.purge_expired_records(batch_size=10, pause_factor=0)
+    assert ReadsAreForbiddenRouter.reads == []
+
+
+# --- 1. database time, the paths test_database_time.py leaves out (hold: coverage) -------
+
+on_a_database_clock = pytest.mark.skipif(
+    connection.vendor == "sqlite", reason="SQLite's clock is the host's"
+)
+LEASE = timedelta(minutes=2)
+
+
+def running_claim_of(key: str) -> IdempotencyRecord:
+    from tests.test_database_time import running_claim
+
+    return running_claim(key)
+
+
+@on_a_database_clock
+@pytest.mark.parametrize("single", [False, True])
+def test_wait_mode_and_single_transaction_on_a_host_ahead_never_take_over(single: bool) -> None:
+    if single and connection.vendor != "postgresql":
+        pytest.skip("single_transaction is PostgreSQL's")
+    key = str(uuid.uuid4())
+    running = running_claim_of(key)
+    more = {"IN_FLIGHT": "wait", "IN_FLIGHT_WAIT": 0.3, "SINGLE_TRANSACTION": single}
+    with (
+        override_settings(IDEMPOTENCY={**getattr(settings, "IDEMPOTENCY", {}), **more}),
+        host_clock(timedelta(minutes=10)),
+    ):
+        duplicate = post(APIClient(), "/api-view/charges", {"amount": 5}, key)
+
+    assert duplicate.status_code == 409, duplicate.content
+    after = IdempotencyRecord.objects.get(pk=running.pk)
+    assert (after.state, after.fencing_token) == (State.CLAIMED, 1)
+
+
+@on_a_database_clock
+def test_idempotent_task_on_a_host_ahead_never_takes_over() -> None:
+    from django_idempotency.exceptions import TaskInProgress
+    from django_idempotency.tasks import idempotent_task
+
+    ran: list[str] = []
+
+    @idempotent_task(key="event_id", operation="tests.review.task")
+    def handle(event_id: str) -> str:
+        ran.append(event_id)
+        return event_id
+
+    event = str(uuid.uuid4())
+    held = store.claim(
+        Scope("task", "tests.review.task", event),
+        _task_fingerprint(event),
+        ttl=timedelta(hours=1),
+        lease=LEASE,
+        using="default",
+    )
+    assert held is not None
+    with host_clock(timedelta(minutes=10)), pytest.raises(TaskInProgress):
+        handle(event)
+    assert ran == []
+
+
+def _task_fingerprint(event: str) -> Any:
+    from django_idempotency.fingerprint import fingerprint
+    from django_idempotency.task_protection import _arguments
+
+    def handle(event_id: str) -> str:  # the same signature
+        return event_id
+
+    return fingerprint(_arguments(handle, (event,), {}))
+
+
+@on_a_database_clock
+def test_retry_after_postpones_on_the_database_clock() -> None:
+    operation = f"tests.review.retry-{uuid.uuid4()}"
+    recovery.register_reconciler(operation)(lambda record: recovery.Retry(after=300))
+    record = RecordFactory.create(
+        operation=operation,
+        state=State.UNCERTAIN,
+        response_status=None,
+        response_body=None,
+        response_headers=[],
+    )
+    IdempotencyRecord.objects.filter(pk=record.pk).update(
+        lease_expires_at=DatabaseLater(-timedelta(seconds=1))
+    )
+    try:
+        with host_clock(-timedelta(minutes=10)):
+            report = recovery.recover_stale_records(batch_size=10)
+    finally:
+        recovery._reconcilers.pop(operation, None)
+    assert report.retried == 1
+    lease_ends = IdempotencyRecord.objects.get(pk=record.pk).lease_expires_at
+    assert lease_ends is not None
+    remaining = lease_ends - database_now("default")
+    assert timedelta(minutes=4) < remaining <= timedelta(minutes=5), remaining
+
+
+@on_a_database_clock
+def test_an_operator_on_a_host_ahead_cannot_release_a_live_lease(operator: Client) -> None:
+    running = running_claim_of(str(uuid.uuid4()))
+    with host_clock(timedelta(minutes=10)):
+        operator.post(
+            CHANGELIST,
+            {
+                "action": "release",
+                "_selected_action": [running.pk],
+                "apply": "1",
+                "reexecute": "on",
+                f"token-{running.pk}": running.fencing_token,
+                f"state-{running.pk}": running.state,
+            },
+        )
+    after = IdempotencyRecord.objects.get(pk=running.pk)
+    assert (after.state, after.fencing_token) == (State.CLAIMED, 1)
