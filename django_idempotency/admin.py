@@ -15,6 +15,7 @@ from typing import Any, cast
 
 from django.contrib import admin
 from django.contrib.admin.helpers import ACTION_CHECKBOX_NAME
+from django.contrib.admin.models import LogEntry
 from django.core.exceptions import BadRequest
 from django.core.paginator import Paginator
 from django.db import connections
@@ -101,6 +102,10 @@ class ListFilter(admin.SimpleListFilter):
     @classmethod
     def accepts(cls, value: str) -> bool:
         raise NotImplementedError
+
+
+def _history_tag(alias: str | None) -> str:
+    return f"[{alias}] "
 
 
 def records_database_of(request: HttpRequest) -> str:
@@ -277,6 +282,27 @@ class IdempotencyRecordAdmin(admin.ModelAdmin):  # type: ignore[type-arg]
         "body",
     ]
 
+    # Record ids repeat from one records database to the next, and a LogEntry
+    # names its object by id alone: with several databases each entry says
+    # which one it is about, and a record's history shows only its own.
+    def log_change(self, request: HttpRequest, obj: Any, message: Any) -> Any:
+        if len(record_databases()) > 1:
+            message = f"{_history_tag(obj._state.db)}{message}"
+        return super().log_change(request, obj, message)
+
+    def get_paginator(
+        self,
+        request: HttpRequest,
+        queryset: Any,
+        per_page: int,
+        orphans: int = 0,
+        allow_empty_first_page: bool = True,
+    ) -> Any:
+        if queryset.model is LogEntry and len(record_databases()) > 1:
+            tag = _history_tag(records_database_of(request))
+            queryset = queryset.filter(change_message__startswith=tag)
+        return super().get_paginator(request, queryset, per_page, orphans, allow_empty_first_page)
+
     # A log, not an editor.
     # Each record comes with the database's time, which its lease is shown against.
     def get_queryset(self, request: HttpRequest) -> QuerySet[IdempotencyRecord]:
@@ -359,7 +385,7 @@ class IdempotencyRecordAdmin(admin.ModelAdmin):  # type: ignore[type-arg]
 
     @admin.display(description=_("age"), ordering="created_at")
     def age(self, record: IdempotencyRecord) -> str:
-        return timesince(record.created_at)
+        return timesince(record.created_at, now=record.read_at)
 
     @admin.display(description=_("lease"))
     def lease_status(self, record: IdempotencyRecord) -> str:

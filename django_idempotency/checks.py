@@ -14,6 +14,8 @@ from typing import TYPE_CHECKING, Any
 from django.conf import settings
 from django.core.checks import CheckMessage, Error, Tags, Warning, register
 from django.core.exceptions import ImproperlyConfigured
+from django.db import connections
+from django.db.utils import load_backend
 
 from django_idempotency.conf import DEFAULTS, as_timedelta, idempotency_settings, import_callable
 from django_idempotency.databases import routed_record_databases
@@ -313,22 +315,32 @@ def _check_intent_databases(value: Any) -> Iterator[CheckMessage]:
         yield from _intent_alias_mismatch(records, intents)
 
 
+def _vendor(alias: str) -> str:
+    """The kind of database of ``alias`` ("postgresql", "mysql"...), as its backend says."""
+    engine = str(settings.DATABASES[alias].get("ENGINE", ""))
+    try:
+        return str(load_backend(engine).DatabaseWrapper.vendor)
+    except (ImportError, ImproperlyConfigured, AttributeError):
+        return engine
+
+
 def _intent_alias_mismatch(records: str, intents: str) -> Iterator[CheckMessage]:
     """What the settings alone tell about two aliases that must reach one database.
 
     A pooler's database entry has a name of its own for the same database,
     so a different NAME (or host) proves nothing: the servers are asked by
-    ``check --database`` (E032). Different engines are never one database.
+    ``check --database`` (E032). Backends of different vendors are never one
+    database; ENGINE paths may differ for one (PostGIS, a pooling wrapper).
     """
-    engine = settings.DATABASES[records].get("ENGINE")
-    if settings.DATABASES[intents].get("ENGINE") != engine:
+    vendor = _vendor(records)
+    if _vendor(intents) != vendor:
         yield _error(
             33,
-            f"IDEMPOTENCY['INTENT_DATABASES'] maps {records!r} to {intents!r}, whose ENGINE "
-            "differs: the intents must be written to the records' own database.",
+            f"IDEMPOTENCY['INTENT_DATABASES'] maps {records!r} to {intents!r}, whose database "
+            "is of another kind: the intents must be written to the records' own database.",
             "Point the intents' alias at the same database, through a pool of its own.",
         )
-    elif engine == "django.db.backends.sqlite3":
+    elif vendor == "sqlite":
         yield Warning(
             f"IDEMPOTENCY['INTENT_DATABASES'] maps {records!r}, a SQLite database: it is "
             "not used there.",
@@ -426,16 +438,20 @@ def _check_sqlite_transaction_mode(alias: Any) -> Iterator[CheckMessage]:
 
 def _check_database_clock(alias: Any) -> Iterator[CheckMessage]:
     database = settings.DATABASES.get(alias) if isinstance(alias, str) else None
-    if database is None or settings.USE_TZ:
+    if database is None or not str(database.get("ENGINE", "")).startswith(
+        "django.db.backends.mysql"
+    ):
         return
-    if str(database.get("ENGINE", "")).startswith("django.db.backends.mysql"):
+    zone = (database.get("TIME_ZONE") or "UTC") if settings.USE_TZ else settings.TIME_ZONE
+    if zone != "UTC":
         yield Warning(
-            f"The idempotency records live in MySQL/MariaDB database {alias!r} with "
-            "USE_TZ=False: leases and retention follow each app server's clock.",
-            hint="Set USE_TZ=True: then the database's clock (UTC_TIMESTAMP) decides, and "
-            "an app server whose clock drifts cannot take over a lease that is still "
-            "running. With USE_TZ=False, keep the hosts' clocks synchronised (NTP) well "
-            "within the LEASE, or silence this warning if they are.",
+            f"The idempotency records live in MySQL/MariaDB database {alias!r}, where Django "
+            f"stores times of {zone!r}: leases and retention follow each app server's clock.",
+            hint="Set USE_TZ=True and leave DATABASES[...]['TIME_ZONE'] unset: then the "
+            "database's clock (UTC_TIMESTAMP) decides, and an app server whose clock drifts "
+            "cannot take over a lease that is still running. Otherwise keep the hosts' "
+            "clocks synchronised (NTP) well within the LEASE, or silence this warning if "
+            "they are.",
             id="django_idempotency.W007",
         )
 
@@ -625,7 +641,7 @@ def check_intent_databases_reach_the_records(
 
 def _identity(alias: str) -> tuple[Any, ...] | None:
     """The database ``alias`` reaches, by its server's own account; None if it cannot tell."""
-    from django.db import DatabaseError, connections
+    from django.db import DatabaseError
 
     connection = connections.create_connection(alias)
     query = _IDENTITY.get(connection.vendor)

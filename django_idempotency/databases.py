@@ -120,8 +120,10 @@ setting_changed.connect(_forget_routed, dispatch_uid="django_idempotency.databas
 
 
 def _intent_aliases() -> list[str]:
+    """The intents' aliases that are not records aliases themselves (``{"a": "a"}`` is none)."""
     try:
-        return [str(alias) for alias in idempotency_settings.INTENT_DATABASES.values()]
+        intents = idempotency_settings.INTENT_DATABASES.items()
+        return [str(target) for source, target in intents if target != source]
     except (TypeError, ValueError, AttributeError):  # not a mapping: check E030 says so
         return []
 

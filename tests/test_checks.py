@@ -352,9 +352,17 @@ def test_mysql_records_with_naive_times_are_warned_about(settings: Any) -> None:
     mysql = {"ENGINE": "django.db.backends.mysql", "NAME": "records"}
     settings.DATABASES = {**settings.DATABASES, "mysql": mysql}
     settings.USE_TZ = False
+    settings.TIME_ZONE = "America/New_York"
     assert ids({"DATABASE": "mysql"}) == ["django_idempotency.W007"]
+    settings.TIME_ZONE = "UTC"  # naive UTC: UTC_TIMESTAMP(6) is right
+    assert ids({"DATABASE": "mysql"}) == []
     settings.USE_TZ = True
     assert ids({"DATABASE": "mysql"}) == []
+    settings.DATABASES = {
+        **settings.DATABASES,
+        "mysql": {**mysql, "TIME_ZONE": "America/New_York"},
+    }
+    assert ids({"DATABASE": "mysql"}) == ["django_idempotency.W007"]
 
 
 # -- INTENT_DATABASES (E030 to E033, W010) ----------------------------------------------

@@ -122,10 +122,11 @@ def test_intent_databases_mapping_a_shard_to_itself_keeps_it_swept() -> None:
 
 
 #: The same backend under another ENGINE path (GeoDjango's, of a database with PostGIS).
+#: PostGIS and GeoDjango's MySQL would do in a project with GDAL installed.
 SAME_VENDOR_ENGINE = {
-    "postgresql": "django.contrib.gis.db.backends.postgis",
-    "mysql": "django.contrib.gis.db.backends.mysql",
-    "sqlite": "django.contrib.gis.db.backends.spatialite",
+    "postgresql": "tests.wrapped_engines.postgresql",
+    "mysql": "tests.wrapped_engines.mysql",
+    "sqlite": "tests.wrapped_engines.sqlite3",
 }
 
 

@@ -17,10 +17,11 @@ out?" is computed inside the statement that writes or reads it.
 - MySQL/MariaDB with ``USE_TZ=True``: ``UTC_TIMESTAMP(6)``, since Django
   stores naive UTC there and sets no connection time zone (``NOW()`` is the
   server's local time).
-- MySQL/MariaDB with ``USE_TZ=False``: values are naive wall-clock times of
-  ``TIME_ZONE``, which the server cannot produce without its time zone
-  tables; the host's clock is used, and check ``django_idempotency.W007``
-  says so.
+- MySQL/MariaDB storing another zone's times (``USE_TZ=False`` with a
+  ``TIME_ZONE`` other than UTC, or ``DATABASES[alias]["TIME_ZONE"]``):
+  values are naive wall-clock times the server cannot produce without its
+  time zone tables; the host's clock is used, and check
+  ``django_idempotency.W007`` says so.
 - SQLite: the file lives on one host, and its clock is that host's.
 
 Where Python itself must judge a record (a looked-up record's retention, an
@@ -59,7 +60,9 @@ def uses_host_clock(connection: BaseDatabaseWrapper) -> bool:
     if connection.vendor == "postgresql":
         return False
     if connection.vendor == "mysql":
-        return not settings.USE_TZ
+        # Django stores naive times of the connection's zone there: UTC unless
+        # USE_TZ=False or DATABASES[alias]["TIME_ZONE"] names another zone.
+        return connection.timezone_name != "UTC"
     return True
 
 

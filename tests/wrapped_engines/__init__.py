@@ -1,0 +1,1 @@
+"""Database engines that wrap Django's own under another ENGINE path (as pools and metrics do)."""

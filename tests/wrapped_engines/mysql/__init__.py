@@ -1,0 +1,1 @@
+"""Django's mysql backend under another ENGINE path."""

@@ -1,0 +1,1 @@
+"""Django's postgresql backend under another ENGINE path."""

@@ -1,0 +1,1 @@
+"""Django's sqlite3 backend under another ENGINE path."""
