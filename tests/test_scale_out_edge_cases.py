@@ -1,27 +1,22 @@
-"""Fresh-eyes review of issue 13 (database time, routed records, replicas, intents' pools).
+"""Edge cases of database time, routed records, replicas and the intents' pools.
 
-Reproductions, not opinions: each test below FAILS on the code under review
-(branch review-code at 64bd65e) and shows one bug; the docstring says what
-goes wrong and on which engines. Run on SQLite, PostgreSQL
-(DATABASE_URL=postgres://postgres@127.0.0.1:5432/test) and MariaDB
-(DATABASE_URL=mysql://root@127.0.0.1:3306/test).
+Written by a fresh-eyes review of issue 13 as reproductions: each of the
+first seven failed on the code under review, and each now guards its fix:
 
-- test_intent_databases_mapping_a_shard_to_itself_keeps_it_swept      FAILS (all engines)
-- test_a_record_is_never_written_where_no_sweep_looks                 FAILS (all engines)
-- test_the_history_page_shows_only_the_shards_own_actions             FAILS (all engines)
-- test_an_intents_alias_of_the_same_backend_under_another_engine_path_is_no_error  FAILS (all)
-- test_mysql_database_time_zone_claim_times_read_back_true            FAILS (MariaDB only)
-- test_mysql_database_time_zone_recovery_takes_no_live_lease          FAILS (MariaDB only)
-- test_the_admin_age_column_follows_the_database_clock                FAILS (PostgreSQL, MariaDB)
+- an intents alias mapped to itself stays a records database;
+- a tenant routed where records may not migrate is refused, never written
+  where no sweep looks;
+- a record's admin History shows only its own database's actions;
+- check E033 compares backends, not ENGINE paths (a wrapping engine);
+- MySQL/MariaDB with a DATABASES TIME_ZONE: times read back true, and
+  recovery takes no live lease (the host clock is used there, with W007);
+- the admin's age column follows the database clock.
 
-Kept although they pass (paths no other test covers; each fails when
-store/database_time.uses_host_clock() is forced to True):
-
-- test_no_record_read_is_left_to_db_for_read (replicas, in-process)
-- test_wait_mode_and_single_transaction_on_a_host_ahead_never_take_over
-- test_idempotent_task_on_a_host_ahead_never_takes_over
-- test_retry_after_postpones_on_the_database_clock
-- test_an_operator_on_a_host_ahead_cannot_release_a_live_lease
+The others passed then and cover paths no other test does (each fails when
+``store.database_time.uses_host_clock()`` is forced to True): no record read
+goes to ``db_for_read``; the wait mode, ``single_transaction``,
+``idempotent_task``, ``Retry(after=...)`` and an operator's release on a
+host whose clock runs ahead never take over a live lease.
 """
 
 from __future__ import annotations
