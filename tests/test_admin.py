@@ -255,9 +255,7 @@ def test_release_past_the_claim_needs_the_explicit_warning_ticked() -> None:
     page = run(client, "release", record, apply="1", reexecute="on")
     assert not IdempotencyRecord.objects.exists()
     # The record this released is not also reported as gone since the list was shown.
-    assert [str(message) for message in page.context["messages"]] == [
-        "1 record was released."
-    ]
+    assert [str(message) for message in page.context["messages"]] == ["1 record was released."]
 
 
 def test_extend_retention_never_shortens() -> None:
