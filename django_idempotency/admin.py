@@ -10,7 +10,7 @@ from __future__ import annotations
 import contextlib
 import json
 from contextvars import ContextVar
-from datetime import timedelta
+from datetime import datetime, timedelta
 from typing import Any, cast
 
 from django.contrib import admin
@@ -38,7 +38,12 @@ from django_idempotency.models import (
     IdempotencyRecord,
 )
 from django_idempotency.store import sealing
-from django_idempotency.store.database_time import DatabaseLater, DatabaseNow, database_now
+from django_idempotency.store.database_time import (
+    DatabaseLater,
+    DatabaseNow,
+    database_now,
+    with_read_time,
+)
 
 __all__ = [
     "COUNT_CAP",
@@ -307,7 +312,7 @@ class IdempotencyRecordAdmin(admin.ModelAdmin):  # type: ignore[type-arg]
     # Each record comes with the database's time, which its lease is shown against.
     def get_queryset(self, request: HttpRequest) -> QuerySet[IdempotencyRecord]:
         records = super().get_queryset(request).using(records_database_of(request))
-        return cast(QuerySet[IdempotencyRecord], records.annotate(read_at=DatabaseNow()))
+        return cast(QuerySet[IdempotencyRecord], with_read_time(records))
 
     def get_search_results(
         self, request: HttpRequest, queryset: QuerySet[Any], search_term: str
@@ -383,16 +388,20 @@ class IdempotencyRecordAdmin(admin.ModelAdmin):  # type: ignore[type-arg]
     def has_extend_permission(self, request: HttpRequest) -> bool:
         return self._has(request, "extend")
 
+    @staticmethod
+    def _now(record: IdempotencyRecord) -> datetime:
+        """Where get_queryset() could not read it with the page: on a host clock, say."""
+        return database_now(record._state.db or "default")
+
     @admin.display(description=_("age"), ordering="created_at")
     def age(self, record: IdempotencyRecord) -> str:
-        return timesince(record.created_at, now=record.read_at)
+        return timesince(record.created_at, now=record.read_at or self._now(record))
 
     @admin.display(description=_("lease"))
     def lease_status(self, record: IdempotencyRecord) -> str:
         if record.state in RESOLVED_STATES or record.lease_expires_at is None:
             return "-"
-        # Read with the page (get_queryset); a record read otherwise asks its database.
-        now = record.read_at or database_now(record._state.db or "default")
+        now = record.read_at or self._now(record)
         return str(_("held")) if record.lease_expires_at > now else str(_("expired"))
 
     @admin.display(description=_("timeline"))

@@ -38,7 +38,7 @@ from typing import Any
 from django.conf import settings
 from django.db import connections
 from django.db.backends.base.base import BaseDatabaseWrapper
-from django.db.models import DateTimeField, Func, Value
+from django.db.models import DateTimeField, Func, QuerySet, Value
 from django.db.models.sql.compiler import SQLCompiler
 from django.utils import timezone
 
@@ -52,6 +52,7 @@ __all__ = [
     "database_later",
     "database_now",
     "uses_host_clock",
+    "with_read_time",
 ]
 
 
@@ -143,6 +144,18 @@ class DatabaseLater(Func):
         if clock.host:
             return compiler.compile(Value(ahead(self.duration), output_field=DateTimeField()))
         return clock.later, clock.later_params(connection, self.duration)
+
+
+def with_read_time(records: QuerySet[Any], name: str = "read_at") -> QuerySet[Any]:
+    """``records``, each read with the database's time of the read as ``name``.
+
+    On a host clock nothing is added (a parameter of ours would come back
+    untyped, a string on MySQL): the caller reads this host's time instead.
+    """
+    if clock_of(connections[records.db]).host:
+        return records
+    annotated: QuerySet[Any] = records.annotate(**{name: DatabaseNow()})
+    return annotated
 
 
 def database_now(using: str) -> datetime:

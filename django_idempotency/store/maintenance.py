@@ -20,7 +20,7 @@ from django_idempotency.models import RESOLVED_STATES, UNRESOLVED_STATES, Idempo
 from django_idempotency.scope import Scope
 from django_idempotency.store.claims import Claim, lease_owner
 from django_idempotency.store.conditional import delete_where, take_over_where
-from django_idempotency.store.database_time import DatabaseNow
+from django_idempotency.store.database_time import DatabaseNow, database_now, with_read_time
 from django_idempotency.store.sealing import (
     UnreadableRecord,
     encrypt,
@@ -84,11 +84,10 @@ def _take_over_oldest_stale(
 ) -> tuple[IdempotencyRecord | None, int | None, str]:
     using = connection.alias
     with transaction.atomic(using=using):
-        stale = (
-            IdempotencyRecord.objects.using(using)
-            .filter(state__in=UNRESOLVED_STATES, lease_expires_at__lte=DatabaseNow())
-            .annotate(read_time=DatabaseNow())
+        stale = IdempotencyRecord.objects.using(using).filter(
+            state__in=UNRESOLVED_STATES, lease_expires_at__lte=DatabaseNow()
         )
+        stale = with_read_time(stale, "read_time")
         if connection.features.has_select_for_update_skip_locked:
             stale = stale.select_for_update(skip_locked=True)
         elif connection.features.has_select_for_update:
@@ -96,7 +95,7 @@ def _take_over_oldest_stale(
         record = stale.order_by("lease_expires_at").first()
         if record is None:
             return None, None, ""
-        record.read_at = record.read_time
+        record.read_at = getattr(record, "read_time", None) or database_now(using)
         owner = lease_owner()
         token = take_over_where(
             record,
