@@ -43,12 +43,14 @@ from tests.factories import RecordFactory, UserFactory
 from tests.testapp.models import Charge
 from tests.utils import post
 
-pytestmark = [
-    pytest.mark.django_db(transaction=True),
-    pytest.mark.skipif(
-        connection.vendor == "sqlite", reason="SQLite's clock is the host's (guarantees.md)"
-    ),
-]
+pytestmark = pytest.mark.django_db(transaction=True)
+
+
+@pytest.fixture(autouse=True)
+def _database_clock() -> None:
+    """Asked per test: the configuration (USE_TZ, TIME_ZONE) decides on MySQL."""
+    if uses_host_clock(connection):
+        pytest.skip("this database's times are the host's: SQLite, or MySQL storing a zone")
 State = IdempotencyRecord.State
 URL = "/api-view/charges"
 CHANGELIST = "/admin/django_idempotency/idempotencyrecord/"
