@@ -44,7 +44,8 @@ docs: $(VENV)/.installed
 
 # The whole support matrix (tox.ini), and the representative cells CI runs
 # on top of `make test`: newer Djangos on newer Pythons, one cell per
-# database (the live multi-process tests already ran in `make test`).
+# database (the live multi-process tests already ran in `make test`), two
+# at a time: each uses its own database server or file.
 # pyenv's interpreters, when present, so that tox finds python3.12 and 3.13.
 PYENV_BINS := $(subst $(eval) ,:,$(wildcard $(HOME)/.pyenv/versions/3.1[123]*/bin))
 TOX := PATH="$(PYENV_BINS):$$PATH" $(VENV)/bin/tox
@@ -55,7 +56,7 @@ matrix: $(VENV)/.installed
 
 matrix-ci: $(VENV)/.installed
 	$(VENV)/bin/python -m pip install --quiet tox
-	$(TOX) run --skip-missing-interpreters false \
+	$(TOX) run-parallel --parallel 2 --parallel-no-spinner --skip-missing-interpreters false \
 		-e py312-django61-postgres,py313-django60-mariadb,py313-django61-sqlite \
 		-- -m "not live" -q
 

@@ -104,7 +104,8 @@ def test_every_error_carries_a_hint() -> None:
     assert all(message.hint for message in messages)
 
 
-@pytest.mark.django_db  # Django 6.1's check command also runs database checks
+# Django 6.1's check command also runs database checks, on every alias.
+@pytest.mark.django_db(databases="__all__")
 def test_checks_run_with_django_check_command(settings: Any) -> None:
     settings.IDEMPOTENCY = {"IN_FLIGHT": "sometimes"}
     with pytest.raises(SystemCheckError, match=r"django_idempotency\.E009"):
@@ -306,7 +307,8 @@ def test_two_views_sharing_a_route_name_are_warned_about(
     assert "tests.testapp.operation_urls.api_view_answer (post)" in message
 
 
-@pytest.mark.django_db  # Django 6.1's check command also runs database checks
+# Django 6.1's check command also runs database checks, on every alias.
+@pytest.mark.django_db(databases="__all__")
 @pytest.mark.urls("tests.testapp.operation_urls")
 def test_manage_py_check_reports_a_reconciler_without_an_operation(
     reconcilers: Callable[..., None],
