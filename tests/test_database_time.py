@@ -51,6 +51,8 @@ def _database_clock() -> None:
     """Asked per test: the configuration (USE_TZ, TIME_ZONE) decides on MySQL."""
     if uses_host_clock(connection):
         pytest.skip("this database's times are the host's: SQLite, or MySQL storing a zone")
+
+
 State = IdempotencyRecord.State
 URL = "/api-view/charges"
 CHANGELIST = "/admin/django_idempotency/idempotencyrecord/"
