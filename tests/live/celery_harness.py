@@ -117,6 +117,57 @@ def new_queue() -> str:
     return f"idem-live-{uuid.uuid4().hex[:10]}"
 
 
+class QueueClient:
+    """Sends tasks to one worker's queue from the test process and waits for their results.
+
+    ``close()`` deletes the queue's keys (the Redis database is shared with
+    other tests) and the result backend's pub/sub and pooled sockets, which
+    otherwise leak.
+    """
+
+    def __init__(self, broker: str, queue: str, name: str = "idem-live-client") -> None:
+        self.broker = broker
+        self.queue = queue
+        self.name = name
+        self._app: Any = None
+
+    @property
+    def app(self) -> Any:
+        if self._app is None:
+            from celery import Celery
+
+            self._app = Celery(
+                self.name, broker=self.broker, backend=self.broker, set_as_current=False
+            )
+            self._app.conf.broker_connection_retry_on_startup = True
+        return self._app
+
+    def run(self, task: str, timeout: float = 60.0, **kwargs: Any) -> Any:
+        """Send ``task`` to the queue and wait for its result (its error is raised)."""
+        result = self.app.send_task(task, kwargs=kwargs, queue=self.queue)
+        try:
+            return result.get(timeout=timeout, propagate=True)
+        finally:
+            result.forget()
+
+    def close(self) -> None:
+        app, self._app = self._app, None
+        if app is None:
+            return
+        with contextlib.suppress(Exception), app.connection_for_write() as connection:
+            connection.default_channel.client.delete(
+                self.queue,
+                f"_kombu.binding.{self.queue}",
+                f"_kombu.binding_permanent.{self.queue}",
+            )
+        backend = app.backend
+        with contextlib.suppress(Exception):
+            backend.result_consumer.stop()
+        with contextlib.suppress(Exception):
+            backend.client.connection_pool.disconnect()
+        app.close()
+
+
 class CeleryProcess:
     """``celery -A tests.live.celery_app <kind>`` with its output in ``log_path``."""
 

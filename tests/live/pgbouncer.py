@@ -30,7 +30,6 @@ import contextlib
 import os
 import pwd
 import shutil
-import signal
 import subprocess
 import tempfile
 import time
@@ -44,6 +43,7 @@ from urllib.parse import urlsplit, urlunsplit
 import psycopg
 import pytest
 
+from tests.live.server import terminate
 from tests.live.services import REQUIRE_SERVICES_ENV, postgres_url, services_required
 
 BINARY_ENV = "IDEMPOTENCY_TEST_PGBOUNCER_BINARY"
@@ -243,16 +243,8 @@ class PgBouncer:
     def close(self) -> None:
         """Stop PgBouncer if it runs and remove its directory; never raises."""
         process, self.process = self.process, None
-        if process is not None and process.poll() is None:
-            process.send_signal(signal.SIGTERM)
-            try:
-                process.wait(timeout=STOP_TIMEOUT)
-            except subprocess.TimeoutExpired:
-                with contextlib.suppress(ProcessLookupError):
-                    os.killpg(process.pid, signal.SIGKILL)
-                process.wait(timeout=STOP_TIMEOUT)
-        elif process is not None:
-            process.wait()
+        if process is not None:
+            terminate(process, STOP_TIMEOUT)
         if self._log is not None:
             self._log.close()
             self._log = None

@@ -37,6 +37,7 @@ from typing import Any
 
 import requests
 
+from tests.live.celery_harness import QueueClient
 from tests.live.server import (
     KEEP_LOGS_ENV,
     PAYMENTS_PROJECT,
@@ -163,7 +164,7 @@ class CeleryWorker(BackgroundProcess):
             "CELERY_TASK_DEFAULT_QUEUE": self.queue,
             "PYTHONUNBUFFERED": "1",
         }
-        self._client: Any = None
+        self.tasks = QueueClient(broker_url, self.queue)
 
     def start(self) -> None:
         command = [
@@ -181,46 +182,13 @@ class CeleryWorker(BackgroundProcess):
             time.sleep(0.1)
         raise RuntimeError("the Celery worker did not become ready.\n" + self.diagnostics())
 
-    @property
-    def client(self) -> Any:
-        """A Celery app in the test process that only sends tasks and reads results."""
-        if self._client is None:
-            from celery import Celery
-
-            self._client = Celery(
-                "idem-live-client",
-                broker=self.broker_url,
-                backend=self.broker_url,
-                set_as_current=False,
-            )
-            self._client.conf.broker_connection_retry_on_startup = True
-        return self._client
-
     def run(self, task: str, timeout: float = 60.0, **kwargs: Any) -> Any:
         """Send ``task`` to this worker's queue and wait for its result."""
-        result = self.client.send_task(task, kwargs=kwargs, queue=self.queue)
-        try:
-            return result.get(timeout=timeout, propagate=True)
-        finally:
-            result.forget()
+        return self.tasks.run(task, timeout, **kwargs)
 
     def stop(self) -> None:
         super().stop()
-        if self._client is not None:
-            with (
-                contextlib.suppress(Exception),
-                self._client.connection_for_write() as connection,
-            ):
-                client = connection.default_channel.client
-                client.delete(self.queue, f"_kombu.binding.{self.queue}")
-            # The result backend's pub/sub and pooled sockets, or they leak.
-            backend = self._client.backend
-            with contextlib.suppress(Exception):
-                backend.result_consumer.stop()
-            with contextlib.suppress(Exception):
-                backend.client.connection_pool.disconnect()
-            self._client.close()
-            self._client = None
+        self.tasks.close()
 
 
 @dataclass

@@ -47,7 +47,13 @@ import pytest
 import requests
 
 from tests.live import celery_harness
-from tests.live.celery_harness import CeleryProcess, celery_environment, new_queue, wait_until
+from tests.live.celery_harness import (
+    CeleryProcess,
+    QueueClient,
+    celery_environment,
+    new_queue,
+    wait_until,
+)
 from tests.live.clock_app import HOLD_DIR_ENV, HOLD_LIMIT, RELEASE_ALL, release, starts
 from tests.live.faketime import offset_seconds, require_libfaketime, skewed_clock
 from tests.live.processes import summary_lines
@@ -280,7 +286,7 @@ class ClockWorker:
         )
         self.process = CeleryProcess.worker(env, deployment.root / f"celery{name}.log", 1)
         self.process.command.extend(["--include", "tests.live.clock_tasks"])
-        self._client: Any = None
+        self.tasks = QueueClient(broker, self.queue, "idem-clock-client")
 
     def start(self) -> None:
         self.process.start_worker()
@@ -290,45 +296,12 @@ class ClockWorker:
         name = "true" if self.offset is None else self.offset
         summary_lines.append(f"clock skew: Celery worker meant to run {name}: {skew:+.0f}s")
 
-    @property
-    def client(self) -> Any:
-        """A Celery app in the test process that only sends tasks and reads results."""
-        if self._client is None:
-            from celery import Celery
-
-            self._client = Celery(
-                "idem-clock-client", broker=self.broker, backend=self.broker, set_as_current=False
-            )
-            self._client.conf.broker_connection_retry_on_startup = True
-        return self._client
-
     def run(self, task: str, timeout: float = 30.0, **kwargs: Any) -> Any:
-        result = self.client.send_task(task, kwargs=kwargs, queue=self.queue)
-        try:
-            return result.get(timeout=timeout, propagate=True)
-        finally:
-            result.forget()
+        return self.tasks.run(task, timeout, **kwargs)
 
     def stop(self) -> None:
         self.process.stop()
-        if self._client is not None:
-            # This queue's keys only: the Redis database is shared with other tests.
-            with (
-                contextlib.suppress(Exception),
-                self._client.connection_for_write() as connection,
-            ):
-                connection.default_channel.client.delete(
-                    self.queue,
-                    f"_kombu.binding.{self.queue}",
-                    f"_kombu.binding_permanent.{self.queue}",
-                )
-            backend = self._client.backend
-            with contextlib.suppress(Exception):
-                backend.result_consumer.stop()
-            with contextlib.suppress(Exception):
-                backend.client.connection_pool.disconnect()
-            self._client.close()
-            self._client = None
+        self.tasks.close()
 
 
 @contextlib.contextmanager

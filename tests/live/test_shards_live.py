@@ -28,10 +28,10 @@ from dataclasses import dataclass
 from typing import Any
 
 import pytest
-from celery import Celery
 
 from tests.live.celery_harness import (
     CeleryProcess,
+    QueueClient,
     celery_environment,
     new_queue,
     redis_db,
@@ -65,16 +65,11 @@ class Shards:
     server: LiveServer
     databases: dict[str, LiveDatabase]
     worker: CeleryProcess
-    producer: Celery
-    queue: str
+    tasks: QueueClient
 
     def run(self, task: str, **kwargs: Any) -> Any:
         """Send ``task`` to the worker and wait for its result."""
-        result = self.producer.send_task(task, kwargs=kwargs, queue=self.queue)
-        try:
-            return result.get(timeout=60)
-        finally:
-            result.forget()
+        return self.tasks.run(task, **kwargs)
 
     def charge(self, tenant: str, key: str, **body: Any) -> Any:
         return post(
@@ -131,11 +126,10 @@ def shards(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Shards]:
         worker = CeleryProcess.worker(worker_env, log_dir / "worker.log", concurrency=1)
         stack.callback(worker.stop)
         worker.start_worker()
-        producer = Celery("idempotency-live-shards", broker=broker, backend=broker)
-        producer.conf.broker_connection_retry_on_startup = True
-        stack.callback(producer.close)
+        tasks = QueueClient(broker, queue, "idempotency-live-shards")
+        stack.callback(tasks.close)
         server.start()
-        yield Shards(server, databases, worker, producer, queue)
+        yield Shards(server, databases, worker, tasks)
         server.cleanup_logs()
 
 
