@@ -46,37 +46,11 @@ from django_idempotency.models import IdempotencyRecord
 from django_idempotency.scope import Scope
 from django_idempotency.store.database_time import DatabaseLater, DatabaseNow, database_now
 from tests.factories import RecordFactory
-from tests.utils import post
+from tests.utils import SHARD_TEST_ALIASES, post, record_in, routed_by_tenant
 
-ALIASES = ["default", "shard_a", "shard_b"]
-pytestmark = pytest.mark.django_db(databases=ALIASES, transaction=True)
+pytestmark = pytest.mark.django_db(databases=SHARD_TEST_ALIASES, transaction=True)
 State = IdempotencyRecord.State
 CHANGELIST = "/admin/django_idempotency/idempotencyrecord/"
-
-
-def sharded(**more: Any) -> dict[str, Any]:
-    return {
-        **getattr(settings, "IDEMPOTENCY", {}),
-        "DATABASE": None,
-        "TENANT": "tests.testapp.shard_views.tenant_header",
-        **more,
-    }
-
-
-@contextlib.contextmanager
-def routed(**more: Any) -> Iterator[None]:
-    with override_settings(
-        IDEMPOTENCY=sharded(**more),
-        DATABASE_ROUTERS=["tests.testapp.routers.TenantShardRouter"],
-        ROOT_URLCONF="tests.testapp.shard_urls",
-    ):
-        yield
-
-
-def record_in(alias: str, **fields: Any) -> IdempotencyRecord:
-    record = RecordFactory.build(**fields)
-    record.save(using=alias)
-    return record
 
 
 @pytest.fixture
@@ -104,11 +78,11 @@ def test_intent_databases_mapping_a_shard_to_itself_keeps_it_swept() -> None:
         state=State.COMPLETED,
         expires_at=timezone.now() - timedelta(minutes=1),
     )
-    with routed(INTENT_DATABASES={"shard_a": "shard_a", "shard_b": "shard_b"}):
+    with routed_by_tenant(INTENT_DATABASES={"shard_a": "shard_a", "shard_b": "shard_b"}):
         swept = databases.record_databases()
         report = purge.purge_expired_records(batch_size=10, pause_factor=0)
 
-    with routed(INTENT_DATABASES={"shard_a": "shard_a", "shard_b": "shard_b"}):
+    with routed_by_tenant(INTENT_DATABASES={"shard_a": "shard_a", "shard_b": "shard_b"}):
         refused = [message.id for message in check_settings()]
     assert swept == ["shard_a", "shard_b"]
     assert "django_idempotency.E023" not in refused  # "no database holds the records"
@@ -161,7 +135,7 @@ def test_a_record_is_never_written_where_no_sweep_looks() -> None:
     (a 5xx / ImproperlyConfigured) or keep the record out of ``default``.
     """
     key = f"orphan-{uuid.uuid4()}"
-    with routed():
+    with routed_by_tenant():
         answer = post(
             APIClient(raise_request_exception=False),
             "/shard/charges",
@@ -189,7 +163,7 @@ def test_the_history_page_shows_only_the_shards_own_actions(operator: Client) ->
     """
     in_a = record_in("shard_a", tenant="tenant-a", key="hist-a")
     in_b = record_in("shard_b", tenant="tenant-b", key="hist-b", pk=in_a.pk)  # the same id
-    with routed():
+    with routed_by_tenant():
         done = operator.post(
             f"{CHANGELIST}?database=shard_b",
             {

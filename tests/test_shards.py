@@ -16,7 +16,6 @@ from typing import Any
 
 import pytest
 from cryptography.fernet import Fernet
-from django.conf import settings
 from django.contrib.auth.models import User
 from django.core.checks import run_checks
 from django.core.exceptions import ImproperlyConfigured
@@ -29,33 +28,19 @@ from rest_framework.test import APIClient
 from django_idempotency import databases, purge, recovery, testing
 from django_idempotency.models import IdempotencyRecord
 from django_idempotency.tasks import idempotent_task
-from tests.factories import RecordFactory
 from tests.testapp.models import Charge
 from tests.testapp.routers import TenantShardRouter, shard_of
-from tests.utils import post
+from tests.utils import SHARD_TEST_ALIASES, post, record_in, routed_by_tenant, sharded
 
-ALIASES = ["default", "shard_a", "shard_b"]
+ALIASES = SHARD_TEST_ALIASES
 pytestmark = pytest.mark.django_db(databases=ALIASES, transaction=True)
 State = IdempotencyRecord.State
 CHANGELIST = "/admin/django_idempotency/idempotencyrecord/"
 
 
-def sharded(**more: Any) -> dict[str, Any]:
-    return {
-        **getattr(settings, "IDEMPOTENCY", {}),
-        "DATABASE": None,
-        "TENANT": "tests.testapp.shard_views.tenant_header",
-        **more,
-    }
-
-
 @pytest.fixture(autouse=True)
 def router() -> Iterator[type[TenantShardRouter]]:
-    with override_settings(
-        IDEMPOTENCY=sharded(),
-        DATABASE_ROUTERS=["tests.testapp.routers.TenantShardRouter"],
-        ROOT_URLCONF="tests.testapp.shard_urls",
-    ):
+    with routed_by_tenant():
         TenantShardRouter.asked.clear()
         yield TenantShardRouter
 
@@ -72,12 +57,6 @@ def records(alias: str) -> list[tuple[str, str, str]]:
 
 def charges(alias: str) -> list[tuple[str, int]]:
     return sorted(Charge.objects.using(alias).values_list("tenant", "amount"))
-
-
-def record_in(alias: str, **fields: Any) -> IdempotencyRecord:
-    record = RecordFactory.build(**fields)
-    record.save(using=alias)
-    return record
 
 
 def stuck_in(alias: str, **fields: Any) -> IdempotencyRecord:

@@ -106,3 +106,42 @@ def masked_csrf_token(secret: str) -> str:
     request = HttpRequest()
     request.META["CSRF_COOKIE"] = secret
     return get_token(request)
+
+
+# -- records routed by tenant (IDEMPOTENCY["DATABASE"] = None) --------------------------
+#: The aliases the shard tests use (tests/settings.py defines the shards).
+SHARD_TEST_ALIASES = ["default", "shard_a", "shard_b"]
+
+
+def sharded(**more: Any) -> dict[str, Any]:
+    """The suite's IDEMPOTENCY with the routers choosing the records' database per tenant."""
+    from django.conf import settings
+
+    return {
+        **getattr(settings, "IDEMPOTENCY", {}),
+        "DATABASE": None,
+        "TENANT": "tests.testapp.shard_views.tenant_header",
+        **more,
+    }
+
+
+@contextlib.contextmanager
+def routed_by_tenant(**more: Any) -> Iterator[None]:
+    """``sharded(**more)``, TenantShardRouter, and the shard views' URLconf."""
+    from django.test import override_settings
+
+    with override_settings(
+        IDEMPOTENCY=sharded(**more),
+        DATABASE_ROUTERS=["tests.testapp.routers.TenantShardRouter"],
+        ROOT_URLCONF="tests.testapp.shard_urls",
+    ):
+        yield
+
+
+def record_in(alias: str, **fields: Any) -> IdempotencyRecord:
+    """A record saved in database ``alias``."""
+    from tests.factories import RecordFactory
+
+    record = RecordFactory.build(**fields)
+    record.save(using=alias)
+    return record
