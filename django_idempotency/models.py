@@ -10,9 +10,11 @@ __all__ = [
     "KEY_MAX_LENGTH",
     "OPERATION_MAX_LENGTH",
     "RESOLVED_STATES",
+    "STEP_NAME_MAX_LENGTH",
     "TENANT_MAX_LENGTH",
     "UNRESOLVED_STATES",
     "IdempotencyRecord",
+    "IdempotencyStep",
 ]
 
 #: Column sizes. The unique index spans all three scope columns, so their sum
@@ -23,6 +25,8 @@ OPERATION_MAX_LENGTH = 255
 KEY_MAX_LENGTH = 255
 #: A secret's version (at most 16 characters), a colon, 64 hex digits; room to spare.
 FINGERPRINT_MAX_LENGTH = 96
+#: ``begin_external(step=...)``: short names, such as "authorize" or "capture".
+STEP_NAME_MAX_LENGTH = 64
 
 
 class IdempotencyRecord(models.Model):
@@ -57,7 +61,11 @@ class IdempotencyRecord(models.Model):
         created_at (datetime): When the record was claimed.
         updated_at (datetime): When it was last written.
         expires_at (datetime): When a resolved record stops being replayed and may be
-            purged.
+            purged; for a tombstone, when the tombstone goes.
+        tombstone (bool): The purge dropped the stored response past retention
+            and kept the scope and fingerprint until ``expires_at`` (moved on by
+            ``IDEMPOTENCY["TOMBSTONE_TTL"]``), so that a late retry is refused
+            (``idempotency_key_expired``) instead of running again.
     """
 
     class State(models.TextChoices):
@@ -93,6 +101,9 @@ class IdempotencyRecord(models.Model):
     created_at = models.DateTimeField(_("created at"))
     updated_at = models.DateTimeField(_("updated at"))
     expires_at = models.DateTimeField(_("expires at"))
+    #: A resolved record whose response the purge dropped (``TOMBSTONE_TTL``);
+    #: not a state: it stays COMPLETED or FAILED, and only the purge sets it.
+    tombstone = models.BooleanField(_("tombstone"), default=False, db_default=False)
 
     #: Not a column: the records database's time when ``store.lookup()`` read
     #: this record, which its lease and retention are judged against (never
@@ -152,6 +163,63 @@ class IdempotencyRecord(models.Model):
     def is_resolved(self) -> bool:
         """Whether the state is COMPLETED or FAILED: an outcome is stored."""
         return self.state in RESOLVED_STATES
+
+
+class IdempotencyStep(models.Model):
+    """One external call of a multi-step operation: ``begin_external(step=...)``.
+
+    A row of its own per (record, step), committed before the call like the
+    record's intent, and deleted with its record by the database itself
+    (``ON DELETE CASCADE``, or a trigger on SQLite: migration 0006), so that
+    the store's one-statement DELETEs need no second statement.
+
+    Attributes:
+        record (IdempotencyRecord): The operation the step belongs to.
+        name (str): The step's name, as the view gave it (``"authorize"``).
+        provider_key (str): The key given to the provider for this step,
+            derived from the scoped key and the step's name.
+        provider_operation_id (str): The provider's id for the step's call,
+            set by ``set_provider_operation(id, step=...)``; empty until then.
+        begun_at (datetime): When the step's intent was first committed.
+        updated_at (datetime): When the step was last written.
+    """
+
+    # The constraint is the migration's own (Django 5.2 and 6.0 cannot ask
+    # for ON DELETE CASCADE in the database): to Django the column is a
+    # plain reference, and its collector never SELECTs steps to delete them.
+    record = models.ForeignKey(
+        IdempotencyRecord,
+        on_delete=models.DO_NOTHING,
+        db_constraint=False,
+        related_name="steps",
+        verbose_name=_("record"),
+    )
+    name = models.CharField(_("step"), max_length=STEP_NAME_MAX_LENGTH)
+    provider_key = models.CharField(_("provider key"), max_length=64)
+    provider_operation_id = models.CharField(_("provider operation id"), max_length=255, blank=True)
+    begun_at = models.DateTimeField(_("begun at"))
+    updated_at = models.DateTimeField(_("updated at"))
+
+    class Meta:
+        verbose_name = _("idempotency step")
+        verbose_name_plural = _("idempotency steps")
+        db_table = "django_idempotency_step"
+        constraints = [
+            # Also the index the cascade and ``record.steps`` use.
+            models.UniqueConstraint(
+                fields=["record", "name"], name="django_idempotency_unique_step"
+            ),
+        ]
+        indexes = [
+            models.Index(
+                fields=["provider_operation_id"],
+                name="idempotency_step_provider_op",
+                condition=~models.Q(provider_operation_id=""),
+            ),
+        ]
+
+    def __str__(self) -> str:
+        return f"{self.name} ({self.provider_operation_id or 'no provider id'})"
 
 
 RESOLVED_STATES = (IdempotencyRecord.State.COMPLETED, IdempotencyRecord.State.FAILED)
