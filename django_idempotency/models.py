@@ -25,8 +25,8 @@ OPERATION_MAX_LENGTH = 255
 KEY_MAX_LENGTH = 255
 #: A secret's version (at most 16 characters), a colon, 64 hex digits; room to spare.
 FINGERPRINT_MAX_LENGTH = 96
-#: ``begin_external(step=...)``: short names, such as "authorize" or "capture".
 STEP_NAME_MAX_LENGTH = 64
+"""The longest step name ``begin_external(step=...)`` takes ("authorize", "capture")."""
 
 
 class IdempotencyRecord(models.Model):
