@@ -676,7 +676,7 @@ def check_celery_timeouts(app_configs: Any = None, **kwargs: Any) -> list[CheckM
         idempotent_task_leases,
     )
 
-    app = current_app._get_current_object()
+    app: Any = current_app
     visibility = broker_visibility_timeout(app)
     leases = idempotent_task_leases()
     messages: list[CheckMessage] = []

@@ -392,7 +392,7 @@ def _stored_result(record: IdempotencyRecord, scope: Any) -> Any:
         result = json.loads(stored_body or b"null")
     except ValueError:
         # A reconciler may store any text (Completed(body="...")): given as it is.
-        result = stored_body.decode("utf-8", "replace")
+        result = (stored_body or b"").decode("utf-8", "replace")
     if record.state == record.State.FAILED:
         raise TaskFailed(f"{scope} was settled as FAILED by its reconciler", result)
     logger.info("Duplicate message for %s: returning the stored result", scope)

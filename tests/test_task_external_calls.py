@@ -393,8 +393,10 @@ def celery_app() -> Iterator[Celery]:
         previous.set_current()
 
 
-def register_payout(app: Celery, *, lease: float | None, time_limit: float | None) -> None:
-    @app.task(name="check.payout", time_limit=time_limit, shared=False)
+def register_payout(app: Celery, *, lease: float | None, time_limit: int | None) -> None:
+    options: dict[str, Any] = {"name": "check.payout", "shared": False, "time_limit": time_limit}
+
+    @app.task(**options)  # type: ignore[untyped-decorator]
     @idempotent_task(key="payout_id", operation="task check.payout", lease=lease)
     def payout(payout_id: str) -> None:
         return None
@@ -420,7 +422,7 @@ def test_the_visibility_timeout_must_outlast_every_idempotent_tasks_lease_and_ti
     celery_app: Celery,
     visibility: float | None,
     lease: float | None,
-    time_limit: float | None,
+    time_limit: int | None,
     expected: list[str],
 ) -> None:
     if visibility is not None:
@@ -433,7 +435,7 @@ def test_the_visibility_timeout_must_outlast_every_idempotent_tasks_lease_and_ti
 def test_a_broker_without_visibility_timeout_only_compares_lease_and_time_limit(
     celery_app: Celery,
 ) -> None:
-    celery_app.conf.broker_url = "amqp://guest@127.0.0.1//"
+    celery_app.conf.update(broker_url="amqp://guest@127.0.0.1//")
     celery_app.conf.broker_transport_options = {"visibility_timeout": 1}
     register_payout(celery_app, lease=10, time_limit=60)
 
@@ -469,7 +471,7 @@ def test_retry_is_not_swallowed_into_a_release(payout_id: str) -> None:
         seen["runs"] += 1
         if seen["runs"] == 1:
             raise self.retry(countdown=0)
-        return seen["runs"]
+        return int(seen["runs"])
 
     assert retry_first.apply(args=(payout_id,)).get() == 2
     assert record(payout_id, "task tests.retry-first").state == State.COMPLETED
