@@ -25,7 +25,7 @@ from celery import shared_task
 
 from django_idempotency.models import IdempotencyRecord
 from django_idempotency.recovery import Completed, Release, register_reconciler
-from django_idempotency.tasks import TaskInProgress, idempotent_task
+from django_idempotency.tasks import TaskInProgress, idempotent_task, message_id
 from tests.testapp.models import Charge
 
 MARKER_DIR_ENV = "IDEMPOTENCY_TEST_MARKER_DIR"
@@ -63,6 +63,25 @@ def charge_once(self: Any, event_id: str, amount: int) -> dict[str, Any]:
     if _mark_start(event_id) == 1:
         time.sleep(float(os.environ.get(FIRST_RUN_SLEEP_ENV, "0")))
     return {"charge_id": charge.pk, "amount": amount, "event_id": event_id}
+
+
+@shared_task(
+    bind=True,
+    name="tests.live.celery_tasks.charge_per_message",
+    acks_late=True,
+    reject_on_worker_lost=True,
+    autoretry_for=(TaskInProgress,),
+    retry_backoff=False,
+    retry_kwargs={"countdown": 0.5},
+    max_retries=240,
+)
+@idempotent_task(key=message_id)
+def charge_per_message(self: Any, note: str, amount: int) -> dict[str, Any]:
+    """``charge_once`` without an event id: keyed on the Celery message id."""
+    charge = Charge.objects.create(tenant="celery", amount=amount, note=note)
+    if _mark_start(note) == 1:
+        time.sleep(float(os.environ.get(FIRST_RUN_SLEEP_ENV, "0")))
+    return {"charge_id": charge.pk, "message": self.request.id}
 
 
 # -- a payout task calling a provider -------------------------------------------------------
