@@ -27,6 +27,7 @@ if TYPE_CHECKING:
 
 __all__ = [
     "check_atomic_requests",
+    "check_celery_timeouts",
     "check_intent_databases_reach_the_records",
     "check_operations",
     "check_settings",
@@ -506,7 +507,9 @@ def check_operations(app_configs: Any = None, **kwargs: Any) -> list[CheckMessag
         # A callable operation= names its records per request: any name may be one.
         return messages
     for operation in registered_operations():
-        if operation not in named:
+        # An idempotent_task's operation ("task ...") is in no URLconf, and
+        # its module may be imported by workers only: not judged here.
+        if operation not in named and not operation.startswith("task "):
             # Named by the reconciler, as W002 names the view.
             reconciler = _dotted(reconciler_for(operation))
             messages.append(_unknown_operation(operation, reconciler, urls, named, style))
@@ -548,11 +551,6 @@ def _unknown_operation(
             id="django_idempotency.W005",
         )
     hint = f"Register it under a protected operation's name{_closest(operation, named)}."
-    if operation.startswith("task "):
-        hint += (
-            " An idempotent_task's records never reach a reconciler: a task that dies "
-            "holds a CLAIMED record, which recovery releases for the redelivered message."
-        )
     return Warning(
         f"A reconciler is registered for {operation!r}, but no view protected by "
         "@idempotent or IdempotentMixin has this operation, so it is never called.",
@@ -656,3 +654,64 @@ def _identity(alias: str) -> tuple[Any, ...] | None:
     finally:
         connection.close()
     return tuple(row) if row is not None else None
+
+
+@register(Tags.compatibility)
+def check_celery_timeouts(app_configs: Any = None, **kwargs: Any) -> list[CheckMessage]:
+    """W020: a broker visibility timeout shorter than an idempotent task may run; W021:
+    a task's time limit longer than its lease.
+
+    Judged on Celery's current app (the project's, once its module is
+    imported, as Django projects do in their package's ``__init__``) and the
+    ``idempotent_task`` tasks imported by the time checks run (a task module
+    that only workers import is judged by the worker instead: the first run
+    of each task logs the same warnings). Silent without Celery.
+    """
+    try:
+        from celery import current_app
+    except ImportError:
+        return []
+    from django_idempotency.task_protection import (
+        broker_visibility_timeout,
+        idempotent_task_leases,
+    )
+
+    app: Any = current_app
+    visibility = broker_visibility_timeout(app)
+    leases = idempotent_task_leases()
+    messages: list[CheckMessage] = []
+    for name, task in sorted(app.tasks.items()):
+        run = getattr(task.run, "__func__", task.run)
+        if run not in leases:
+            continue
+        lease = leases[run] or idempotency_settings.LEASE
+        limit = task.time_limit or app.conf.task_time_limit
+        if limit is not None and timedelta(seconds=float(limit)) > lease:
+            messages.append(
+                Warning(
+                    f"The idempotent task {name!r} may run for {float(limit):g}s (its time "
+                    f"limit), longer than its lease ({lease.total_seconds():g}s): a "
+                    "redelivery arriving after the lease takes over a body that is still "
+                    "running.",
+                    hint="Give idempotent_task(lease=...) at least the task's time_limit.",
+                    obj=name,
+                    id="django_idempotency.W021",
+                )
+            )
+        longest = max(lease.total_seconds(), float(limit or 0))
+        if visibility is not None and visibility < longest:
+            messages.append(
+                Warning(
+                    "The broker delivers an unacknowledged message again after "
+                    f"its visibility_timeout of {visibility:g}s, but the idempotent task "
+                    f"{name!r} may run for {longest:g}s (its lease or time limit): a run "
+                    "still going is delivered to a second worker, whose copy waits on "
+                    "TaskInProgress retries, or takes the key over once the lease ran out.",
+                    hint="Set CELERY_BROKER_TRANSPORT_OPTIONS = {'visibility_timeout': ...} "
+                    "longer than every idempotent task's lease and time limit (Celery's "
+                    "default is 3600 s on Redis).",
+                    obj=name,
+                    id="django_idempotency.W020",
+                )
+            )
+    return messages

@@ -28,8 +28,10 @@ __all__ = [
     "RolledBackResponse",
     "StaleOwner",
     "StoreUnavailable",
+    "TaskFailed",
     "TaskInProgress",
     "TaskKeyReused",
+    "TaskOutcomeUncertain",
 ]
 
 
@@ -204,6 +206,39 @@ class TaskInProgress(IdempotencyError):
 
 class TaskKeyReused(IdempotencyError):
     """A message reused a key with different arguments: a producer bug."""
+
+
+class TaskOutcomeUncertain(IdempotencyError):
+    """The message's external call may have happened: no run of it will call again.
+
+    A run of the same key began an external call (``begin_external()``) and
+    then died or failed, so the record is UNCERTAIN, or IN_PROGRESS with its
+    owner's lease run out. The body is not run again; the reconciler
+    registered for the task's operation settles the record, and the
+    duplicates delivered after that get its result.
+
+    Not a ``TaskInProgress``, on purpose: ``autoretry_for=(TaskInProgress,)``
+    with ``max_retries=None`` would otherwise retry without end when no
+    reconciler settles the record. To have the message wait for the
+    reconciler's answer, list it in ``autoretry_for`` with a bounded
+    ``max_retries`` (docs/celery-consumers.md).
+    """
+
+
+class TaskFailed(IdempotencyError):
+    """The task's record was settled as FAILED (by its reconciler's ``Failed``).
+
+    Raised to every delivery of the message after that: the operation
+    definitively failed, and running the body again would not be the same
+    operation.
+
+    Attributes:
+        result: The stored body, decoded from JSON (``None`` if not JSON).
+    """
+
+    def __init__(self, message: str, result: object = None) -> None:
+        super().__init__(message)
+        self.result = result
 
 
 class StaleOwner(IdempotencyError):

@@ -24,16 +24,25 @@ except ImportError as exc:  # pragma: no cover - depends on the installed extras
         'django_idempotency.tasks needs Celery: pip install "django-idempotency[celery]"'
     ) from exc
 
-from django_idempotency.exceptions import TaskInProgress, TaskKeyReused
-from django_idempotency.task_protection import idempotent_task
+from django_idempotency.exceptions import (
+    TaskFailed,
+    TaskInProgress,
+    TaskKeyReused,
+    TaskOutcomeUncertain,
+)
+from django_idempotency.task_protection import idempotent_task, message_id, task_idempotency
 
 __all__ = [
     "BEAT_SCHEDULE",
+    "TaskFailed",
     "TaskInProgress",
     "TaskKeyReused",
+    "TaskOutcomeUncertain",
     "idempotent_task",
+    "message_id",
     "purge_expired_records",
     "recover_stale_records",
+    "task_idempotency",
 ]
 
 

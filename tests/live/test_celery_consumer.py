@@ -17,6 +17,9 @@ before and after) and real ``celery worker`` processes running
    rejects the message (``WorkerLostError``) and it is requeued; the
    redelivery takes the dead child's claim over once its lease has run out
    (retrying on ``TaskInProgress`` while it still runs). One Charge.
+4. A task keyed on the Celery message id (``key=message_id``), its pool
+   child SIGKILLed: the requeued message (same id) runs once; the same
+   arguments published again (a new message) run again.
 """
 
 from __future__ import annotations
@@ -237,3 +240,37 @@ def test_a_pool_child_killed_mid_task_is_requeued_and_runs_once(
     assert "WorkerLostError" in log, setup.describe(event_id)
     record = setup.record(event_id)
     assert record is not None and record[0] == "COMPLETED", setup.describe(event_id)
+
+
+def test_a_task_keyed_on_the_message_id_runs_a_redelivery_once_but_a_new_publish_again(
+    stack: Callable[[], Setup],
+) -> None:
+    setup = stack()
+    queue = new_queue()
+    worker = setup.worker(setup.environment(queue, first_run_sleep=60.0), "worker", concurrency=1)
+    note = event()
+    kwargs = {"note": note, "amount": 9}
+    task = "tests.live.celery_tasks.charge_per_message"
+
+    result = setup.producer.send_task(task, kwargs=kwargs, queue=queue)
+    marker = wait_for_first_start(setup, note)
+    os.kill(int(marker.name.split(".")[1]), signal.SIGKILL)  # requeued: the same message
+
+    answer = result.get(timeout=RESULT_TIMEOUT)
+    assert answer["message"] == result.id
+    assert len(setup.charges(note)) == 1, setup.describe(note)
+    assert len(setup.starts(note)) == 2  # the killed start rolled back; the redelivery ran
+    assert "WorkerLostError" in worker.log_text()
+
+    # The message sent again under its id (a broker redelivering it): the stored
+    # result. (The backend may answer from the first run's result: the body
+    # starts counted below, after a later message in the same queue, prove it.)
+    again = setup.producer.send_task(task, kwargs=kwargs, queue=queue, task_id=result.id)
+    assert again.get(timeout=RESULT_TIMEOUT) == answer
+    assert len(setup.charges(note)) == 1
+
+    # The same arguments published again: a new message, a new id, and it runs.
+    second = setup.producer.send_task(task, kwargs=kwargs, queue=queue)
+    assert second.get(timeout=RESULT_TIMEOUT)["message"] == second.id != result.id
+    assert len(setup.charges(note)) == 2, setup.describe(note)
+    assert len(setup.starts(note)) == 3  # killed, redelivered, published again
