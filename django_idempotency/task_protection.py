@@ -229,7 +229,7 @@ def idempotent_task(
             the body: a duplicate arriving after it takes the task over.
             Give it your task's time limit (a longer time limit is logged
             as a warning), and keep the broker's visibility timeout longer
-            (system check W011).
+            (system check W020).
 
     With ``IDEMPOTENCY["DATABASE"] = None`` the routers pick the record's
     database once per run: ``db_for_write(IdempotencyRecord, tenant="task",
