@@ -20,6 +20,7 @@ __all__ = [
     "IdempotencyRefusal",
     "InputUnreadable",
     "IsolationNotSupported",
+    "KeyExpired",
     "KeyInvalid",
     "KeyMissing",
     "KeyReused",
@@ -121,6 +122,26 @@ class KeyReused(IdempotencyRefusal):
     )
 
 
+class KeyExpired(IdempotencyRefusal):
+    """422 ``idempotency_key_expired``: the key's operation is past retention.
+
+    Answered only with ``IDEMPOTENCY["TOMBSTONE_TTL"]`` set, to a retry of
+    the same request after its stored response was dropped (or is due to
+    be): the operation happened, and running it again would do it twice.
+    422, as for a reused key, rather than 410: the target resource is still
+    there (410 speaks of the URL, and is cacheable by default), and a client
+    must likewise stop retrying with this key.
+    """
+
+    status_code = status.HTTP_422_UNPROCESSABLE_ENTITY
+    default_code = "idempotency_key_expired"
+    default_detail = _(
+        "This Idempotency-Key was used for a request that was processed, and its "
+        "outcome is no longer kept. The request was not run again: look up its "
+        "outcome rather than sending it with a new key."
+    )
+
+
 class RequestInProgress(IdempotencyRefusal):
     """409 ``idempotency_request_in_progress``: a request with this key is running.
 
@@ -217,6 +238,7 @@ REFUSAL_CODES = frozenset(
         KeyInvalid,
         BodyTooLarge,
         KeyReused,
+        KeyExpired,
         RequestInProgress,
         StoreUnavailable,
         OutcomeUncertain,
