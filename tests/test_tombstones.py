@@ -22,11 +22,13 @@ from unittest import mock
 import pytest
 from django.core.management import call_command
 from django.db import connection
+from django.test import override_settings
 from django.test.utils import CaptureQueriesContext
 from django.utils import timezone
 from rest_framework.test import APIClient
 
-from django_idempotency import purge, store
+from django_idempotency import checks, purge, store
+from django_idempotency.conf import idempotency_settings
 from django_idempotency.models import IdempotencyRecord, IdempotencyStep
 from django_idempotency.store.database_time import DatabaseLater, database_now, uses_host_clock
 from django_idempotency.store.statements import statements_for
@@ -452,3 +454,23 @@ def test_the_admin_lists_tombstones_and_says_why_the_body_is_gone(
     text = listed.content.decode()
     assert "buried-key" in text and "live-key" not in text
     assert "purged past retention" in page.content.decode()
+
+
+# -- the setting ----------------------------------------------------------------------
+
+
+@pytest.mark.parametrize("value", [0, -1, timedelta(0), "7 days", True])
+def test_a_tombstone_ttl_that_is_not_a_positive_duration_is_e035(value: Any) -> None:
+    with override_settings(IDEMPOTENCY={"TOMBSTONE_TTL": value}):
+        assert "django_idempotency.E035" in {m.id for m in checks.check_settings()}
+
+
+@pytest.mark.parametrize("value", [None, 3600, 0.5, timedelta(days=30)])
+def test_none_or_a_positive_duration_is_a_tombstone_ttl(value: Any) -> None:
+    with override_settings(IDEMPOTENCY={"TOMBSTONE_TTL": value}):
+        assert "django_idempotency.E035" not in {m.id for m in checks.check_settings()}
+        resolved = idempotency_settings.TOMBSTONE_TTL
+    if value is None:
+        assert resolved is None
+    else:
+        assert resolved == (value if isinstance(value, timedelta) else timedelta(seconds=value))
