@@ -1,9 +1,8 @@
 """What a request that does not get to run the view is answered.
 
 A replay or 422 for a settled record (422 too for one past retention kept
-as a tombstone), 409 while another request holds the
-key, 503 (or, with ``FAIL_OPEN``, an unprotected run) when the store
-cannot be reached.
+as a tombstone), 409 while another request holds the key, 503 (or, with
+``FAIL_OPEN``, an unprotected run) when the store cannot be reached.
 """
 
 from __future__ import annotations
