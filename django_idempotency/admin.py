@@ -191,13 +191,14 @@ class ExpiryFilter(ListFilter):
 
     @classmethod
     def accepts(cls, value: str) -> bool:
-        return value in ("hour", "day", "expired")
+        return value in ("hour", "day", "expired", "tombstone")
 
     def lookups(self, request: HttpRequest, model_admin: Any) -> Any:
         return [
             ("hour", _("expiring within an hour")),
             ("day", _("expiring within a day")),
             ("expired", _("expired (awaiting purge)")),
+            ("tombstone", _("expired key (tombstone: response purged, retries refused)")),
         ]
 
     def queryset(self, request: HttpRequest, queryset: QuerySet[Any]) -> QuerySet[Any]:
@@ -209,6 +210,8 @@ class ExpiryFilter(ListFilter):
             )
         if value == "expired":
             return queryset.filter(expires_at__lte=DatabaseNow())
+        if value == "tombstone":
+            return queryset.filter(tombstone=True)
         return queryset
 
 
@@ -454,6 +457,8 @@ class IdempotencyRecordAdmin(admin.ModelAdmin):  # type: ignore[type-arg]
         if isinstance(stored, str):
             return stored
         raw = stored[1]
+        if raw is None and record.tombstone:
+            return _("(purged past retention: a tombstone, refusing retries until it expires)")
         if raw is None:
             return "-" if not record.is_resolved else _("(not stored: too large or streamed)")
         text = raw.decode("utf-8", errors="replace")

@@ -1,8 +1,8 @@
 """What a request that does not get to run the view is answered.
 
-A replay or 422 for a settled record, 409 while another request holds the
-key, 503 (or, with ``FAIL_OPEN``, an unprotected run) when the store
-cannot be reached.
+A replay or 422 for a settled record (422 too for one past retention kept
+as a tombstone), 409 while another request holds the key, 503 (or, with
+``FAIL_OPEN``, an unprotected run) when the store cannot be reached.
 """
 
 from __future__ import annotations
@@ -13,11 +13,12 @@ from typing import TYPE_CHECKING, NoReturn
 
 from django.db import InterfaceError, OperationalError
 
-from django_idempotency import signals
+from django_idempotency import signals, store
 from django_idempotency.conf import idempotency_settings
 from django_idempotency.digests import Fingerprint
 from django_idempotency.exceptions import (
     UNREADABLE_RECORD,
+    KeyExpired,
     KeyReused,
     RequestInProgress,
     StoreUnavailable,
@@ -64,10 +65,18 @@ def in_flight(
 def answer_settled(
     request: HttpRequest, scope: Scope, fingerprint: Fingerprint, record: IdempotencyRecord
 ) -> HttpResponseBase:
-    """The answer a settled record gives: 422 for other input, else its replay."""
+    """The answer a settled record gives: 422 for other input, else its replay.
+
+    Past retention, with ``TOMBSTONE_TTL``, a retry of the same input is
+    refused as ``idempotency_key_expired`` instead: the response is gone,
+    or is due to be, and the operation is never run a second time.
+    """
     if not fingerprint.matches(record.fingerprint):
         signals.notify(signals.key_reused, request, scope)
         raise KeyReused()
+    if store.kept_as_tombstone(record):
+        logger.info("Refused a retry of %s: past retention, kept as a tombstone.", scope)
+        raise KeyExpired()
     try:
         headers, body = unseal(
             record.response_headers, record.response_body, sealed=record.response_sealed

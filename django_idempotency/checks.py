@@ -351,6 +351,16 @@ def _intent_alias_mismatch(records: str, intents: str) -> Iterator[CheckMessage]
         )
 
 
+def _check_tombstone_ttl(value: Any) -> Iterator[CheckMessage]:
+    if value is not None and not _positive_duration(value):
+        yield _error(
+            35,
+            f"IDEMPOTENCY['TOMBSTONE_TTL'] = {value!r} is neither None nor a positive duration.",
+            "Give how long a late retry is refused after retention, as a datetime.timedelta "
+            "or a number of seconds greater than zero; None keeps no tombstones.",
+        )
+
+
 _CHECKS: Mapping[str, Callable[[Any], Iterator[CheckMessage]]] = {
     "HEADER": _check_header,
     "REQUIRED": _check_bool("REQUIRED", 3),
@@ -373,6 +383,7 @@ _CHECKS: Mapping[str, Callable[[Any], Iterator[CheckMessage]]] = {
     "MAX_FINGERPRINTED_BODY": _check_max_fingerprinted_body,
     "OPERATION_NAMES": _check_operation_names,
     "INTENT_DATABASES": _check_intent_databases,
+    "TOMBSTONE_TTL": _check_tombstone_ttl,
 }
 
 

@@ -66,6 +66,8 @@ DEFAULTS: Mapping[str, Any] = {
     #: {records alias: alias of the connections that commit at once while the
     #: view's transaction is open}; {}: a second connection to the same alias.
     "INTENT_DATABASES": {},
+    #: None: no tombstones; a key past retention starts a new operation.
+    "TOMBSTONE_TTL": None,
 }
 
 
@@ -239,6 +241,12 @@ class IdempotencySettings:
     @_resolved
     def INTENT_DATABASES(self) -> Mapping[str, str]:
         return dict(self._get("INTENT_DATABASES"))
+
+    @_resolved
+    def TOMBSTONE_TTL(self) -> timedelta | None:
+        """How long a purged record's scope and fingerprint are kept; ``None``: not at all."""
+        value = self._get("TOMBSTONE_TTL")
+        return None if value is None else as_timedelta(value)
 
 
 idempotency_settings = IdempotencySettings()

@@ -20,6 +20,7 @@ __all__ = [
     "IdempotencyRefusal",
     "InputUnreadable",
     "IsolationNotSupported",
+    "KeyExpired",
     "KeyInvalid",
     "KeyMissing",
     "KeyReused",
@@ -120,6 +121,26 @@ class KeyReused(IdempotencyRefusal):
     default_detail = _(
         "This Idempotency-Key was already used with a different request. Use a "
         "new key for a new request; retry only with the identical request."
+    )
+
+
+class KeyExpired(IdempotencyRefusal):
+    """422 ``idempotency_key_expired``: the key's operation is past retention.
+
+    Answered only with ``IDEMPOTENCY["TOMBSTONE_TTL"]`` set, to a retry of
+    the same request after its stored response was dropped (or is due to
+    be): the operation happened, and running it again would do it twice.
+    422, as for a reused key, rather than 410: the target resource is still
+    there (410 speaks of the URL, and is cacheable by default), and a client
+    must likewise stop retrying with this key.
+    """
+
+    status_code = status.HTTP_422_UNPROCESSABLE_ENTITY
+    default_code = "idempotency_key_expired"
+    default_detail = _(
+        "This Idempotency-Key was used for a request that was processed, and its "
+        "outcome is no longer kept. The request was not run again: look up its "
+        "outcome rather than sending it with a new key."
     )
 
 
@@ -252,6 +273,7 @@ REFUSAL_CODES = frozenset(
         KeyInvalid,
         BodyTooLarge,
         KeyReused,
+        KeyExpired,
         RequestInProgress,
         StoreUnavailable,
         OutcomeUncertain,

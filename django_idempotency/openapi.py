@@ -54,7 +54,8 @@ _ERRORS = {
     "(idempotency_key_invalid), or a body with no canonical form (parse_error).",
     "409": "A request with this Idempotency-Key is still in progress "
     "(idempotency_request_in_progress); retry after Retry-After.",
-    "422": "This Idempotency-Key was used with a different request (idempotency_key_reused).",
+    "422": "This Idempotency-Key was used with a different request (idempotency_key_reused), "
+    "or its request's outcome is past retention (idempotency_key_expired).",
     "413": "The request body is larger than an idempotent request may be "
     "(idempotency_body_too_large).",
     "503": "The idempotency record store is unreachable (idempotency_store_unavailable): "

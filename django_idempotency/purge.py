@@ -1,11 +1,19 @@
-"""The purge: deleting resolved records once ``expires_at`` has passed (retention)."""
+"""The purge: deleting resolved records once ``expires_at`` has passed (retention).
+
+With ``IDEMPOTENCY["TOMBSTONE_TTL"]`` set, a record past retention is first
+made a tombstone (its response dropped, its scope and fingerprint kept,
+``expires_at`` moved on by the TTL), and deleted when that passes.
+"""
 
 from __future__ import annotations
 
 from dataclasses import dataclass
 from time import monotonic, sleep
 
+from django.db.models import Q
+
 from django_idempotency import store
+from django_idempotency.conf import idempotency_settings
 from django_idempotency.databases import records_database_named, sweep
 from django_idempotency.models import RESOLVED_STATES, IdempotencyRecord
 from django_idempotency.store.database_time import DatabaseNow
@@ -14,6 +22,7 @@ __all__ = [
     "PurgeReport",
     "expired_count",
     "purge_expired_records",
+    "tombstone_count",
 ]
 
 
@@ -23,24 +32,43 @@ class PurgeReport:
 
     Attributes:
         deleted: Records deleted.
-        batches: DELETE statements that deleted any.
-        longest_batch: The longest single DELETE, in seconds: what live
+        batches: Batches that deleted (or made tombstones of) any.
+        longest_batch: The longest single batch, in seconds: what live
             traffic felt.
+        tombstoned: Records made tombstones (``TOMBSTONE_TTL``); 0 without.
     """
 
     deleted: int = 0
     batches: int = 0
     longest_batch: float = 0.0
+    tombstoned: int = 0
 
 
 def expired_count(*, database: str | None = None) -> int:
     """How many records a purge would delete now (for ``--dry-run``).
 
+    Over every records database, or only ``database``. With
+    ``TOMBSTONE_TTL`` set: tombstones past their own expiry, and records
+    past retention and the tombstones' time both.
+    """
+    ttl = idempotency_settings.TOMBSTONE_TTL
+    return _count(Q() if ttl is None else store.forgotten(ttl), database)
+
+
+def tombstone_count(*, database: str | None = None) -> int:
+    """How many records a purge would make tombstones now (``TOMBSTONE_TTL``; else 0).
+
     Over every records database, or only ``database``.
     """
+    ttl = idempotency_settings.TOMBSTONE_TTL
+    return 0 if ttl is None else _count(~store.forgotten(ttl), database)
+
+
+def _count(condition: Q, database: str | None) -> int:
     return sum(
         IdempotencyRecord.objects.using(alias)
         .filter(state__in=RESOLVED_STATES, expires_at__lte=DatabaseNow())
+        .filter(condition)
         .count()
         for alias in records_database_named(database)
     )
@@ -69,6 +97,11 @@ def purge_expired_records(
     locked by someone else, and each scan starts where the previous batch
     ended.
 
+    With ``IDEMPOTENCY["TOMBSTONE_TTL"]`` set, a record past ``expires_at``
+    is made a tombstone instead (its stored response dropped, its
+    ``expires_at`` moved on by the TTL), and a tombstone past its own
+    ``expires_at`` is deleted, in the same batches.
+
     What the ``purge_expired_records`` Celery task and the
     ``idempotency_purge`` command run.
 
@@ -84,7 +117,7 @@ def purge_expired_records(
             ``max_batches`` counting over all of them.
 
     Returns:
-        What the purge deleted, in how many batches.
+        What the purge deleted (and made tombstones of), in how many batches.
 
     Raises:
         UnknownRecordDatabase: ``database`` holds no records.
@@ -116,16 +149,27 @@ def _purge_one(
 ) -> None:
     size = batch_size
     reached = None
+    # Read once per run: a batch of one kind and the next of the other
+    # would scan from each other's positions.
+    tombstone_ttl = idempotency_settings.TOMBSTONE_TTL
     while max_batches is None or report.batches < max_batches:
         started = monotonic()
-        deleted, reached = store.purge_expired_batch(limit=size, using=database, after=reached)
+        if tombstone_ttl is None:
+            deleted, reached = store.purge_expired_batch(limit=size, using=database, after=reached)
+            tombstoned = 0
+        else:
+            batch = store.purge_to_tombstones_batch(
+                limit=size, using=database, tombstone_ttl=tombstone_ttl, after=reached
+            )
+            deleted, tombstoned, reached = batch.deleted, batch.tombstoned, batch.reached
         took = monotonic() - started
-        if not deleted:
+        if not deleted + tombstoned:
             break
         report.batches += 1
         report.deleted += deleted
+        report.tombstoned += tombstoned
         report.longest_batch = max(report.longest_batch, took)
-        if deleted < size:
+        if deleted + tombstoned < size:
             break  # the rest is held by someone else, or not expired yet
         if took > batch_seconds:
             size = max(1, size // 2)

@@ -92,7 +92,7 @@ def purge_expired_records(
 
     Returns:
         The ``PurgeReport`` as a dict: ``deleted``, ``batches``,
-        ``longest_batch`` (seconds).
+        ``longest_batch`` (seconds), ``tombstoned`` (``TOMBSTONE_TTL``).
     """
     from django_idempotency import purge
 

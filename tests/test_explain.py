@@ -2,7 +2,8 @@
 
 The recovery scan (``store.take_over_next_stale``: unresolved states whose
 lease ran out, oldest first) and the purge batch (``store.purge_expired_batch``:
-resolved records past ``expires_at``, oldest first) run on tables holding
+resolved records past ``expires_at``, oldest first; ``purge_to_tombstones_batch``
+with ``TOMBSTONE_TTL``) run on tables holding
 tens of millions of rows while requests claim keys. A sequential scan there
 would read the whole table for every record recovered and every batch purged.
 
@@ -180,6 +181,17 @@ def test_recovery_purge_and_lookup_use_indexes_at_a_million_rows(million_records
         )
     )
     assert batches[1][0] == 1000 and batches[1][1] >= batches[0][1]
+    # With TOMBSTONE_TTL: one statement too, its DELETE and UPDATE on the same batch.
+    made: list[Any] = []
+    purge_to_tombstones = statements_on_records(
+        lambda: made.append(
+            store.purge_to_tombstones_batch(
+                limit=1000, using=using, tombstone_ttl=timedelta(days=30), after=batches[1][1]
+            )
+        )
+    )
+    assert made[0].tombstoned == 1000 and len(purge_to_tombstones) == 1
+    purge += purge_to_tombstones
 
     # The lookup every replay, mismatch and conflict makes (.first() adds ORDER BY id).
     i = 123_457  # a row of the load, its scope spelled as LOAD spells it

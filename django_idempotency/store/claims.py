@@ -21,6 +21,7 @@ from django.db.backends.base.base import BaseDatabaseWrapper
 from django.db.models import Q
 from django.utils import timezone
 
+from django_idempotency.conf import idempotency_settings
 from django_idempotency.digests import Fingerprint
 from django_idempotency.models import RESOLVED_STATES, IdempotencyRecord
 from django_idempotency.scope import Scope
@@ -38,6 +39,8 @@ __all__ = [
     "claim_or_find",
     "claim_or_take_over",
     "discard_expired",
+    "forgotten",
+    "kept_as_tombstone",
     "lease_owner",
     "lookup",
     "past_retention",
@@ -258,9 +261,38 @@ def claim_or_take_over(
 def past_retention(record: IdempotencyRecord) -> bool:
     """A resolved record past retention: its key may start a new operation.
 
-    Judged at the database's time of the lookup that read ``record``.
+    With ``TOMBSTONE_TTL`` set, only once the tombstone's time is over too:
+    a tombstone's own ``expires_at``, or, for a record the purge has not
+    turned into one yet, ``expires_at + TOMBSTONE_TTL``, so that the claim
+    and the purge agree whichever ran first. Judged at the database's time
+    of the lookup that read ``record``.
     """
-    return record.is_resolved and record.expires_at <= _read_at(record)
+    return record.is_resolved and _forgotten_at(record) <= _read_at(record)
+
+
+def kept_as_tombstone(record: IdempotencyRecord) -> bool:
+    """A resolved record past retention whose key is still refused (``TOMBSTONE_TTL``).
+
+    A tombstone, or a record past ``expires_at`` the purge has not turned
+    into one yet: either way its response is no longer replayed, and a
+    retry is refused as ``idempotency_key_expired``. At the lookup's time.
+    """
+    if not record.is_resolved:
+        return False
+    read_at = _read_at(record)
+    if record.tombstone:
+        return read_at < record.expires_at
+    return record.expires_at <= read_at < _forgotten_at(record)
+
+
+def _forgotten_at(record: IdempotencyRecord) -> datetime:
+    """When a resolved record's key may start anew: its tombstone's end, if it has one."""
+    ttl = idempotency_settings.TOMBSTONE_TTL
+    if record.tombstone or ttl is None:
+        # A tombstone's expires_at was moved on by the purge; one kept while
+        # TOMBSTONE_TTL was on still refuses until then once it is off.
+        return record.expires_at
+    return record.expires_at + ttl
 
 
 def abandoned(record: IdempotencyRecord, fingerprint: Fingerprint) -> bool:
@@ -285,17 +317,33 @@ def _read_at(record: IdempotencyRecord) -> datetime:
 
 
 def discard_expired(record: IdempotencyRecord, *, using: str) -> bool:
-    """Delete a resolved record past its retention so its key can start anew."""
+    """Delete a resolved record past its retention so its key can start anew.
+
+    With ``TOMBSTONE_TTL`` set, only past the tombstone's time too, as
+    ``past_retention()`` judges it, in the statement itself.
+    """
     deleted = delete_where(
         IdempotencyRecord.objects.filter(
             pk=record.pk,
             fencing_token=record.fencing_token,
             state__in=RESOLVED_STATES,
-            expires_at__lte=DatabaseNow(),
-        ),
+        ).filter(forgotten(idempotency_settings.TOMBSTONE_TTL)),
         using=using,
     )
     return bool(deleted)
+
+
+def forgotten(tombstone_ttl: timedelta | None) -> Q:
+    """Records whose key may start anew, if resolved: past retention and any tombstone's time.
+
+    Without tombstones: past ``expires_at``. With them: a tombstone past its
+    own ``expires_at``, or any record past ``expires_at + tombstone_ttl``.
+    """
+    if tombstone_ttl is None:
+        return Q(expires_at__lte=DatabaseNow())
+    return Q(expires_at__lte=DatabaseLater(-tombstone_ttl)) | Q(
+        tombstone=True, expires_at__lte=DatabaseNow()
+    )
 
 
 def lookup(scope: Scope, *, using: str) -> IdempotencyRecord | None:

@@ -13,12 +13,12 @@ from datetime import UTC, datetime, timedelta
 
 from django.db import OperationalError, connections, transaction
 from django.db.backends.base.base import BaseDatabaseWrapper
-from django.db.models import Q
+from django.db.models import F, Q
 
 from django_idempotency.database_errors import is_serialization_failure
 from django_idempotency.models import RESOLVED_STATES, UNRESOLVED_STATES, IdempotencyRecord
 from django_idempotency.scope import Scope
-from django_idempotency.store.claims import Claim, lease_owner
+from django_idempotency.store.claims import Claim, forgotten, lease_owner
 from django_idempotency.store.conditional import delete_where, take_over_where
 from django_idempotency.store.database_time import DatabaseNow, database_now, with_read_time
 from django_idempotency.store.sealing import (
@@ -30,10 +30,12 @@ from django_idempotency.store.sealing import (
 from django_idempotency.store.statements import statements_for
 
 __all__ = [
+    "PurgedBatch",
     "ResealBatch",
     "expire_leases",
     "extend_retention",
     "purge_expired_batch",
+    "purge_to_tombstones_batch",
     "reseal_batch",
     "take_over_for_operator",
     "take_over_next_stale",
@@ -137,6 +139,64 @@ def purge_expired_batch(
     # The conditions again: a record could have been re-used in between.
     deleted = delete_where(expired.filter(pk__in=[pk for pk, _ in rows]), using=using)
     return deleted, rows[-1][1]
+
+
+@dataclass(frozen=True)
+class PurgedBatch:
+    """What one batch of ``purge_to_tombstones_batch`` did."""
+
+    #: Records deleted: tombstones past their own expiry, and records past
+    #: retention and the tombstones' time both.
+    deleted: int
+    #: Records past retention turned into tombstones.
+    tombstoned: int
+    #: The latest expiry among them as the scan met it: where the next batch starts.
+    reached: datetime | None
+
+
+def purge_to_tombstones_batch(
+    *, limit: int, using: str, tombstone_ttl: timedelta, after: datetime | None = None
+) -> PurgedBatch:
+    """``purge_expired_batch`` with tombstones (``TOMBSTONE_TTL``): up to ``limit`` records.
+
+    Each resolved record past ``expires_at`` is either deleted (a tombstone
+    past its own expiry, or a record past ``expires_at + tombstone_ttl``) or
+    made a tombstone: its stored response dropped, ``expires_at`` moved on
+    by ``tombstone_ttl``. So the scan on the expiry index meets each record
+    once per change, never a tombstone before it is due to go. Pass
+    ``reached`` back as ``after``, as for ``purge_expired_batch``.
+    """
+    connection = connections[using]
+    if connection.vendor == "postgresql":
+        start = after or _EPOCH
+        seconds = tombstone_ttl.total_seconds()
+        with connection.cursor() as cursor:
+            cursor.execute(
+                statements_for(connection).purge_to_tombstones,
+                [start, limit, -seconds, seconds, -seconds],
+            )
+            deleted, tombstoned, reached = cursor.fetchone()
+        return PurgedBatch(deleted, tombstoned, reached)
+    expired = IdempotencyRecord.objects.using(using).filter(
+        state__in=RESOLVED_STATES, expires_at__lte=DatabaseNow()
+    )
+    batch = expired if after is None else expired.filter(expires_at__gte=after)
+    rows = list(batch.order_by("expires_at")[:limit].values_list("pk", "expires_at"))
+    if not rows:
+        return PurgedBatch(0, 0, after)
+    # The conditions again, in each statement: a record could have been
+    # re-used in between. They exclude each other: no row is both.
+    chosen = expired.filter(pk__in=[pk for pk, _ in rows])
+    deleted = delete_where(chosen.filter(forgotten(tombstone_ttl)), using=using)
+    tombstoned = chosen.exclude(forgotten(tombstone_ttl)).update(
+        response_body=None,
+        response_headers=[],
+        response_sealed=False,
+        tombstone=True,
+        expires_at=F("expires_at") + tombstone_ttl,
+        updated_at=DatabaseNow(),
+    )
+    return PurgedBatch(deleted, tombstoned, rows[-1][1])
 
 
 def take_over_for_operator(

@@ -74,6 +74,11 @@ class Statements:
     #: scan start, limit -> (rows deleted, latest expiry deleted).
     #: PostgreSQL only.
     purge: str
+    #: The purge with ``TOMBSTONE_TTL`` set: scan start, limit, then minus
+    #: the tombstones' time, that time, and minus it again (seconds) ->
+    #: (rows deleted, rows turned into tombstones, latest expiry of either,
+    #: as it was before the batch). PostgreSQL only.
+    purge_to_tombstones: str
     #: The clock the statements read the time from.
     clock: DatabaseClock
 
@@ -160,7 +165,34 @@ def _build(connection: BaseDatabaseWrapper, clock: DatabaseClock) -> Statements:
         f"RETURNING record.{expires_at}) "
         f"SELECT count(*), max({expires_at}) FROM purged"
     )
-    return Statements(claim, claim_waiting_at_most, find, complete, purge, clock)
+    # With TOMBSTONE_TTL: the same batch, each of its rows either deleted (a
+    # tombstone past its own expiry, or a record past expires_at plus the
+    # tombstones' time, which a claim would discard too) or made a tombstone,
+    # its expires_at moved on so that the scan meets it once more, when it
+    # is to go. The two conditions exclude each other (one snapshot, one
+    # statement time), so no row is changed twice. The scan goes on from
+    # the expiries the rows had (the batch's), not the moved ones.
+    tombstone = quote("tombstone")
+    past_tombstone = f"(record.{tombstone} OR record.{expires_at} <= {clock.later})"
+    purge_to_tombstones = (
+        f"WITH batch AS MATERIALIZED (SELECT {quote('id')}, {expires_at} FROM {table} "
+        f"WHERE {expired} AND {expires_at} >= %s "
+        f"ORDER BY {expires_at} LIMIT %s FOR UPDATE SKIP LOCKED), "
+        f"purged AS (DELETE FROM {table} AS record USING batch "
+        f"WHERE record.{quote('id')} = batch.{quote('id')} AND {qualified} "
+        f"AND {past_tombstone} RETURNING batch.{expires_at}), "
+        f"buried AS (UPDATE {table} AS record SET {quote('response_body')} = NULL, "
+        f"{quote('response_headers')} = '[]', {quote('response_sealed')} = false, "
+        f"{tombstone} = true, {expires_at} = record.{expires_at} + make_interval(secs => %s), "
+        f"{quote('updated_at')} = {clock.now} FROM batch "
+        f"WHERE record.{quote('id')} = batch.{quote('id')} AND {qualified} "
+        f"AND NOT {past_tombstone} RETURNING batch.{expires_at}) "
+        "SELECT (SELECT count(*) FROM purged), (SELECT count(*) FROM buried), "
+        f"GREATEST((SELECT max({expires_at}) FROM purged), (SELECT max({expires_at}) FROM buried))"
+    )
+    return Statements(
+        claim, claim_waiting_at_most, find, complete, purge, purge_to_tombstones, clock
+    )
 
 
 Converter = Callable[[Any, Any, BaseDatabaseWrapper], Any]

@@ -5,6 +5,7 @@ from typing import Any
 from django.core.management.base import BaseCommand, CommandParser
 
 from django_idempotency import purge
+from django_idempotency.conf import idempotency_settings
 from django_idempotency.management.arguments import (
     add_database_argument,
     non_negative_float,
@@ -16,7 +17,8 @@ from django_idempotency.management.arguments import (
 class Command(BaseCommand):
     help = (
         "Delete COMPLETED and FAILED idempotency records past their expiry, in "
-        "batches. The same work as the purge_expired_records Celery task, for cron."
+        "batches (with TOMBSTONE_TTL: make them tombstones first). The same work "
+        "as the purge_expired_records Celery task, for cron."
     )
 
     def add_arguments(self, parser: CommandParser) -> None:
@@ -54,9 +56,12 @@ class Command(BaseCommand):
     ) -> None:
         if dry_run:
             count = purge.expired_count(database=database)
+            tombstones = purge.tombstone_count(database=database)
             if max_batches is not None:
                 count = min(count, batch_size * max_batches)
-            self.stdout.write(f"{count} expired record(s) would be deleted.")
+                tombstones = min(tombstones, batch_size * max_batches - count)
+            made = f", {tombstones} made tombstones" if idempotency_settings.TOMBSTONE_TTL else ""
+            self.stdout.write(f"{count} expired record(s) would be deleted{made}.")
             return
         report = purge.purge_expired_records(
             batch_size=batch_size,
@@ -65,7 +70,12 @@ class Command(BaseCommand):
             pause_factor=pause_factor,
             database=database,
         )
+        made = (
+            f" and made {report.tombstoned} tombstone(s)"
+            if idempotency_settings.TOMBSTONE_TTL
+            else ""
+        )
         self.stdout.write(
-            f"deleted {report.deleted} record(s) in {report.batches} batch(es); "
+            f"deleted {report.deleted} record(s){made} in {report.batches} batch(es); "
             f"longest batch {report.longest_batch * 1000:.1f} ms"
         )
