@@ -372,6 +372,7 @@ _CHECKS: Mapping[str, Callable[[Any], Iterator[CheckMessage]]] = {
     "MAX_FINGERPRINTED_BODY": _check_max_fingerprinted_body,
     "OPERATION_NAMES": _check_operation_names,
     "INTENT_DATABASES": _check_intent_databases,
+    "ADVERTISE_RETENTION": _check_bool("ADVERTISE_RETENTION", 40),
 }
 
 

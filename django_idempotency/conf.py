@@ -66,6 +66,9 @@ DEFAULTS: Mapping[str, Any] = {
     #: {records alias: alias of the connections that commit at once while the
     #: view's transaction is open}; {}: a second connection to the same alias.
     "INTENT_DATABASES": {},
+    #: Whether protected responses say how long their outcome is still kept
+    #: (``retention_header.RETENTION_HEADER``); see retention_header.py.
+    "ADVERTISE_RETENTION": False,
 }
 
 
@@ -239,6 +242,10 @@ class IdempotencySettings:
     @_resolved
     def INTENT_DATABASES(self) -> Mapping[str, str]:
         return dict(self._get("INTENT_DATABASES"))
+
+    @_resolved
+    def ADVERTISE_RETENTION(self) -> bool:
+        return bool(self._get("ADVERTISE_RETENTION"))
 
 
 idempotency_settings = IdempotencySettings()
