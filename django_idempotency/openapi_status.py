@@ -92,8 +92,9 @@ def _schema() -> dict[str, Any]:
                 "ask again with one of them as operation.",
             ),
             (400, media_type): OpenApiResponse(
-                error, description="key missing (idempotency_key_missing) or malformed "
-                "(idempotency_key_invalid)."
+                error,
+                description="key missing (idempotency_key_missing) or malformed "
+                "(idempotency_key_invalid).",
             ),
             (404, media_type): OpenApiResponse(
                 error,

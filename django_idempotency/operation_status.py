@@ -95,7 +95,7 @@ class OperationStatusView(APIView):
     that comes from something other than the authenticated user, say).
     """
 
-    permission_classes: list[type[BasePermission]] = [IsAuthenticated]  # noqa: RUF012
+    permission_classes: list[type[BasePermission]] = [IsAuthenticated]
 
     def get(self, request: Request) -> Response:
         conf = idempotency_settings
@@ -108,11 +108,12 @@ class OperationStatusView(APIView):
         # With routers choosing the database, they get the scope as hints; a
         # router that needs the operation needs the client to name it.
         database = database_for(Scope(tenant, operation or "", key), request=request)
+        found: list[IdempotencyRecord | None]
         try:
             if operation is not None:
                 found = [store.lookup(Scope(tenant, operation, key), using=database)]
             else:
-                found = _operations_under(tenant, key, database)
+                found = [*_operations_under(tenant, key, database)]
         except UNREACHABLE_ERRORS as exc:
             raise StoreUnavailable(retry_after=UNAVAILABLE_RETRY_AFTER) from exc
         records = [record for record in found if record is not None]

@@ -68,8 +68,11 @@ def encode_body(headers: list[list[str]], body: bytes | None) -> tuple[str, Any]
             return "json", json.loads(body.decode("utf-8"), parse_constant=_refuse_constant)
         except (UnicodeDecodeError, ValueError, RecursionError):
             pass  # as text, if it decodes
-    if is_json or media_type.startswith("text/") or media_type.endswith("+xml") or (
-        media_type in _TEXTUAL
+    if (
+        is_json
+        or media_type.startswith("text/")
+        or media_type.endswith("+xml")
+        or (media_type in _TEXTUAL)
     ):
         try:
             return "text", body.decode(parameters.get("charset") or "utf-8")

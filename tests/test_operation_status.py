@@ -26,6 +26,7 @@ from rest_framework.test import APIClient
 from django_idempotency.models import IdempotencyRecord
 from django_idempotency.status_answers import encode_body
 from tests.factories import RecordFactory
+from tests.test_store_unavailable import unreachable_store  # noqa: F401  (a fixture)
 from tests.utils import SHARD_TEST_ALIASES, TokenClient, post, record_in, routed_by_tenant
 
 pytestmark = pytest.mark.django_db(transaction=True)
@@ -260,6 +261,15 @@ def test_an_encrypted_response_without_its_key_is_503(
     assert answer["Retry-After"] == "5"
 
 
+@pytest.mark.usefixtures("unreachable_store")
+def test_an_unreachable_store_is_503(alice: TokenClient) -> None:
+    answer = status(alice, "any")
+
+    assert answer.status_code == 503
+    assert answer.json()["code"] == "idempotency_store_unavailable"
+    assert answer["Retry-After"] == "5"
+
+
 def test_a_body_that_was_not_stored_says_so(alice: TokenClient) -> None:
     RecordFactory.create(tenant=tenant_of(alice), key="big", response_body=None)
 
@@ -376,9 +386,7 @@ def shards() -> Iterator[None]:
 
 
 @pytest.mark.django_db(databases=SHARD_TEST_ALIASES, transaction=True)
-def test_a_routed_tenants_record_is_read_from_its_shard(
-    shards: None, alice: TokenClient
-) -> None:
+def test_a_routed_tenants_record_is_read_from_its_shard(shards: None, alice: TokenClient) -> None:
     record_in("shard_a", tenant="tenant-a", key="routed", state=State.COMPLETED)
     record_in("shard_a", tenant="tenant-a", key="a-only", state=State.COMPLETED)
     record_in("shard_b", tenant="tenant-b", key="routed", state=State.IN_PROGRESS)
