@@ -19,11 +19,13 @@ from cryptography.fernet import Fernet
 from django.db import connections
 from django.test import override_settings
 from django.test.utils import CaptureQueriesContext
-from django.urls import reverse
+from django.urls import path, reverse
 from django.utils import timezone
+from rest_framework.permissions import AllowAny
 from rest_framework.test import APIClient
 
 from django_idempotency.models import IdempotencyRecord
+from django_idempotency.operation_status import OperationStatusView
 from django_idempotency.status_answers import encode_body
 from tests.factories import RecordFactory
 from tests.test_store_unavailable import unreachable_store  # noqa: F401  (a fixture)
@@ -323,6 +325,22 @@ def test_an_anonymous_caller_is_refused(api: APIClient) -> None:
 
     assert answer.status_code == 401
     assert "anyones" not in answer.content.decode()
+
+
+class OpenStatusView(OperationStatusView):
+    """A project's subclass: its tenants come from elsewhere than the authenticated user."""
+
+    permission_classes = [AllowAny]
+
+
+urlpatterns = [path("open-status/", OpenStatusView.as_view())]
+
+
+@pytest.mark.urls(__name__)
+def test_a_subclass_may_change_the_permissions(api: APIClient) -> None:
+    RecordFactory.create(tenant="anonymous", key="anyones")
+
+    assert api.get("/open-status/", {"key": "anyones"}).status_code == 200
 
 
 @pytest.mark.parametrize(
