@@ -108,19 +108,14 @@ class OperationStatusView(APIView):
         # With routers choosing the database, they get the scope as hints; a
         # router that needs the operation needs the client to name it.
         database = database_for(Scope(tenant, operation or "", key), request=request)
-        found: list[IdempotencyRecord | None]
         try:
-            if operation is not None:
-                found = [store.lookup(Scope(tenant, operation, key), using=database)]
-            else:
-                found = [*_operations_under(tenant, key, database)]
+            records = _records(tenant, operation, key, database)
+            if len(records) > 1:
+                return _ambiguous(tenant, key, database)
         except UNREACHABLE_ERRORS as exc:
             raise StoreUnavailable(retry_after=UNAVAILABLE_RETRY_AFTER) from exc
-        records = [record for record in found if record is not None]
         if not records:
             raise KeyUnknown()
-        if len(records) > 1:
-            return _ambiguous(tenant, key, database)
         return Response(OperationStatusSerializer(_answer(records[0])).data)
 
     def handle_exception(self, exc: Exception) -> Response:
@@ -137,8 +132,18 @@ class OperationStatusView(APIView):
         return finished
 
 
-def _operations_under(tenant: str, key: str, database: str) -> list[IdempotencyRecord]:
-    """The caller's records under ``key``, two at most: one query, on the unique index."""
+def _records(
+    tenant: str, operation: str | None, key: str, database: str
+) -> list[IdempotencyRecord]:
+    """The caller's records under ``key`` (of ``operation`` if named), two at most.
+
+    One query either way, on the unique index (tenant, operation, key), and
+    the same query whoever else holds the key: the tenant is in it, so
+    another tenant's row is never read.
+    """
+    if operation is not None:
+        record = store.lookup(Scope(tenant, operation, key), using=database)
+        return [] if record is None else [record]
     records = IdempotencyRecord.objects.using(database).filter(tenant=tenant, key=key)
     return list(with_read_time(records.order_by("operation"))[:2])
 
