@@ -295,7 +295,6 @@ class TestRefunds:
         assert not Refund.objects.exists()
 
 
-@pytest.mark.django_db
 class TestOperationStatus:
     """The demo mounts django_idempotency.urls: a client that lost an answer asks for it."""
 
@@ -320,6 +319,7 @@ class TestOperationStatus:
         assert for_bob.content == never_sent.content
 
 
+@pytest.mark.django_db
 def test_seed_demo_is_idempotent() -> None:
     call_command("seed_demo", stdout=io.StringIO())
     call_command("seed_demo", stdout=io.StringIO())
