@@ -7,9 +7,10 @@ The answers' schemas are the serializers that render them
 
 from __future__ import annotations
 
+from collections.abc import Iterable
 from typing import Any
 
-from drf_spectacular.extensions import OpenApiViewExtension
+from drf_spectacular.extensions import OpenApiSerializerFieldExtension, OpenApiViewExtension
 from drf_spectacular.types import OpenApiTypes
 from drf_spectacular.utils import OpenApiParameter, OpenApiResponse, extend_schema
 from rest_framework import serializers
@@ -17,14 +18,18 @@ from rest_framework.request import Request
 from rest_framework.response import Response
 
 from django_idempotency.conf import idempotency_settings
+from django_idempotency.models import IdempotencyRecord
 from django_idempotency.operation_status import AMBIGUOUS_CODE, KeyUnknown
 from django_idempotency.status_answers import (
+    BODY_ENCODINGS,
     OperationChoicesSerializer,
     OperationStatusSerializer,
 )
 
 __all__ = [
+    "BodyEncodingFieldExtension",
     "OperationStatusViewExtension",
+    "StateFieldExtension",
 ]
 
 
@@ -106,6 +111,32 @@ def _schema() -> dict[str, Any]:
             ),
         },
     }
+
+
+def _inline_enum(values: Iterable[str]) -> dict[str, Any]:
+    # drf-spectacular's enum hook turns every property holding an "enum" into
+    # a component named after the property ("StateEnum"), and renames the
+    # project's own on a collision ("OrderStateEnum"). Inside allOf the hook
+    # leaves it alone: mounting the view never renames the project's schema.
+    return {"allOf": [{"type": "string", "enum": list(values)}]}
+
+
+class StateFieldExtension(OpenApiSerializerFieldExtension):  # type: ignore[no-untyped-call]
+    """The states, inline: no ``StateEnum`` component to rename the project's own."""
+
+    target_class = "django_idempotency.status_answers.StateField"
+
+    def map_serializer_field(self, auto_schema: Any, direction: Any) -> dict[str, Any]:
+        return _inline_enum(IdempotencyRecord.State.values)
+
+
+class BodyEncodingFieldExtension(OpenApiSerializerFieldExtension):  # type: ignore[no-untyped-call]
+    """The body encodings, inline, as ``StateFieldExtension``."""
+
+    target_class = "django_idempotency.status_answers.BodyEncodingField"
+
+    def map_serializer_field(self, auto_schema: Any, direction: Any) -> dict[str, Any]:
+        return _inline_enum(BODY_ENCODINGS)
 
 
 class OperationStatusViewExtension(OpenApiViewExtension):  # type: ignore[no-untyped-call]

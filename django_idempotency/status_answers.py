@@ -33,8 +33,10 @@ from django_idempotency.models import IdempotencyRecord
 
 __all__ = [
     "BODY_ENCODINGS",
+    "BodyEncodingField",
     "OperationChoicesSerializer",
     "OperationStatusSerializer",
+    "StateField",
     "StoredAnswerSerializer",
     "encode_body",
     "status_of",
@@ -109,6 +111,26 @@ def status_of(
     }
 
 
+class StateField(serializers.ChoiceField):
+    """A record's state.
+
+    A class of its own so that the OpenAPI schema gives its values inline
+    (``openapi_status``): as drf-spectacular's named ``StateEnum`` it would
+    collide with the ``state`` fields of the project's own API, and rename
+    their components.
+    """
+
+    def __init__(self, **kwargs: Any) -> None:
+        super().__init__(choices=IdempotencyRecord.State.choices, **kwargs)
+
+
+class BodyEncodingField(serializers.ChoiceField):
+    """How a stored body is given (``BODY_ENCODINGS``); inline in the schema, as ``StateField``."""
+
+    def __init__(self, **kwargs: Any) -> None:
+        super().__init__(choices=BODY_ENCODINGS, **kwargs)
+
+
 class StoredAnswerSerializer(serializers.Serializer[dict[str, Any]]):
     """The stored response of a COMPLETED or FAILED operation, as a retry would be answered."""
 
@@ -120,8 +142,7 @@ class StoredAnswerSerializer(serializers.Serializer[dict[str, Any]]):
             "those of IDEMPOTENCY['STORED_HEADERS']."
         ),
     )
-    body_encoding = serializers.ChoiceField(
-        choices=BODY_ENCODINGS,
+    body_encoding = BodyEncodingField(
         help_text=_(
             "How body is given: json, the parsed JSON value; text, the decoded text; "
             "base64, the bytes in base64; omitted, the body was not stored (too large, or "
@@ -138,8 +159,7 @@ class OperationStatusSerializer(serializers.Serializer[dict[str, Any]]):
 
     key = serializers.CharField(help_text=_("The Idempotency-Key."))
     operation = serializers.CharField(help_text=_("The operation's name on this server."))
-    state = serializers.ChoiceField(
-        choices=IdempotencyRecord.State.choices,
+    state = StateField(
         help_text=_(
             "CLAIMED or IN_PROGRESS: it runs, wait. UNCERTAIN: the server is finding out "
             "whether an external call happened, wait. COMPLETED or FAILED: the outcome is in "

@@ -12,9 +12,11 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+from django import urls
 from django.core.management import call_command
 from django.test import override_settings
 from drf_spectacular.generators import SchemaGenerator
+from rest_framework import generics, serializers
 
 from django_idempotency.drf import IdempotentMixin
 from tests.testapp import documented_api
@@ -340,7 +342,21 @@ def test_the_status_answers_schema_is_the_serializers(schema: dict[str, Any]) ->
     }
     assert status["properties"]["response"]["nullable"] is True
     assert set(stored["properties"]) == {"status", "headers", "body_encoding", "body"}
-    assert components["BodyEncodingEnum"]["enum"] == ["json", "text", "base64", "omitted"]
+    # Inline, never a StateEnum component that the project's own "state" fields share.
+    assert status["properties"]["state"]["allOf"][0]["enum"] == [
+        "CLAIMED",
+        "IN_PROGRESS",
+        "UNCERTAIN",
+        "COMPLETED",
+        "FAILED",
+    ]
+    assert stored["properties"]["body_encoding"]["allOf"][0]["enum"] == [
+        "json",
+        "text",
+        "base64",
+        "omitted",
+    ]
+    assert not {"StateEnum", "BodyEncodingEnum"} & set(components)
 
 
 @pytest.mark.parametrize("error_format", ["drf", "problem"])
@@ -370,3 +386,27 @@ def test_the_demo_projects_schema_passes_spectacular_validate() -> None:
 
     assert "/idempotency/status/" in paths
     assert "Idempotent-Replayed" in paths["/v1/payments"]["post"]["responses"]["201"]["headers"]
+
+
+class Order(serializers.Serializer[Any]):
+    state = serializers.ChoiceField(choices=["open", "closed"])
+    body_encoding = serializers.ChoiceField(choices=["gzip", "identity"])
+
+
+class OrderView(generics.RetrieveAPIView[Any]):
+    serializer_class = Order
+
+
+def test_mounting_the_status_view_renames_none_of_the_projects_enums() -> None:
+    def components(*patterns: Any) -> dict[str, Any]:
+        generator = SchemaGenerator(patterns=[urls.path("order", OrderView.as_view()), *patterns])  # type: ignore[no-untyped-call]
+        generated = generator.get_schema(request=None, public=True)  # type: ignore[no-untyped-call]
+        found: dict[str, Any] = generated["components"]["schemas"]
+        return found
+
+    alone = components()
+    beside = components(urls.path("idempotency/", urls.include("django_idempotency.urls")))
+
+    assert alone["StateEnum"]["enum"] == beside["StateEnum"]["enum"] == ["open", "closed"]
+    assert beside["BodyEncodingEnum"]["enum"] == ["gzip", "identity"]
+    assert "OperationStatus" in beside
