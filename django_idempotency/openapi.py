@@ -99,8 +99,6 @@ def _may_be_replayed(code: str) -> bool:
 def _with_headers(responses: dict[str, Any]) -> dict[str, Any]:
     """``responses`` with the headers protection adds declared; the view's own win."""
     for code, response in responses.items():
-        if not isinstance(response, dict) or "$ref" in response:
-            continue
         added: dict[str, Any] = {}
         if _may_be_replayed(code):
             added[REPLAYED_HEADER] = _REPLAYED

@@ -19,6 +19,7 @@ from drf_spectacular.generators import SchemaGenerator
 from rest_framework import generics, serializers
 
 from django_idempotency.drf import IdempotentMixin
+from django_idempotency.openapi import _with_headers
 from tests.testapp import documented_api
 
 
@@ -275,6 +276,27 @@ def test_409_and_503_declare_retry_after_and_are_never_replays(
         headers = response_headers(operation, code)
         assert headers["Retry-After"]["schema"] == {"type": "integer", "minimum": 0}
         assert "Idempotent-Replayed" not in headers
+
+
+@pytest.mark.parametrize(
+    ("code", "expected"),
+    [
+        ("2XX", {"Idempotent-Replayed"}),
+        ("4XX", {"Idempotent-Replayed"}),
+        ("5XX", set()),
+        ("default", set()),
+        ("429", set()),
+        ("409", {"Retry-After"}),
+    ],
+)
+def test_status_ranges_and_the_default_response_get_the_headers_they_may_carry(
+    code: str, expected: set[str]
+) -> None:
+    response = {"description": "", "headers": {"X-Own": {"schema": {"type": "string"}}}}
+
+    declared = _with_headers({code: response})[code]["headers"]
+
+    assert set(declared) == expected | {"X-Own"}
 
 
 def test_unprotected_operations_declare_no_headers(schema: dict[str, Any]) -> None:

@@ -16,8 +16,10 @@ from django.core.checks import run_checks
 from django.db.models import F
 from django.test import override_settings
 
+from django_idempotency import signals
 from django_idempotency.models import IdempotencyRecord
 from django_idempotency.retention_header import RETENTION_HEADER
+from django_idempotency.scope import Scope
 from django_idempotency.store.database_time import DatabaseLater
 from tests.test_store_unavailable import unreachable_store  # noqa: F401  (a fixture)
 from tests.utils import TokenClient, post
@@ -125,6 +127,15 @@ def test_the_single_transaction_mode_carries_it(
 
     assert first[RETENTION_HEADER] == str(DAY)
     assert 0 < int(replay[RETENTION_HEADER]) <= DAY
+
+
+def test_a_stored_outcome_without_a_request_marks_nothing(caplog: pytest.LogCaptureFixture) -> None:
+    # No sender does so today (tasks send no response_stored); one must not break.
+    signals.notify(
+        signals.response_stored, None, Scope("t", "op", "k"), state="COMPLETED", status=201
+    )
+
+    assert "raised" not in caplog.text
 
 
 @pytest.mark.parametrize("value", ["yes", 1, None])
