@@ -25,6 +25,7 @@ from django_idempotency.exceptions import (
 )
 from django_idempotency.models import IdempotencyRecord
 from django_idempotency.responses import replay
+from django_idempotency.retention_header import advertise_replay
 from django_idempotency.scope import Scope
 from django_idempotency.store.sealing import UnreadableRecord, unseal
 from django_idempotency.view_transactions import run_unprotected
@@ -85,7 +86,7 @@ def answer_settled(
         logger.error("Cannot replay record %s (%s): %s", record.pk, scope, exc)
         raise StoreUnavailable(str(UNREADABLE_RECORD), retry_after=UNAVAILABLE_RETRY_AFTER) from exc
     signals.notify(signals.response_replayed, request, scope, status=record.response_status)
-    return replay(record.response_status or 200, headers, body)
+    return advertise_replay(replay(record.response_status or 200, headers, body), record)
 
 
 def store_unavailable(

@@ -384,6 +384,7 @@ _CHECKS: Mapping[str, Callable[[Any], Iterator[CheckMessage]]] = {
     "OPERATION_NAMES": _check_operation_names,
     "INTENT_DATABASES": _check_intent_databases,
     "TOMBSTONE_TTL": _check_tombstone_ttl,
+    "ADVERTISE_RETENTION": _check_bool("ADVERTISE_RETENTION", 34),
 }
 
 

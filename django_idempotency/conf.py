@@ -68,6 +68,9 @@ DEFAULTS: Mapping[str, Any] = {
     "INTENT_DATABASES": {},
     #: None: no tombstones; a key past retention starts a new operation.
     "TOMBSTONE_TTL": None,
+    #: Whether protected responses say how long their outcome is still kept
+    #: (``retention_header.RETENTION_HEADER``); see retention_header.py.
+    "ADVERTISE_RETENTION": False,
 }
 
 
@@ -247,6 +250,8 @@ class IdempotencySettings:
         """How long a purged record's scope and fingerprint are kept; ``None``: not at all."""
         value = self._get("TOMBSTONE_TTL")
         return None if value is None else as_timedelta(value)
+    def ADVERTISE_RETENTION(self) -> bool:
+        return bool(self._get("ADVERTISE_RETENTION"))
 
 
 idempotency_settings = IdempotencySettings()

@@ -4,11 +4,15 @@ Loaded by the AppConfig when drf-spectacular is installed. Every operation
 that ``@idempotent`` or ``IdempotentMixin`` protects gets the
 ``Idempotency-Key`` header parameter (required or not, as configured) and
 the 400, 409, 413, 422 and 503 responses it can answer with, in the
-configured error format; handlers under ``@extend_schema`` included.
+configured error format; handlers under ``@extend_schema`` included. Its
+responses declare the headers they may carry: ``Idempotent-Replayed`` (and,
+with ``ADVERTISE_RETENTION``, ``Idempotency-Key-Expires-In``) on every
+status that is stored and so may be a replay, ``Retry-After`` on 409 and 503.
 """
 
 from __future__ import annotations
 
+import copy
 import functools
 from typing import Any
 
@@ -22,6 +26,8 @@ from drf_spectacular.utils import OpenApiParameter
 from django_idempotency.conf import idempotency_settings
 from django_idempotency.drf import IdempotentMixin, protection_of
 from django_idempotency.protection import Options
+from django_idempotency.responses import REPLAYED_HEADER, RETRYABLE_STATUSES
+from django_idempotency.retention_header import RETENTION_HEADER
 
 __all__ = [
     "IdempotencySchemaMixin",
@@ -63,6 +69,49 @@ _ERRORS = {
     "(idempotency_outcome_uncertain): retry with the same key to learn it. Retry after "
     "Retry-After.",
 }
+
+
+_REPLAYED = {
+    "description": "true when this is the stored response of an earlier request with the "
+    "same Idempotency-Key and input, replayed; absent on a first execution.",
+    "schema": {"type": "string", "enum": ["true"]},
+}
+_RETENTION = {
+    "description": "For how many more seconds (counted from this response) a retry with the "
+    "same Idempotency-Key and input is answered with this outcome.",
+    "schema": {"type": "integer", "minimum": 0},
+}
+_RETRY_AFTER = {
+    "description": "Seconds to wait before retrying with the same Idempotency-Key.",
+    "schema": {"type": "integer", "minimum": 0},
+}
+#: Statuses answered with Retry-After: a request in flight, a store unavailable.
+_RETRY_AFTER_STATUSES = ("409", "503")
+
+
+def _may_be_replayed(code: str) -> bool:
+    """Whether a response of this status may be stored, and so replayed."""
+    if code.isdigit():
+        number = int(code)
+        return number < 500 and number not in RETRYABLE_STATUSES
+    return code[:1] in ("2", "3", "4")  # "2XX" and the like; not "default"
+
+
+def _with_headers(responses: dict[str, Any]) -> dict[str, Any]:
+    """``responses`` with the headers protection adds declared; the view's own win."""
+    for code, response in responses.items():
+        added: dict[str, Any] = {}
+        if _may_be_replayed(code):
+            added[REPLAYED_HEADER] = _REPLAYED
+            if idempotency_settings.ADVERTISE_RETENTION:
+                added[RETENTION_HEADER] = _RETENTION
+        if code in _RETRY_AFTER_STATUSES:
+            added["Retry-After"] = _RETRY_AFTER
+        if added:
+            # Copies: a YAML dump would write an object met twice as an alias.
+            headers = {**copy.deepcopy(added), **response.get("headers", {})}
+            responses[code] = {**response, "headers": headers}
+    return responses
 
 
 class IdempotencySchemaMixin:
@@ -111,6 +160,7 @@ class IdempotencySchemaMixin:
                     code,
                     {"description": description, "content": {media_type: {"schema": body}}},
                 )
+            return _with_headers(responses)
         return responses
 
     def get_description(self) -> str:

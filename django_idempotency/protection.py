@@ -39,6 +39,7 @@ from django_idempotency.fingerprint import (
 )
 from django_idempotency.key_header import parse_key
 from django_idempotency.owned_run import run_owned
+from django_idempotency.retention_header import advertise_first_execution
 from django_idempotency.scope import OperationSpec, Scope, resolve_operation, resolve_tenant
 from django_idempotency.single_transaction import claim_in_one_transaction
 from django_idempotency.view_transactions import run_unprotected
@@ -126,6 +127,7 @@ def protect(
     if response is None:
         response = _claim_or_answer(request, scope, fingerprint, view, options, database)
     response[conf.HEADER] = raw_key
+    advertise_first_execution(request, response, options.retention)
     return response
 
 

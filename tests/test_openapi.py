@@ -12,11 +12,14 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+from django import urls
 from django.core.management import call_command
 from django.test import override_settings
 from drf_spectacular.generators import SchemaGenerator
+from rest_framework import generics, serializers
 
 from django_idempotency.drf import IdempotentMixin
+from django_idempotency.openapi import _with_headers
 from tests.testapp import documented_api
 
 
@@ -229,3 +232,203 @@ def test_spectacular_warnings_name_the_users_own_file(
         f"{user_file}:{class_line}: Error [ChargeAPIView]",
     }
     assert all(m.group("file") == user_file for m in found)
+
+
+# Response headers: what protection adds to a protected operation's answers.
+
+PROTECTED = [
+    ("/api-view/charges", "post"),
+    ("/cbv/charges", "post"),
+    ("/viewset/charges/", "post"),
+    ("/viewset/charges/{id}/refund/", "post"),
+    ("/mixin/charges", "post"),
+]
+
+
+def response_headers(operation: dict[str, Any], code: str) -> dict[str, Any]:
+    headers: dict[str, Any] = operation["responses"][code].get("headers", {})
+    return headers
+
+
+@pytest.mark.parametrize(("path", "method"), PROTECTED)
+def test_answers_that_may_be_replays_declare_idempotent_replayed(
+    schema: dict[str, Any], path: str, method: str
+) -> None:
+    operation = schema["paths"][path][method]
+    stored = [code for code in operation["responses"] if int(code) < 500 and code != "409"]
+
+    # The view's own success, and the 4xx it may store (a serializer's 400).
+    assert {"400", "422"} < set(stored)
+    assert any(code.startswith("2") for code in stored)
+    for code in stored:
+        header = response_headers(operation, code)["Idempotent-Replayed"]
+        assert header["schema"] == {"type": "string", "enum": ["true"]}
+        assert "Retry-After" not in response_headers(operation, code)
+
+
+@pytest.mark.parametrize(("path", "method"), PROTECTED)
+def test_409_and_503_declare_retry_after_and_are_never_replays(
+    schema: dict[str, Any], path: str, method: str
+) -> None:
+    operation = schema["paths"][path][method]
+
+    for code in ("409", "503"):
+        headers = response_headers(operation, code)
+        assert headers["Retry-After"]["schema"] == {"type": "integer", "minimum": 0}
+        assert "Idempotent-Replayed" not in headers
+
+
+@pytest.mark.parametrize(
+    ("code", "expected"),
+    [
+        ("2XX", {"Idempotent-Replayed"}),
+        ("4XX", {"Idempotent-Replayed"}),
+        ("5XX", set()),
+        ("default", set()),
+        ("429", set()),
+        ("409", {"Retry-After"}),
+    ],
+)
+def test_status_ranges_and_the_default_response_get_the_headers_they_may_carry(
+    code: str, expected: set[str]
+) -> None:
+    response = {"description": "", "headers": {"X-Own": {"schema": {"type": "string"}}}}
+
+    declared = _with_headers({code: response})[code]["headers"]
+
+    assert set(declared) == expected | {"X-Own"}
+
+
+def test_unprotected_operations_declare_no_headers(schema: dict[str, Any]) -> None:
+    for path, method in [("/api-view/charges", "get"), ("/viewset/charges/", "get")]:
+        for code in schema["paths"][path][method]["responses"]:
+            assert not response_headers(schema["paths"][path][method], code)
+
+
+def test_the_retention_header_is_declared_when_advertised() -> None:
+    def declared() -> set[str]:
+        generated = SchemaGenerator().get_schema(request=None, public=True)  # type: ignore[no-untyped-call]
+        return set(response_headers(generated["paths"]["/viewset/charges/"]["post"], "201"))
+
+    with override_settings(IDEMPOTENCY={"ADVERTISE_RETENTION": True}):
+        advertised = declared()
+    silent = declared()
+
+    assert advertised == {"Idempotent-Replayed", "Idempotency-Key-Expires-In"}
+    assert silent == {"Idempotent-Replayed"}
+
+
+def test_the_headers_pass_spectacular_validate() -> None:
+    with override_settings(IDEMPOTENCY={"ADVERTISE_RETENTION": True}):
+        schema, _ = spectacular("--validate")
+
+    post = schema["paths"]["/documented/"]["post"]["responses"]
+    assert "Idempotency-Key-Expires-In" in post["201"]["headers"]
+    assert "Retry-After" in post["409"]["headers"]
+
+
+# The operation status view (django_idempotency.urls).
+
+
+def test_the_status_view_documents_its_parameters_and_answers(schema: dict[str, Any]) -> None:
+    operation = schema["paths"]["/idempotency/status/"]["get"]
+    parameters = {p["name"]: p for p in operation["parameters"]}
+    responses = operation["responses"]
+
+    assert parameters["key"]["in"] == "query" and parameters["key"]["required"] is True
+    assert parameters["operation"]["in"] == "query"
+    assert not parameters["operation"].get("required", False)
+    assert set(responses) == {"200", "300", "400", "404", "503"}
+    assert responses["200"]["content"]["application/json"]["schema"] == {
+        "$ref": "#/components/schemas/OperationStatus"
+    }
+    assert "Retry-After" in responses["503"]["headers"]
+    # A read: no Idempotency-Key, no replays.
+    assert header(operation) is None
+    assert "Idempotent-Replayed" not in json.dumps(responses)
+
+
+def test_the_status_answers_schema_is_the_serializers(schema: dict[str, Any]) -> None:
+    components = schema["components"]["schemas"]
+    status = components["OperationStatus"]
+    stored = components["StoredAnswer"]
+
+    assert set(status["properties"]) == {
+        "key",
+        "operation",
+        "state",
+        "created_at",
+        "expires_at",
+        "expired",
+        "response",
+    }
+    assert status["properties"]["response"]["nullable"] is True
+    assert set(stored["properties"]) == {"status", "headers", "body_encoding", "body"}
+    # Inline, never a StateEnum component that the project's own "state" fields share.
+    assert status["properties"]["state"]["allOf"][0]["enum"] == [
+        "CLAIMED",
+        "IN_PROGRESS",
+        "UNCERTAIN",
+        "COMPLETED",
+        "FAILED",
+    ]
+    assert stored["properties"]["body_encoding"]["allOf"][0]["enum"] == [
+        "json",
+        "text",
+        "base64",
+        "omitted",
+    ]
+    assert not {"StateEnum", "BodyEncodingEnum"} & set(components)
+
+
+@pytest.mark.parametrize("error_format", ["drf", "problem"])
+def test_the_status_views_errors_follow_the_error_format(error_format: str) -> None:
+    with override_settings(IDEMPOTENCY={"ERROR_FORMAT": error_format}):
+        generated = SchemaGenerator().get_schema(request=None, public=True)  # type: ignore[no-untyped-call]
+
+    media_type = "application/problem+json" if error_format == "problem" else "application/json"
+    assert set(
+        generated["paths"]["/idempotency/status/"]["get"]["responses"]["404"]["content"]
+    ) == {media_type}
+
+
+def test_the_demo_projects_schema_passes_spectacular_validate() -> None:
+    out, err = io.StringIO(), io.StringIO()
+    with contextlib.redirect_stderr(err):
+        call_command(
+            "spectacular",
+            "--format",
+            "openapi-json",
+            "--urlconf",
+            "testproject.urls",
+            "--validate",
+            stdout=out,
+        )
+    paths = json.loads(out.getvalue())["paths"]
+
+    assert "/idempotency/status/" in paths
+    assert "Idempotent-Replayed" in paths["/v1/payments"]["post"]["responses"]["201"]["headers"]
+
+
+class Order(serializers.Serializer[Any]):
+    state = serializers.ChoiceField(choices=["open", "closed"])
+    body_encoding = serializers.ChoiceField(choices=["gzip", "identity"])
+
+
+class OrderView(generics.RetrieveAPIView[Any]):
+    serializer_class = Order
+
+
+def test_mounting_the_status_view_renames_none_of_the_projects_enums() -> None:
+    def components(*patterns: Any) -> dict[str, Any]:
+        generator = SchemaGenerator(patterns=[urls.path("order", OrderView.as_view()), *patterns])  # type: ignore[no-untyped-call]
+        generated = generator.get_schema(request=None, public=True)  # type: ignore[no-untyped-call]
+        found: dict[str, Any] = generated["components"]["schemas"]
+        return found
+
+    alone = components()
+    beside = components(urls.path("idempotency/", urls.include("django_idempotency.urls")))
+
+    assert alone["StateEnum"]["enum"] == beside["StateEnum"]["enum"] == ["open", "closed"]
+    assert beside["BodyEncodingEnum"]["enum"] == ["gzip", "identity"]
+    assert "OperationStatus" in beside

@@ -209,6 +209,9 @@ CODES = {
     "idempotency_request_in_progress",
     "idempotency_body_too_large",
     "parse_error",
+    # the operation status view's (django_idempotency.urls)
+    "idempotency_key_unknown",
+    "idempotency_operation_ambiguous",
     # the demo's (payments/views.py)
     "order_already_paid",
     "card_declined",

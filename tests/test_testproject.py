@@ -295,6 +295,30 @@ class TestRefunds:
         assert not Refund.objects.exists()
 
 
+class TestOperationStatus:
+    """The demo mounts django_idempotency.urls: a client that lost an answer asks for it."""
+
+    pytestmark = api
+
+    def test_a_lost_answer_is_found_by_its_key_and_only_by_its_tenant(
+        self, alice: Tenant, bob: Tenant
+    ) -> None:
+        first = alice.pay(ORDER, "k-lost")
+
+        found = alice.get("/idempotency/status/", {"key": "k-lost"})
+        for_bob = bob.get("/idempotency/status/", {"key": "k-lost"})
+        never_sent = alice.get("/idempotency/status/", {"key": "k-never-sent"})
+
+        assert found.status_code == 200
+        assert found.json()["operation"] == "POST v1/payments"
+        assert found.json()["state"] == "COMPLETED"
+        assert found.json()["response"]["status"] == 201
+        assert found.json()["response"]["body"] == first.json()
+        assert found.json()["response"]["headers"]["Location"] == first["Location"]
+        assert for_bob.status_code == never_sent.status_code == 404
+        assert for_bob.content == never_sent.content
+
+
 @pytest.mark.django_db
 def test_seed_demo_is_idempotent() -> None:
     call_command("seed_demo", stdout=io.StringIO())

@@ -6,4 +6,6 @@ urlpatterns = [
     path("admin/", admin.site.urls),
     path("v1/schema", SpectacularAPIView.as_view(), name="schema"),
     path("v1/", include("payments.urls")),
+    # GET /idempotency/status/?key=...: what became of a request, after a timeout.
+    path("idempotency/", include("django_idempotency.urls")),
 ]

@@ -29,5 +29,6 @@ urlpatterns = [
     path("api-view/single", views.api_view_single_transaction),
     path("api-view/probe", views.api_view_probe),
     path("api-view/probe-exempt", views.api_view_probe_exempt),
+    path("idempotency/", include("django_idempotency.urls")),
     path("", include(router.urls)),
 ]

@@ -1,0 +1,180 @@
+"""The operation status view: what became of a request, asked after a timeout.
+
+Mounted by the project with ``path("idempotency/", include("django_idempotency.urls"))``.
+``GET .../status/?key=<Idempotency-Key>[&operation=<name>]`` answers what is
+known of the caller's own operation under that key: its state, when it was
+created and when it expires, and once COMPLETED or FAILED the stored
+response. The caller is the tenant that ``IDEMPOTENCY["TENANT"]`` resolves
+for this request, exactly as for the protected request itself, so a key is
+only ever looked up inside the caller's own key space: a key unknown to the
+caller is 404, whatever other tenants hold, from the same single indexed
+query and with the same body.
+
+The record is read from the database that holds it for this caller
+(``DATABASE``, or the routers' ``db_for_write``), named explicitly: never a
+replica, whose lag could answer "not seen yet" for an operation that ran.
+"""
+
+from __future__ import annotations
+
+import logging
+from typing import Any
+
+from django.utils.translation import gettext_lazy as _
+from rest_framework import status
+from rest_framework.permissions import BasePermission, IsAuthenticated
+from rest_framework.request import Request
+from rest_framework.response import Response
+from rest_framework.views import APIView
+
+from django_idempotency import store
+from django_idempotency.answers import UNAVAILABLE_RETRY_AFTER, UNREACHABLE_ERRORS
+from django_idempotency.conf import idempotency_settings
+from django_idempotency.databases import database_for
+from django_idempotency.exceptions import (
+    UNREADABLE_RECORD,
+    IdempotencyRefusal,
+    KeyMissing,
+    StoreUnavailable,
+)
+from django_idempotency.key_header import parse_key
+from django_idempotency.models import IdempotencyRecord
+from django_idempotency.refusals import problem_response
+from django_idempotency.scope import Scope, resolve_tenant
+from django_idempotency.status_answers import (
+    OperationChoicesSerializer,
+    OperationStatusSerializer,
+    status_of,
+)
+from django_idempotency.store.database_time import with_read_time
+
+__all__ = [
+    "AMBIGUOUS_CODE",
+    "MAX_LISTED_OPERATIONS",
+    "KeyUnknown",
+    "OperationStatusView",
+]
+
+logger = logging.getLogger("django_idempotency")
+
+MAX_LISTED_OPERATIONS = 20
+"""At most this many operation names are listed for a key the caller used under several."""
+
+AMBIGUOUS_CODE = "idempotency_operation_ambiguous"
+"""The ``code`` of the 300 answer for a key the caller used under several operations."""
+
+
+class KeyUnknown(IdempotencyRefusal):
+    """404 ``idempotency_key_unknown``: the caller has no operation under this key.
+
+    The same answer whether or not another tenant holds the key.
+    """
+
+    status_code = status.HTTP_404_NOT_FOUND
+    default_code = "idempotency_key_unknown"
+    default_detail = _(
+        "No operation with this Idempotency-Key is known for you: the request has not "
+        "reached the server, or was released to be retried. Retry it with the same key."
+    )
+
+
+class OperationStatusView(APIView):
+    """The state and outcome of the caller's operation under an Idempotency-Key.
+
+    Query parameters: ``key`` (required), ``operation`` (needed only when the
+    caller used the key for several operations). Answers 200 with the
+    operation's state; 404 ``idempotency_key_unknown`` for a key the caller
+    has no operation under; 300 ``idempotency_operation_ambiguous``, listing
+    the operations, when the key names several and no ``operation`` was
+    given.
+
+    Authentication and throttling are the project's (``REST_FRAMEWORK``
+    defaults). Permission: authenticated callers only, since every anonymous
+    caller would share the tenant ``"anonymous"`` and so each other's
+    outcomes. Subclass and mount the subclass to change it (for a tenant
+    that comes from something other than the authenticated user, say).
+    """
+
+    permission_classes: list[type[BasePermission]] = [IsAuthenticated]
+
+    def get(self, request: Request) -> Response:
+        conf = idempotency_settings
+        raw_key = request.query_params.get("key")
+        if not raw_key:
+            raise KeyMissing("Give the Idempotency-Key to look up as the query parameter key.")
+        key = parse_key(raw_key, conf.KEY_MAX_LENGTH)
+        operation = request.query_params.get("operation") or None
+        tenant = resolve_tenant(request, conf.TENANT)
+        # With routers choosing the database, they get the scope as hints; a
+        # router that needs the operation needs the client to name it.
+        database = database_for(Scope(tenant, operation or "", key), request=request)
+        try:
+            records = _records(tenant, operation, key, database)
+            if len(records) > 1:
+                return _ambiguous(tenant, key, database)
+        except UNREACHABLE_ERRORS as exc:
+            raise StoreUnavailable(retry_after=UNAVAILABLE_RETRY_AFTER) from exc
+        if not records:
+            raise KeyUnknown()
+        return Response(OperationStatusSerializer(_answer(records[0])).data)
+
+    def handle_exception(self, exc: Exception) -> Response:
+        if isinstance(exc, IdempotencyRefusal) and idempotency_settings.ERROR_FORMAT == "problem":
+            return problem_response(exc)  # type: ignore[return-value]
+        return super().handle_exception(exc)
+
+    def finalize_response(
+        self, request: Request, response: Any, *args: Any, **kwargs: Any
+    ) -> Response:
+        finished: Response = super().finalize_response(request, response, *args, **kwargs)
+        # The state changes, and the stored response may be personal.
+        finished["Cache-Control"] = "no-store"
+        return finished
+
+
+def _records(
+    tenant: str, operation: str | None, key: str, database: str
+) -> list[IdempotencyRecord]:
+    """The caller's records under ``key`` (of ``operation`` if named), two at most.
+
+    One query either way, on the unique index (tenant, operation, key), and
+    the same query whoever else holds the key: the tenant is in it, so
+    another tenant's row is never read.
+    """
+    if operation is not None:
+        record = store.lookup(Scope(tenant, operation, key), using=database)
+        return [] if record is None else [record]
+    records = IdempotencyRecord.objects.using(database).filter(tenant=tenant, key=key)
+    return list(with_read_time(records.order_by("operation"))[:2])
+
+
+def _ambiguous(tenant: str, key: str, database: str) -> Response:
+    operations = (
+        IdempotencyRecord.objects.using(database)
+        .filter(tenant=tenant, key=key)
+        .order_by("operation")
+        .values_list("operation", flat=True)[:MAX_LISTED_OPERATIONS]
+    )
+    body = {
+        "detail": "This Idempotency-Key names several of your operations: ask again with "
+        "one of them as the operation parameter.",
+        "code": AMBIGUOUS_CODE,
+        "operations": list(operations),
+    }
+    return Response(OperationChoicesSerializer(body).data, status=status.HTTP_300_MULTIPLE_CHOICES)
+
+
+def _answer(record: IdempotencyRecord) -> dict[str, Any]:
+    # A tombstone's response is gone; a resolved record past expires_at (at
+    # the database's time of the read) is no longer replayed: both expired.
+    expired = record.tombstone or store.past_retention(record)
+    if expired or not record.is_resolved:
+        return status_of(record, expired=expired, stored=None)
+    try:
+        stored = store.unseal(
+            record.response_headers, record.response_body, sealed=record.response_sealed
+        )
+    except store.UnreadableRecord as exc:
+        logger.error("Cannot show the stored response of record %s: %s", record.pk, exc)
+        raise StoreUnavailable(str(UNREADABLE_RECORD), retry_after=UNAVAILABLE_RETRY_AFTER) from exc
+    return status_of(record, expired=False, stored=stored)

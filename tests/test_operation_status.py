@@ -1,0 +1,417 @@
+"""The operation status view: ``include("django_idempotency.urls")``.
+
+A client that lost the answer to a protected request asks what became of
+it: the state, and once resolved the stored response, of its own operation
+only; a key it does not hold is 404 however other tenants use it, with the
+same query and the same bytes; the record is read where it is written.
+"""
+
+from __future__ import annotations
+
+import base64
+import json
+from collections.abc import Callable, Iterator
+from datetime import timedelta
+from typing import Any
+
+import pytest
+from cryptography.fernet import Fernet
+from django.db import connections
+from django.test import override_settings
+from django.test.utils import CaptureQueriesContext
+from django.urls import path, reverse
+from django.utils import timezone
+from rest_framework.permissions import AllowAny
+from rest_framework.test import APIClient
+
+from django_idempotency.models import IdempotencyRecord
+from django_idempotency.operation_status import OperationStatusView
+from django_idempotency.status_answers import encode_body
+from tests.factories import RecordFactory
+from tests.test_store_unavailable import unreachable_store  # noqa: F401  (a fixture)
+from tests.utils import SHARD_TEST_ALIASES, TokenClient, post, record_in, routed_by_tenant
+
+pytestmark = pytest.mark.django_db(transaction=True)
+State = IdempotencyRecord.State
+STATUS_URL = "/idempotency/status/"
+CHARGES = "POST api-view/charges"
+
+
+def tenant_of(client: TokenClient) -> str:
+    return f"user:{client.user.pk}"
+
+
+def status(client: APIClient, key: str, **more: str) -> Any:
+    return client.get(STATUS_URL, {"key": key, **more})
+
+
+@pytest.fixture
+def alice(client_for: Callable[..., TokenClient]) -> TokenClient:
+    return client_for()
+
+
+@pytest.fixture
+def bob(client_for: Callable[..., TokenClient]) -> TokenClient:
+    return client_for()
+
+
+def test_the_urls_module_is_namespaced() -> None:
+    assert reverse("django_idempotency:status") == STATUS_URL
+
+
+def test_a_completed_request_is_answered_with_its_stored_response(
+    alice: TokenClient, new_key: Callable[[], str]
+) -> None:
+    key = new_key()
+    first = post(alice, "/api-view/charges", {"amount": 7}, key)
+
+    answer = status(alice, key)
+
+    assert answer.status_code == 200
+    body = answer.json()
+    record = IdempotencyRecord.objects.get(key=key)
+    assert body["key"] == key
+    assert body["operation"] == CHARGES
+    assert body["state"] == "COMPLETED"
+    assert body["expired"] is False
+    assert body["created_at"] == record.created_at.isoformat().replace("+00:00", "Z")
+    assert body["expires_at"] == record.expires_at.isoformat().replace("+00:00", "Z")
+    assert body["response"] == {
+        "status": 201,
+        "headers": {"Content-Type": "application/json", "Location": first["Location"]},
+        "body_encoding": "json",
+        "body": first.json(),
+    }
+    assert answer["Cache-Control"] == "no-store"
+
+
+def test_a_failed_request_is_answered_with_its_stored_refusal(
+    alice: TokenClient, new_key: Callable[[], str]
+) -> None:
+    key = new_key()
+    first = post(alice, "/api-view/charges", {"amount": 7, "invalid": True}, key)
+    assert first.status_code == 400
+
+    body = status(alice, key).json()
+
+    assert body["state"] == "FAILED"
+    assert body["response"]["status"] == 400
+    assert body["response"]["body"] == first.json()
+
+
+@pytest.mark.parametrize("state", [State.CLAIMED, State.IN_PROGRESS, State.UNCERTAIN])
+def test_an_unresolved_operation_answers_its_state_and_no_response(
+    alice: TokenClient, state: str
+) -> None:
+    RecordFactory.create(
+        tenant=tenant_of(alice),
+        key="in-flight",
+        state=state,
+        response_status=None,
+        response_headers=[],
+        response_body=None,
+    )
+
+    answer = status(alice, "in-flight")
+
+    assert answer.status_code == 200
+    assert answer.json()["state"] == state
+    assert answer.json()["expired"] is False
+    assert answer.json()["response"] is None
+
+
+def test_a_request_released_for_retry_is_unknown(
+    alice: TokenClient, new_key: Callable[[], str]
+) -> None:
+    key = new_key()
+    assert post(alice, "/api-view/charges", {"amount": 7, "status": 503}, key).status_code == 503
+
+    answer = status(alice, key)
+
+    assert answer.status_code == 404
+    assert answer.json()["code"] == "idempotency_key_unknown"
+
+
+@pytest.mark.parametrize("with_operation", [True, False], ids=["operation", "key-only"])
+def test_another_tenants_key_is_answered_exactly_as_an_unknown_key(
+    alice: TokenClient, bob: TokenClient, with_operation: bool
+) -> None:
+    RecordFactory.create(tenant=tenant_of(bob), key="bobs-key", operation=CHARGES)
+    RecordFactory.create(tenant=tenant_of(bob), key="bobs-other", operation="POST other")
+    more = {"operation": CHARGES} if with_operation else {}
+
+    def ask(key: str) -> tuple[Any, list[str]]:
+        with CaptureQueriesContext(connections["default"]) as queries:
+            answer = status(alice, key, **more)
+        # The caller's own authentication (the token) is looked up first.
+        lookups = [q["sql"] for q in queries if "django_idempotency_record" in q["sql"]]
+        return answer, lookups
+
+    held, held_queries = ask("bobs-key")
+    unknown, unknown_queries = ask("nobody-has-it")
+
+    assert held.status_code == unknown.status_code == 404
+    assert held.content == unknown.content
+    assert sorted(held.items()) == sorted(unknown.items())
+    # One indexed lookup each, the same statement but for the key itself.
+    assert len(held_queries) == len(unknown_queries) == 1
+    assert held_queries[0].replace("bobs-key", "?") == unknown_queries[0].replace(
+        "nobody-has-it", "?"
+    )
+    assert status(bob, "bobs-key", **more).status_code == 200
+
+
+def test_a_found_operation_costs_one_query(alice: TokenClient) -> None:
+    RecordFactory.create(tenant=tenant_of(alice), key="mine", operation=CHARGES)
+
+    for more in ({}, {"operation": CHARGES}):
+        with CaptureQueriesContext(connections["default"]) as queries:
+            assert status(alice, "mine", **more).status_code == 200
+        lookups = [q for q in queries if "django_idempotency_record" in q["sql"]]
+        assert len(lookups) == 1, more
+
+
+def test_a_key_used_for_several_operations_lists_them(alice: TokenClient) -> None:
+    tenant = tenant_of(alice)
+    RecordFactory.create(tenant=tenant, key="shared", operation=CHARGES)
+    RecordFactory.create(
+        tenant=tenant, key="shared", operation="POST refunds", state=State.IN_PROGRESS
+    )
+
+    listed = status(alice, "shared")
+    chosen = status(alice, "shared", operation="POST refunds")
+
+    assert listed.status_code == 300
+    assert listed.json() == {
+        "detail": listed.json()["detail"],
+        "code": "idempotency_operation_ambiguous",
+        "operations": [CHARGES, "POST refunds"],
+    }
+    assert chosen.status_code == 200
+    assert chosen.json()["state"] == "IN_PROGRESS"
+    assert status(alice, "shared", operation="POST nothing").status_code == 404
+
+
+def test_a_resolved_record_past_its_retention_is_expired(alice: TokenClient) -> None:
+    RecordFactory.create(
+        tenant=tenant_of(alice), key="old", expires_at=timezone.now() - timedelta(seconds=5)
+    )
+
+    body = status(alice, "old").json()
+
+    assert body["state"] == "COMPLETED"
+    assert body["expired"] is True
+    assert body["response"] is None
+
+
+def test_a_tombstone_is_expired(alice: TokenClient) -> None:
+    RecordFactory.create(
+        tenant=tenant_of(alice),
+        key="purged",
+        tombstone=True,
+        response_headers=[],
+        response_body=None,
+        expires_at=timezone.now() + timedelta(days=7),
+    )
+
+    answer = status(alice, "purged")
+
+    assert answer.status_code == 200
+    assert answer.json()["expired"] is True
+    assert answer.json()["response"] is None
+
+
+def test_an_unresolved_record_past_expires_at_is_not_expired(alice: TokenClient) -> None:
+    # UNCERTAIN is never purged: its outcome is still being found out.
+    RecordFactory.create(
+        tenant=tenant_of(alice),
+        key="stuck",
+        state=State.UNCERTAIN,
+        response_status=None,
+        response_body=None,
+        expires_at=timezone.now() - timedelta(hours=1),
+    )
+
+    assert status(alice, "stuck").json()["expired"] is False
+
+
+def test_an_encrypted_response_is_shown_decrypted(
+    alice: TokenClient, new_key: Callable[[], str]
+) -> None:
+    secret = Fernet.generate_key().decode()
+    key = new_key()
+    with override_settings(IDEMPOTENCY={"ENCRYPTION_KEYS": [secret]}):
+        first = post(alice, "/api-view/charges", {"amount": 9}, key)
+        answer = status(alice, key)
+
+    assert IdempotencyRecord.objects.get(key=key).response_sealed
+    assert answer.json()["response"]["body"] == first.json()
+    assert answer.json()["response"]["headers"]["Location"] == first["Location"]
+
+
+def test_an_encrypted_response_without_its_key_is_503(
+    alice: TokenClient, new_key: Callable[[], str]
+) -> None:
+    key = new_key()
+    with override_settings(IDEMPOTENCY={"ENCRYPTION_KEYS": [Fernet.generate_key().decode()]}):
+        post(alice, "/api-view/charges", {"amount": 9}, key)
+    with override_settings(IDEMPOTENCY={"ENCRYPTION_KEYS": [Fernet.generate_key().decode()]}):
+        answer = status(alice, key)
+
+    assert answer.status_code == 503
+    assert answer.json()["code"] == "idempotency_store_unavailable"
+    assert answer["Retry-After"] == "5"
+
+
+@pytest.mark.usefixtures("unreachable_store")
+def test_an_unreachable_store_is_503(alice: TokenClient) -> None:
+    answer = status(alice, "any")
+
+    assert answer.status_code == 503
+    assert answer.json()["code"] == "idempotency_store_unavailable"
+    assert answer["Retry-After"] == "5"
+
+
+def test_a_body_that_was_not_stored_says_so(alice: TokenClient) -> None:
+    RecordFactory.create(tenant=tenant_of(alice), key="big", response_body=None)
+
+    response = status(alice, "big").json()["response"]
+
+    assert response["body_encoding"] == "omitted"
+    assert response["body"] is None
+
+
+@pytest.mark.parametrize(
+    ("content_type", "body", "expected"),
+    [
+        ("application/json", b'{"a": [1, 2.5]}', ("json", {"a": [1, 2.5]})),
+        ("application/problem+json", b'{"code": "x"}', ("json", {"code": "x"})),
+        ("application/json", b"{not json", ("text", "{not json")),
+        ("application/json", b'{"a": NaN}', ("text", '{"a": NaN}')),
+        ("text/plain; charset=utf-8", "café".encode(), ("text", "café")),
+        ("text/plain; charset=latin-1", "café".encode("latin-1"), ("text", "café")),
+        ("text/csv", b"\xff\xfe", ("base64", base64.b64encode(b"\xff\xfe").decode())),
+        ("application/pdf", b"%PDF\x00", ("base64", base64.b64encode(b"%PDF\x00").decode())),
+        ("", b"", ("text", "")),
+        ("application/json", None, ("omitted", None)),
+    ],
+)
+def test_stored_bodies_are_given_as_json_text_or_base64(
+    content_type: str, body: bytes | None, expected: tuple[str, Any]
+) -> None:
+    headers = [["Content-Type", content_type]] if content_type else []
+    assert encode_body(headers, body) == expected
+
+
+def test_a_binary_body_round_trips_through_base64(alice: TokenClient) -> None:
+    raw = bytes(range(256))
+    RecordFactory.create(
+        tenant=tenant_of(alice),
+        key="pdf",
+        response_headers=[["Content-Type", "application/pdf"]],
+        response_body=raw,
+    )
+
+    response = status(alice, "pdf").json()["response"]
+
+    assert response["body_encoding"] == "base64"
+    assert base64.b64decode(response["body"]) == raw
+
+
+def test_an_anonymous_caller_is_refused(api: APIClient) -> None:
+    RecordFactory.create(tenant="anonymous", key="anyones")
+
+    answer = status(api, "anyones")
+
+    assert answer.status_code == 401
+    assert "anyones" not in answer.content.decode()
+
+
+class OpenStatusView(OperationStatusView):
+    """A project's subclass: its tenants come from elsewhere than the authenticated user."""
+
+    permission_classes = [AllowAny]
+
+
+urlpatterns = [path("open-status/", OpenStatusView.as_view())]
+
+
+@pytest.mark.urls(__name__)
+def test_a_subclass_may_change_the_permissions(api: APIClient) -> None:
+    RecordFactory.create(tenant="anonymous", key="anyones")
+
+    assert api.get("/open-status/", {"key": "anyones"}).status_code == 200
+
+
+@pytest.mark.parametrize(
+    ("query", "code"),
+    [({}, "idempotency_key_missing"), ({"key": "has space"}, "idempotency_key_invalid")],
+)
+def test_a_missing_or_malformed_key_is_400(
+    alice: TokenClient, query: dict[str, str], code: str
+) -> None:
+    answer = alice.get(STATUS_URL, query)
+
+    assert answer.status_code == 400
+    assert answer.json()["code"] == code
+
+
+def test_a_quoted_key_is_the_bare_key(alice: TokenClient) -> None:
+    RecordFactory.create(tenant=tenant_of(alice), key="quoted")
+
+    assert status(alice, '"quoted"').status_code == 200
+
+
+def test_refusals_follow_the_error_format(alice: TokenClient) -> None:
+    with override_settings(IDEMPOTENCY={"ERROR_FORMAT": "problem"}):
+        answer = status(alice, "unknown")
+
+    assert answer.status_code == 404
+    assert answer["Content-Type"] == "application/problem+json"
+    assert json.loads(answer.content)["code"] == "idempotency_key_unknown"
+
+
+class ReadsElsewhereRouter:
+    """Writes (and so the records) on ``default``, reads sent to ``shard_a``: a lagging replica."""
+
+    def db_for_read(self, model: type[Any], **hints: Any) -> str | None:
+        return "shard_a" if model._meta.app_label == "django_idempotency" else None
+
+    def db_for_write(self, model: type[Any], **hints: Any) -> str | None:
+        return "default" if model._meta.app_label == "django_idempotency" else None
+
+
+@pytest.mark.django_db(databases=SHARD_TEST_ALIASES, transaction=True)
+@pytest.mark.parametrize("database", ["default", None], ids=["DATABASE", "routers"])
+def test_the_record_is_read_where_it_is_written_never_on_a_replica(
+    alice: TokenClient, database: str | None
+) -> None:
+    tenant = tenant_of(alice)
+    RecordFactory.create(tenant=tenant, key="lagging", state=State.COMPLETED)
+    # The replica's stale copy, still in flight: what a read there would answer.
+    record_in("shard_a", tenant=tenant, key="lagging", state=State.IN_PROGRESS)
+    router = f"{__name__}.ReadsElsewhereRouter"
+    with override_settings(DATABASE_ROUTERS=[router], IDEMPOTENCY={"DATABASE": database}):
+        answer = status(alice, "lagging")
+
+    assert answer.json()["state"] == "COMPLETED"
+
+
+@pytest.fixture
+def shards() -> Iterator[None]:
+    with routed_by_tenant(), override_settings(ROOT_URLCONF="tests.testapp.urls"):
+        yield
+
+
+@pytest.mark.django_db(databases=SHARD_TEST_ALIASES, transaction=True)
+def test_a_routed_tenants_record_is_read_from_its_shard(shards: None, alice: TokenClient) -> None:
+    record_in("shard_a", tenant="tenant-a", key="routed", state=State.COMPLETED)
+    record_in("shard_a", tenant="tenant-a", key="a-only", state=State.COMPLETED)
+    record_in("shard_b", tenant="tenant-b", key="routed", state=State.IN_PROGRESS)
+
+    def ask(tenant: str, key: str) -> Any:
+        return alice.get(STATUS_URL, {"key": key}, HTTP_X_TENANT=tenant)
+
+    assert ask("tenant-a", "routed").json()["state"] == "COMPLETED"
+    assert ask("tenant-b", "routed").json()["state"] == "IN_PROGRESS"
+    assert ask("tenant-b", "a-only").status_code == 404
