@@ -6,6 +6,7 @@ from datetime import timedelta
 from collections.abc import Callable
 from typing import Any, ClassVar
 
+from django.http import HttpResponseBase
 from rest_framework.request import Request
 
 from django_idempotency.decorators import IdempotentView, mark_views_non_atomic
@@ -41,6 +42,7 @@ class IdempotentMixin:
             ``"body:<field>"`` or a callable; checked when the class is made.
         idempotency_outcome: As ``idempotent(outcome=...)``.
         idempotency_tenant: As ``idempotent(tenant=...)``.
+        idempotency_verify: As ``idempotent(verify=...)``.
 
     A webhook's signature is checked by the view's authentication class,
     which DRF runs before the handler and so before the claim.
@@ -54,6 +56,7 @@ class IdempotentMixin:
     idempotency_key: ClassVar[KeySpec] = None
     idempotency_outcome: ClassVar[Outcome | None] = None
     idempotency_tenant: ClassVar[Callable[[Any], str] | None] = None
+    idempotency_verify: ClassVar[Callable[[Any], HttpResponseBase | None] | None] = None
 
     def __init_subclass__(cls, **kwargs: Any) -> None:
         super().__init_subclass__(**kwargs)
@@ -74,6 +77,7 @@ class IdempotentMixin:
             key=KeySource.of(cls.idempotency_key),
             outcome=cls.idempotency_outcome,
             tenant=cls.idempotency_tenant,
+            verify=cls.idempotency_verify,
         )
 
     def idempotency_protects(self, method: str | None) -> bool:
