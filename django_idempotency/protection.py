@@ -101,14 +101,14 @@ def protect(
     exceptions the framework would turn into responses already turned into
     them, and the body rendered. Refusals are raised as ``IdempotencyRefusal``.
     """
-    if request.method not in PROTECTED_METHODS:
-        return run_unprotected(view)
     if options.verify is not None:
-        # Before anything is claimed: a forged request's refusal must never
-        # be stored under the genuine delivery's key.
+        # Before anything is read or claimed, whatever the method: a forged
+        # request's refusal must never be stored under the genuine key.
         refusal = options.verify(request)
         if refusal is not None:
             return refusal
+    if request.method not in PROTECTED_METHODS:
+        return run_unprotected(view)
     conf = idempotency_settings
     key = options.key.read(request, conf.KEY_MAX_LENGTH)
     if key is None:
