@@ -30,13 +30,15 @@ __all__ = [
     "webhook",
 ]
 
-#: What a policy makes of a response.
 Outcome = Callable[["HttpResponseBase"], Verdict]
+"""An outcome policy: given the view's finished response, its ``Verdict``."""
 
-#: DRF exceptions that refuse a request's input. Raised by a protected DRF
-#: view, their 400 (or 415) is not stored by ``standard``: the client may
-#: correct the body and retry with the same key.
 INPUT_REFUSALS = (ValidationError, ParseError, UnsupportedMediaType)
+"""DRF exceptions that refuse a request's input.
+
+Raised by a protected DRF view, their 400 (or 415) is not stored by
+``standard``: the client may correct the body and retry with the same key.
+"""
 
 _INPUT_REFUSED = "_idempotency_input_refused"
 
