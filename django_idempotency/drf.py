@@ -2,8 +2,8 @@
 
 from __future__ import annotations
 
-from datetime import timedelta
 from collections.abc import Callable
+from datetime import timedelta
 from typing import Any, ClassVar
 
 from django.http import HttpResponseBase

@@ -92,7 +92,9 @@ def by_status(verdicts: Mapping[int | range, Verdict], otherwise: Outcome = stan
         The policy, for ``@idempotent(outcome=...)``.
     """
     exact = {status: verdict for status, verdict in verdicts.items() if isinstance(status, int)}
-    ranges = [(status, verdict) for status, verdict in verdicts.items() if isinstance(status, range)]
+    ranges = [
+        (status, verdict) for status, verdict in verdicts.items() if isinstance(status, range)
+    ]
     for verdict in verdicts.values():
         if not isinstance(verdict, Verdict):
             raise TypeError(f"by_status() takes Verdict values, not {verdict!r}.")

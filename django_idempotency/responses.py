@@ -56,8 +56,9 @@ class Verdict(enum.Enum):
 def verdict_of(status: int) -> Verdict:
     """Whether an answer with this status is stored, as COMPLETED or FAILED, or released.
 
-    The standard outcome policy's table (``outcomes.standard``): 5xx and ``RETRYABLE_STATUSES`` release the claim; any other 4xx is a
-    definitive failure, stored and replayed; the rest is stored as COMPLETED.
+    The standard outcome policy's table (``outcomes.standard``): 5xx and
+    ``RETRYABLE_STATUSES`` release the claim; any other 4xx is a definitive
+    failure, stored and replayed; the rest is stored as COMPLETED.
     """
     if status >= 500 or status in RETRYABLE_STATUSES:
         return Verdict.RELEASE

@@ -243,7 +243,7 @@ def test_an_unknown_key_spec_fails_when_the_mixin_class_is_made() -> None:
 @pytest.mark.parametrize("name", ["outcome", "tenant", "verify"])
 def test_callables_are_checked_at_decoration(name: str) -> None:
     with pytest.raises(ImproperlyConfigured):
-        idempotent(**{name: "not callable"})(lambda request: None)
+        idempotent(**{name: "not callable"})(lambda request: None)  # type: ignore[call-overload]
 
 
 def test_a_header_source_naming_the_idempotency_header_is_the_client_header() -> None:

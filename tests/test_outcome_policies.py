@@ -140,7 +140,9 @@ def test_by_status_refuses_what_is_not_a_verdict() -> None:
         (500, Verdict.RELEASE, Verdict.RELEASE),
     ],
 )
-def test_the_ready_policies(status: int, standard_verdict: Verdict, webhook_verdict: Verdict) -> None:
+def test_the_ready_policies(
+    status: int, standard_verdict: Verdict, webhook_verdict: Verdict
+) -> None:
     response = HttpResponse(status=status)
     assert standard(response) is standard_verdict
     assert webhook(response) is webhook_verdict

@@ -81,6 +81,6 @@ class StripeWebhookView(APIView):
         ttl=timedelta(days=3),
     )
     def post(self, request: Request) -> Response:
-        event = request.data
+        event = dict(request.data)  # a JSON object: it had an "id" to claim
         WebhookEvent.objects.create(source="stripe", delivery=event["id"], kind=event["type"])
         return Response({"received": True})

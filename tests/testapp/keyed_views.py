@@ -1,4 +1,4 @@
-"""Protected views whose key is not the Idempotency-Key header, or whose outcome policy is not the standard one.
+"""Views keyed by something else than the Idempotency-Key header, or with their own outcome policy.
 
 Each writes a Charge (one row per run of the view) steered by the body as
 ``views.perform`` is: ``status`` answers with it, ``invalid`` raises DRF's
@@ -72,7 +72,7 @@ def _signed(request: HttpRequest) -> HttpResponse | None:
 
 
 def _sender(request: Any) -> str:
-    return "sender:" + request.headers.get("X-Sender", "unknown")
+    return "sender:" + str(request.headers.get("X-Sender", "unknown"))
 
 
 @csrf_exempt
@@ -104,7 +104,9 @@ def policy_view(request: Request) -> Response:
 
 
 @api_view(["POST"])
-@idempotent(operation="policy-single", single_transaction=True, outcome=by_status({504: Verdict.UNCERTAIN}))
+@idempotent(
+    operation="policy-single", single_transaction=True, outcome=by_status({504: Verdict.UNCERTAIN})
+)
 def policy_single_view(request: Request) -> Response:
     charge, code = perform(request, request.data)
     return charge_response(charge, code)
