@@ -229,3 +229,21 @@ def test_spectacular_warnings_name_the_users_own_file(
         f"{user_file}:{class_line}: Error [ChargeAPIView]",
     }
     assert all(m.group("file") == user_file for m in found)
+
+
+def test_the_key_header_parameter_follows_the_views_key_source() -> None:
+    """``key="header:X"`` documents X; a key from the body documents no header."""
+    from drf_spectacular.generators import SchemaGenerator
+
+    from tests.testapp import urls
+
+    schema = SchemaGenerator(patterns=urls.urlpatterns).get_schema(request=None, public=True)
+    paths = schema["paths"]
+
+    def headers(path: str) -> list[str]:
+        parameters = paths[path]["post"].get("parameters", [])
+        return [p["name"] for p in parameters if p["in"] == "header"]
+
+    assert headers("/keyed/delivery-header") == ["X-Delivery"]
+    assert headers("/keyed/body-field") == []
+    assert headers("/api-view/charges") == ["Idempotency-Key"]
