@@ -110,6 +110,8 @@ def protect(
     if request.method not in PROTECTED_METHODS:
         return run_unprotected(view)
     conf = idempotency_settings
+    if options.key.kind == "body":
+        _refuse_a_body_too_large(request)  # before it is parsed for the key
     key = options.key.read(request, conf.KEY_MAX_LENGTH)
     if key is None:
         if options.required if options.required is not None else conf.REQUIRED:
@@ -120,11 +122,7 @@ def protect(
         operation=resolve_operation(request, options.operation),
         key=key,
     )
-    if _declared_length(request) > conf.MAX_FINGERPRINTED_BODY:
-        raise BodyTooLarge(
-            f"The request body is larger than the {conf.MAX_FINGERPRINTED_BODY} bytes an "
-            "idempotent request may have."
-        )
+    _refuse_a_body_too_large(request)
     try:
         fingerprint = request_fingerprint(request, options.fingerprint, view_args, view_kwargs)
     except NonCanonicalValue as exc:  # NestedTooDeeply included
@@ -154,6 +152,14 @@ def protect(
         # webhook's delivery id) is the sender's, and no Idempotency-Key.
         response[conf.HEADER] = request.headers[conf.HEADER]
     return response
+
+
+def _refuse_a_body_too_large(request: HttpRequest) -> None:
+    limit = idempotency_settings.MAX_FINGERPRINTED_BODY
+    if _declared_length(request) > limit:
+        raise BodyTooLarge(
+            f"The request body is larger than the {limit} bytes an idempotent request may have."
+        )
 
 
 def _declared_length(request: HttpRequest) -> int:

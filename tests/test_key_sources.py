@@ -251,3 +251,15 @@ def test_a_header_source_naming_the_idempotency_header_is_the_client_header() ->
     assert KeySource.of(None).is_client_header
     assert not KeySource.of("header:X-GitHub-Delivery").is_client_header
     assert not KeySource.of("body:id").is_client_header
+
+
+def test_a_body_too_large_is_refused_before_it_is_parsed_for_its_key(
+    api: APIClient, settings: Any
+) -> None:
+    settings.IDEMPOTENCY = {"MAX_FINGERPRINTED_BODY": 100}
+    # Its key field is no key either: which refusal comes first tells the order.
+    response = api.post("/keyed/body-field", event(1.5, pad="x" * 200), format="json")
+
+    assert response.status_code == 413
+    assert response.json()["code"] == "idempotency_body_too_large"
+    assert Charge.objects.count() == 0
