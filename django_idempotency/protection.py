@@ -115,7 +115,10 @@ def protect(
     key = options.key.read(request, conf.KEY_MAX_LENGTH)
     if key is None:
         if options.required if options.required is not None else conf.REQUIRED:
-            raise KeyMissing(f"This operation requires {options.key.describe()}.")
+            source = options.key.describe()
+            if options.key.is_client_header:
+                source = f"an {conf.HEADER} header"
+            raise KeyMissing(f"This operation requires {source}.")
         return run_unprotected(view)
     scope = Scope(
         tenant=resolve_tenant(request, options.tenant or conf.TENANT),
