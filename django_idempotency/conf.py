@@ -250,6 +250,8 @@ class IdempotencySettings:
         """How long a purged record's scope and fingerprint are kept; ``None``: not at all."""
         value = self._get("TOMBSTONE_TTL")
         return None if value is None else as_timedelta(value)
+
+    @_resolved
     def ADVERTISE_RETENTION(self) -> bool:
         return bool(self._get("ADVERTISE_RETENTION"))
 

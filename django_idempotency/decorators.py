@@ -19,6 +19,8 @@ from rest_framework.views import APIView
 from django_idempotency.conf import as_timedelta
 from django_idempotency.exceptions import IdempotencyRefusal
 from django_idempotency.fingerprint import FingerprintSpec
+from django_idempotency.key_sources import KeySource, KeySpec
+from django_idempotency.outcomes import INPUT_REFUSALS, Outcome, mark_input_refused
 from django_idempotency.protection import Options, protect
 from django_idempotency.refusals import render_refusal, rendered
 from django_idempotency.scope import OperationSpec
@@ -62,14 +64,19 @@ EVERY_DATABASE = EveryDatabase()
 def _call_drf(
     view: APIView, request: Request, call: Callable[[], HttpResponseBase], args: Any, kwargs: Any
 ) -> HttpResponseBase:
+    refused_input = False
     try:
         response = call()
     except DRF_HANDLED as exc:
+        refused_input = isinstance(exc, INPUT_REFUSALS)
         response = view.handle_exception(exc)
     # Finalise and render now, inside the transaction, so that the stored
     # body is the exact bytes the client receives. DRF's dispatch finalises
     # again afterwards, which changes nothing on a rendered response.
-    return rendered(view.finalize_response(request, response, *args, **kwargs))  # type: ignore[arg-type]
+    response = rendered(view.finalize_response(request, response, *args, **kwargs))  # type: ignore[arg-type]
+    if refused_input:
+        mark_input_refused(response)
+    return response
 
 
 class IdempotentView:
@@ -186,6 +193,10 @@ def idempotent(
     required: bool | None = None,
     ttl: timedelta | float | None = None,
     single_transaction: bool | None = None,
+    key: KeySpec = None,
+    outcome: Outcome | None = None,
+    tenant: Callable[[Any], str] | None = None,
+    verify: Callable[[Any], HttpResponseBase | None] | None = None,
 ) -> Callable[[ViewFunc], ViewFunc]: ...
 
 
@@ -197,6 +208,10 @@ def idempotent(
     required: bool | None = None,
     ttl: timedelta | float | None = None,
     single_transaction: bool | None = None,
+    key: KeySpec = None,
+    outcome: Outcome | None = None,
+    tenant: Callable[[Any], str] | None = None,
+    verify: Callable[[Any], HttpResponseBase | None] | None = None,
 ) -> Any:
     """Run the decorated view once per ``Idempotency-Key`` and replay its outcome.
 
@@ -228,6 +243,25 @@ def idempotent(
             transaction: one commit instead of two, for views that make no
             external call (``begin_external()`` is then refused). ``None``:
             ``IDEMPOTENCY["SINGLE_TRANSACTION"]``.
+        key: Where the key comes from. ``None``: the ``IDEMPOTENCY["HEADER"]``
+            header, echoed in the response. ``"header:<Name>"`` (a webhook's
+            delivery id, ``"header:X-GitHub-Delivery"``), ``"body:<field>"``
+            (dotted for nested, ``"body:id"`` for a Stripe event), or a
+            callable taking the request and returning the key (a string or
+            an integer; ``None``: no key). Validated like the header.
+        outcome: Which answers are stored, which release the claim and which
+            leave the record UNCERTAIN: a callable taking the response and
+            returning a ``Verdict`` (``outcomes.by_status(...)`` builds one).
+            ``None``: ``outcomes.standard`` for the ``Idempotency-Key``
+            header, ``outcomes.webhook`` (only 2xx stored) for any other key.
+        tenant: A callable taking the request and returning the tenant, for
+            this view instead of ``IDEMPOTENCY["TENANT"]`` (a webhook's
+            verified sender, say).
+        verify: A callable taking the request, run before anything is read
+            or claimed: it returns ``None`` to go on, or a response (a 401)
+            to answer unprotected, or raises. The place to check a plain
+            Django view's webhook signature; DRF views use an
+            authentication class, which runs before the view.
 
     Returns:
         The protected view (an async view for an ``async def`` one), or,
@@ -235,14 +269,22 @@ def idempotent(
 
     Raises:
         ImproperlyConfigured: ``fingerprint`` is a string (a list of names
-            was meant), or ``ttl`` is not positive.
+            was meant), ``ttl`` is not positive, ``key`` is no key source,
+            or ``outcome``, ``tenant`` or ``verify`` is not callable.
     """
+    for name, value in (("outcome", outcome), ("tenant", tenant), ("verify", verify)):
+        if value is not None and not callable(value):
+            raise ImproperlyConfigured(f"idempotent({name}={value!r}) must be a callable.")
     options = Options(
         fingerprint=fingerprint,
         operation=operation,
         required=required,
         ttl=ttl,
         single_transaction=single_transaction,
+        key=KeySource.of(key),
+        outcome=outcome,
+        tenant=tenant,
+        verify=verify,
     )
 
     def decorate(func: Callable[..., Any]) -> Any:

@@ -2,13 +2,17 @@
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from datetime import timedelta
 from typing import Any, ClassVar
 
+from django.http import HttpResponseBase
 from rest_framework.request import Request
 
 from django_idempotency.decorators import IdempotentView, mark_views_non_atomic
 from django_idempotency.fingerprint import FingerprintSpec
+from django_idempotency.key_sources import KeySource, KeySpec
+from django_idempotency.outcomes import Outcome
 from django_idempotency.protection import PROTECTED_METHODS, Options
 from django_idempotency.scope import OperationSpec
 
@@ -34,6 +38,14 @@ class IdempotentMixin:
         idempotency_required: As ``idempotent(required=...)``.
         idempotency_ttl: As ``idempotent(ttl=...)``: seconds or a ``timedelta``.
         idempotency_single_transaction: As ``idempotent(single_transaction=...)``.
+        idempotency_key: As ``idempotent(key=...)``: ``"header:<Name>"``,
+            ``"body:<field>"`` or a callable; checked when the class is made.
+        idempotency_outcome: As ``idempotent(outcome=...)``.
+        idempotency_tenant: As ``idempotent(tenant=...)``.
+        idempotency_verify: As ``idempotent(verify=...)``.
+
+    A webhook's signature is checked by the view's authentication class,
+    which DRF runs before the handler and so before the claim.
     """
 
     idempotency_fingerprint: ClassVar[FingerprintSpec] = None
@@ -41,9 +53,14 @@ class IdempotentMixin:
     idempotency_required: ClassVar[bool | None] = None
     idempotency_ttl: ClassVar[timedelta | float | None] = None
     idempotency_single_transaction: ClassVar[bool | None] = None
+    idempotency_key: ClassVar[KeySpec] = None
+    idempotency_outcome: ClassVar[Outcome | None] = None
+    idempotency_tenant: ClassVar[Callable[[Any], str] | None] = None
+    idempotency_verify: ClassVar[Callable[[Any], HttpResponseBase | None] | None] = None
 
     def __init_subclass__(cls, **kwargs: Any) -> None:
         super().__init_subclass__(**kwargs)
+        KeySource.of(cls.idempotency_key)  # a typo fails at import, as with @idempotent
         mark_views_non_atomic(cls)
 
     @classmethod
@@ -57,6 +74,10 @@ class IdempotentMixin:
             required=cls.idempotency_required,
             ttl=cls.idempotency_ttl,
             single_transaction=cls.idempotency_single_transaction,
+            key=KeySource.of(cls.idempotency_key),
+            outcome=cls.idempotency_outcome,
+            tenant=cls.idempotency_tenant,
+            verify=cls.idempotency_verify,
         )
 
     def idempotency_protects(self, method: str | None) -> bool:

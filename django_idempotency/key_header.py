@@ -10,6 +10,7 @@ import http_sf
 from django_idempotency.exceptions import KeyInvalid
 
 __all__ = [
+    "check_key",
     "parse_key",
 ]
 
@@ -54,11 +55,22 @@ def parse_key(raw: str, max_length: int) -> str:
         value = parsed
     if not value:
         raise KeyInvalid("The Idempotency-Key header is empty.")
+    return check_key(value, max_length, "The Idempotency-Key")
+
+
+def check_key(value: str, max_length: int, name: str) -> str:
+    """Return ``value`` if it is a key (1 to ``max_length`` visible ASCII characters).
+
+    The rules every key obeys, wherever it comes from (``key_sources``);
+    ``name`` names its source in the refusal ("The X-GitHub-Delivery header").
+    """
+    if not value:
+        raise KeyInvalid(f"{name} is empty.")
     if len(value) > max_length:
-        raise KeyInvalid(f"The Idempotency-Key is longer than {max_length} characters.")
+        raise KeyInvalid(f"{name} is longer than {max_length} characters.")
     if not _is_visible_ascii(value):
         raise KeyInvalid(
-            "The Idempotency-Key may contain only visible ASCII characters "
+            f"{name} may contain only visible ASCII characters "
             "(no spaces, control characters or non-ASCII letters)."
         )
     return value

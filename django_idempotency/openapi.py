@@ -129,12 +129,14 @@ class IdempotencySchemaMixin:
     def get_override_parameters(self) -> list[Any]:
         parameters = list(super().get_override_parameters())  # type: ignore[misc]
         options = self._protection()
-        if options is not None:
+        # A key read from the body or by a callable is no header to declare.
+        header = options.key.header if options is not None else None
+        if options is not None and header is not None:
             conf = idempotency_settings
             required = options.required if options.required is not None else conf.REQUIRED
             parameters.append(
                 OpenApiParameter(
-                    name=conf.HEADER,
+                    name=header,
                     type=OpenApiTypes.STR,
                     location=OpenApiParameter.HEADER,
                     required=required,

@@ -32,7 +32,8 @@ from django_idempotency.exceptions import (
     StaleOwner,
     StoreUnavailable,
 )
-from django_idempotency.responses import StoredResponse, Verdict, capture, verdict_of
+from django_idempotency.outcomes import Outcome, standard
+from django_idempotency.responses import StoredResponse, Verdict, capture
 from django_idempotency.simulated_crash import SimulatedCrash
 from django_idempotency.store.connections import close_independent_connections
 from django_idempotency.view_transactions import (
@@ -44,6 +45,7 @@ if TYPE_CHECKING:
     from django.http import HttpRequest, HttpResponseBase
 
 __all__ = [
+    "leave_uncertain",
     "log_unsettled",
     "rolled_back_success",
     "run_owned",
@@ -66,6 +68,8 @@ def run_owned(
     held: store.Claim,
     view: Callable[[], HttpResponseBase],
     ttl: timedelta,
+    *,
+    outcome: Outcome = standard,
 ) -> HttpResponseBase:
     conf = idempotency_settings
     store_after: StoredResponse | None = None
@@ -81,9 +85,9 @@ def run_owned(
         with view_transactions(records_database=held.database) as opened:
             response = view()
             step = _Step.COMPLETING
-            verdict = verdict_of(response.status_code)
-            if verdict is Verdict.RELEASE:
-                # The retry must start from a clean slate.
+            verdict = outcome(response)
+            if verdict in (Verdict.RELEASE, Verdict.UNCERTAIN):
+                # The retry, or the reconciler, starts from a clean slate.
                 for alias in opened:
                     transaction.set_rollback(True, using=alias)
             elif verdict is Verdict.COMPLETED and writes_discarded():
@@ -123,6 +127,8 @@ def run_owned(
         close_independent_connections()
     if verdict is Verdict.RELEASE:
         _give_up(request, held, context, reason=response.status_code)
+    elif verdict is Verdict.UNCERTAIN:
+        leave_uncertain(request, held, context, reason=response.status_code)
     else:
         signal_stored(request, held, verdict, response.status_code)
     return response
@@ -182,6 +188,27 @@ def _give_up(
     )
     signals.notify(signals.record_uncertain, request, held.scope, reason=reason)
     return False
+
+
+def leave_uncertain(
+    request: HttpRequest, held: store.Claim, context: IdempotencyContext, *, reason: object
+) -> None:
+    """The outcome policy called the answer uncertain: a reconciler settles the record.
+
+    Without ``begin_external()`` the provider key written is the one the view
+    could read as ``request.idempotency.provider_key``.
+    """
+    try:
+        store.mark_uncertain(
+            held,
+            provider_key=context.provider_key,
+            provider_operation_id=context.provider_operation_id,
+        )
+    except (StaleOwner, DatabaseError, InterfaceError) as exc:
+        log_unsettled(exc, f"mark {held.scope} uncertain", "recovery finds it once its lease ends")
+        return
+    logger.warning("%s answered %s: left UNCERTAIN for a reconciler.", held.scope, reason)
+    signals.notify(signals.record_uncertain, request, held.scope, reason=reason)
 
 
 def log_unsettled(exc: Exception, write: str, afterwards: str) -> None:

@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import time
 from collections.abc import Callable, Mapping, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from datetime import timedelta
 from typing import TYPE_CHECKING, Any
 
@@ -37,7 +37,8 @@ from django_idempotency.fingerprint import (
     NonCanonicalValue,
     request_fingerprint,
 )
-from django_idempotency.key_header import parse_key
+from django_idempotency.key_sources import KeySource
+from django_idempotency.outcomes import Outcome, standard, webhook
 from django_idempotency.owned_run import run_owned
 from django_idempotency.retention_header import advertise_first_execution
 from django_idempotency.scope import OperationSpec, Scope, resolve_operation, resolve_tenant
@@ -70,11 +71,22 @@ class Options:
     required: bool | None = None
     ttl: timedelta | float | None = None
     single_transaction: bool | None = None
+    key: KeySource = field(default_factory=KeySource)
+    outcome: Outcome | None = None
+    tenant: Callable[[Any], str] | None = None
+    verify: Callable[[Any], HttpResponseBase | None] | None = None
 
     @property
     def retention(self) -> timedelta:
         """``ttl``, else the ``TTL`` setting."""
         return idempotency_settings.TTL if self.ttl is None else as_timedelta(self.ttl)
+
+    @property
+    def outcome_policy(self) -> Outcome:
+        """``outcome``, else ``standard`` for a client's key and ``webhook`` for any other."""
+        if self.outcome is not None:
+            return self.outcome
+        return standard if self.key.is_client_header else webhook
 
 
 def protect(
@@ -90,24 +102,31 @@ def protect(
     exceptions the framework would turn into responses already turned into
     them, and the body rendered. Refusals are raised as ``IdempotencyRefusal``.
     """
+    if options.verify is not None:
+        # Before anything is read or claimed, whatever the method: a forged
+        # request's refusal must never be stored under the genuine key.
+        refusal = options.verify(request)
+        if refusal is not None:
+            return refusal
     if request.method not in PROTECTED_METHODS:
         return run_unprotected(view)
     conf = idempotency_settings
-    raw_key = request.headers.get(conf.HEADER)
-    if raw_key is None:
+    if options.key.kind == "body":
+        _refuse_a_body_too_large(request)  # before it is parsed for the key
+    key = options.key.read(request, conf.KEY_MAX_LENGTH)
+    if key is None:
         if options.required if options.required is not None else conf.REQUIRED:
-            raise KeyMissing(f"This operation requires an {conf.HEADER} header.")
+            source = options.key.describe()
+            if options.key.is_client_header:
+                source = f"an {conf.HEADER} header"
+            raise KeyMissing(f"This operation requires {source}.")
         return run_unprotected(view)
     scope = Scope(
-        tenant=resolve_tenant(request, conf.TENANT),
+        tenant=resolve_tenant(request, options.tenant or conf.TENANT),
         operation=resolve_operation(request, options.operation),
-        key=parse_key(raw_key, conf.KEY_MAX_LENGTH),
+        key=key,
     )
-    if _declared_length(request) > conf.MAX_FINGERPRINTED_BODY:
-        raise BodyTooLarge(
-            f"The request body is larger than the {conf.MAX_FINGERPRINTED_BODY} bytes an "
-            "idempotent request may have."
-        )
+    _refuse_a_body_too_large(request)
     try:
         fingerprint = request_fingerprint(request, options.fingerprint, view_args, view_kwargs)
     except NonCanonicalValue as exc:  # NestedTooDeeply included
@@ -122,13 +141,30 @@ def protect(
     response = None
     if single and connection.vendor == "postgresql" and not connection.in_atomic_block:
         response = claim_in_one_transaction(
-            request, scope, fingerprint, view, options.retention, database=database
+            request,
+            scope,
+            fingerprint,
+            view,
+            options.retention,
+            database=database,
+            outcome=options.outcome_policy,
         )
     if response is None:
         response = _claim_or_answer(request, scope, fingerprint, view, options, database)
-    response[conf.HEADER] = raw_key
+    if options.key.is_client_header:
+        # Echoed to the client that sent it; a key read from elsewhere (a
+        # webhook's delivery id) is the sender's, and no Idempotency-Key.
+        response[conf.HEADER] = request.headers[conf.HEADER]
     advertise_first_execution(request, response, options.retention)
     return response
+
+
+def _refuse_a_body_too_large(request: HttpRequest) -> None:
+    limit = idempotency_settings.MAX_FINGERPRINTED_BODY
+    if _declared_length(request) > limit:
+        raise BodyTooLarge(
+            f"The request body is larger than the {limit} bytes an idempotent request may have."
+        )
 
 
 def _declared_length(request: HttpRequest) -> int:
@@ -164,7 +200,7 @@ def _claim_or_answer(
                 in_flight(request, scope, state="contended", cause=exc)
             return store_unavailable(request, scope, view, exc)
         if attempt.held is not None:
-            return run_owned(request, attempt.held, view, ttl)
+            return run_owned(request, attempt.held, view, ttl, outcome=options.outcome_policy)
         record = attempt.record
         if record is not None and (
             not fingerprint.matches(record.fingerprint) or record.is_resolved

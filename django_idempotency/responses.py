@@ -48,13 +48,17 @@ class Verdict(enum.Enum):
     COMPLETED = "COMPLETED"  # stored and replayed
     FAILED = "FAILED"  # a definitive 4xx: stored and replayed
     RELEASE = "RELEASE"  # retryable: claim released, local writes rolled back
+    #: Not known: local writes rolled back, the record left UNCERTAIN for a
+    #: reconciler (as after begin_external()); only an outcome policy says so.
+    UNCERTAIN = "UNCERTAIN"
 
 
 def verdict_of(status: int) -> Verdict:
     """Whether an answer with this status is stored, as COMPLETED or FAILED, or released.
 
-    5xx and ``RETRYABLE_STATUSES`` release the claim; any other 4xx is a
-    definitive failure, stored and replayed; the rest is stored as COMPLETED.
+    The standard outcome policy's table (``outcomes.standard``): 5xx and
+    ``RETRYABLE_STATUSES`` release the claim; any other 4xx is a definitive
+    failure, stored and replayed; the rest is stored as COMPLETED.
     """
     if status >= 500 or status in RETRYABLE_STATUSES:
         return Verdict.RELEASE

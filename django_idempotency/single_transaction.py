@@ -37,12 +37,14 @@ from django_idempotency.exceptions import (
     StaleOwner,
     StoreUnavailable,
 )
+from django_idempotency.outcomes import Outcome, standard
 from django_idempotency.owned_run import (
+    leave_uncertain,
     log_unsettled,
     rolled_back_success,
     signal_stored,
 )
-from django_idempotency.responses import StoredResponse, Verdict, capture, verdict_of
+from django_idempotency.responses import StoredResponse, Verdict, capture
 from django_idempotency.scope import Scope
 from django_idempotency.view_transactions import (
     view_transactions,
@@ -67,6 +69,7 @@ def claim_in_one_transaction(
     ttl: timedelta,
     *,
     database: str,
+    outcome: Outcome = standard,
 ) -> HttpResponseBase | None:
     """Claim, view and completion in ONE transaction; None: take the general path.
 
@@ -96,7 +99,7 @@ def claim_in_one_transaction(
                 signals.notify(
                     signals.request_claimed, request, scope, fencing_token=held.fencing_token
                 )
-                run = _view_in_the_claims_transaction(held, view, ttl)
+                run = _view_in_the_claims_transaction(held, view, ttl, outcome)
     except UNREACHABLE_ERRORS as exc:
         if held is None:  # the claim or the lookup: the only outage FAIL_OPEN may answer
             if is_serialization_failure(exc):
@@ -144,24 +147,30 @@ class _SingleRun:
     #: A definitive 4xx from a transaction marked for rollback (DRF does so
     #: under ATOMIC_REQUESTS): the claim went with it, so it is stored afresh.
     store_after: StoredResponse | None = None
+    #: The outcome policy called the answer uncertain: the claim rolled back
+    #: with the view's writes, so the record is claimed afresh and so marked.
+    uncertain: bool = False
 
 
 def _view_in_the_claims_transaction(
-    held: store.Claim, view: Callable[[], HttpResponseBase], ttl: timedelta
+    held: store.Claim, view: Callable[[], HttpResponseBase], ttl: timedelta, outcome: Outcome
 ) -> _SingleRun:
     conf = idempotency_settings
     with view_transactions() as opened:  # other ATOMIC_REQUESTS databases
         response = view()
-        verdict = verdict_of(response.status_code)
+        verdict = outcome(response)
         rolled_back = transaction.get_rollback(using=held.database)
         if verdict is Verdict.COMPLETED and writes_discarded():
             raise rolled_back_success(held, response)
-        if verdict is Verdict.RELEASE or rolled_back:
-            # Roll everything back, the claim included: the retry runs.
+        if verdict in (Verdict.RELEASE, Verdict.UNCERTAIN) or rolled_back:
+            # Roll everything back, the claim included: the retry runs (an
+            # uncertain record is claimed afresh after, by _settle_single_run).
             for alias in [held.database, *opened]:
                 transaction.set_rollback(True, using=alias)
         if verdict is Verdict.RELEASE:
             return _SingleRun(held, response, verdict, stored=False)
+        if verdict is Verdict.UNCERTAIN:
+            return _SingleRun(held, response, verdict, stored=False, uncertain=True)
         stored = capture(response, conf.STORED_HEADERS, conf.MAX_STORED_BODY)
         if rolled_back:
             return _SingleRun(held, response, verdict, stored=False, store_after=stored)
@@ -175,6 +184,8 @@ def _settle_single_run(
     """After the commit: store a rolled-back refusal afresh; tell what was stored."""
     status = run.response.status_code
     stored = run.stored
+    if run.uncertain:
+        return _leave_uncertain_afresh(request, fingerprint, run, ttl)
     if run.store_after is not None:
         conf = idempotency_settings
         try:
@@ -190,4 +201,23 @@ def _settle_single_run(
         signal_stored(request, run.held, run.verdict, status)
     else:
         signals.notify(signals.claim_released, request, run.held.scope, reason=status)
+    return run.response
+
+
+def _leave_uncertain_afresh(
+    request: HttpRequest, fingerprint: Fingerprint, run: _SingleRun, ttl: timedelta
+) -> HttpResponseBase:
+    """Claim the key again and leave it UNCERTAIN (a duplicate may have claimed it first)."""
+    conf = idempotency_settings
+    scope = run.held.scope
+    try:
+        again = store.claim(scope, fingerprint, ttl=ttl, lease=conf.LEASE, using=run.held.database)
+    except DatabaseError as exc:
+        log_unsettled(exc, f"claim {scope} to mark it uncertain", "its retry runs again")
+        again = None
+    if again is None:
+        signals.notify(signals.claim_released, request, scope, reason=run.response.status_code)
+    else:
+        context = request.idempotency  # type: ignore[attr-defined]
+        leave_uncertain(request, again, context, reason=run.response.status_code)
     return run.response

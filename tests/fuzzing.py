@@ -379,6 +379,18 @@ def classify(request: Sent, status: int, content: bytes, headers: dict[str, str]
         and detail.startswith("Unsupported media type")
     ):
         label = "415 drf unsupported_media_type"
+    elif (
+        status == 400
+        and request.target.kind == "drf"
+        and not request.target.echo
+        and isinstance(body, dict)
+        and body
+        and "detail" not in body
+        and all(isinstance(value, list) for value in body.values())
+    ):
+        # A serializer's ValidationError raised by the test app's view:
+        # refused input, answered but not stored (outcomes.standard).
+        label = "400 drf validation_error"
     elif status == 400 and lower.get("content-type", "").startswith("text/html"):
         # Django's own "Bad Request (400)" page: a body Django refused to
         # read at all (malformed multipart, too many fields, too large).

@@ -97,6 +97,10 @@ if DATABASES["default"]["ENGINE"] == "django.db.backends.mysql":
 
 DEFAULT_AUTO_FIELD = "django.db.models.BigAutoField"
 
+# The demo project's webhook endpoints (testproject/payments/*_webhooks.py).
+STRIPE_WEBHOOK_SECRET = "whsec_test_secret"
+GITHUB_WEBHOOK_SECRET = "github-test-secret"
+
 REST_FRAMEWORK = {
     "DEFAULT_AUTHENTICATION_CLASSES": [
         "rest_framework.authentication.TokenAuthentication",

@@ -208,12 +208,27 @@ def test_other_4xx_is_stored_as_failed_and_replayed(api: APIClient, status: int)
     assert Charge.objects.count() == 1
 
 
-def test_validation_error_raised_by_a_drf_view_is_a_stored_failure(api: APIClient) -> None:
+def test_validation_error_raised_by_a_drf_view_is_not_stored(api: APIClient) -> None:
+    """Refused input is not an outcome: the corrected body runs under the same key."""
     first = post(api, URL, {"amount": 100, "invalid": True}, "order-1")
     retry = post(api, URL, {"amount": 100, "invalid": True}, "order-1")
+    corrected = post(api, URL, {"amount": 100}, "order-1")
 
-    assert first.status_code == 400
+    assert first.status_code == retry.status_code == 400
     assert first.json() == {"amount": ["This amount is not accepted."]}
+    assert "Idempotent-Replayed" not in retry
+    assert first["Idempotency-Key"] == "order-1"
+    assert corrected.status_code == 201
+    assert "Idempotent-Replayed" not in corrected
+    assert IdempotencyRecord.objects.get().state == State.COMPLETED
+    assert Charge.objects.count() == 1
+
+
+def test_a_drf_error_other_than_refused_input_is_a_stored_failure(api: APIClient) -> None:
+    first = post(api, URL, {"amount": 100, "forbidden": True}, "order-1")
+    retry = post(api, URL, {"amount": 100, "forbidden": True}, "order-1")
+
+    assert first.status_code == 403
     assert retry.content == first.content
     assert retry["Idempotent-Replayed"] == "true"
     assert IdempotencyRecord.objects.get().state == State.FAILED

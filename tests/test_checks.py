@@ -128,6 +128,11 @@ def test_api_view_under_atomic_requests_is_warned_about(atomic_requests: None) -
         "api-view/probe",
         "api-view/single",
         "cbv/own-dispatch",
+        "keyed/body-field",
+        "keyed/body-field-standard",
+        "keyed/delivery-header",
+        "policy/by-status",
+        "policy/single",
     ]
 
 

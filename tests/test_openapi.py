@@ -432,3 +432,20 @@ def test_mounting_the_status_view_renames_none_of_the_projects_enums() -> None:
     assert alone["StateEnum"]["enum"] == beside["StateEnum"]["enum"] == ["open", "closed"]
     assert beside["BodyEncodingEnum"]["enum"] == ["gzip", "identity"]
     assert "OperationStatus" in beside
+
+
+def test_the_key_header_parameter_follows_the_views_key_source() -> None:
+    """``key="header:X"`` documents X; a key from the body documents no header."""
+    from tests.testapp import urls
+
+    generator = SchemaGenerator(patterns=urls.urlpatterns)  # type: ignore[no-untyped-call]
+    schema: dict[str, Any] = generator.get_schema(request=None, public=True)  # type: ignore[no-untyped-call]
+    paths = schema["paths"]
+
+    def headers(path: str) -> list[str]:
+        parameters = paths[path]["post"].get("parameters", [])
+        return [p["name"] for p in parameters if p["in"] == "header"]
+
+    assert headers("/keyed/delivery-header") == ["X-Delivery"]
+    assert headers("/keyed/body-field") == []
+    assert headers("/api-view/charges") == ["Idempotency-Key"]

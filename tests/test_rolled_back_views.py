@@ -64,12 +64,12 @@ def test_single_transaction_a_rolled_back_success_is_a_500_and_the_retry_runs(
 def test_single_transaction_under_atomic_requests_a_drf_4xx_is_stored_and_signalled_once(
     api: APIClient, atomic_requests: None
 ) -> None:
-    body = {"amount": 1, "invalid": True}
+    body = {"amount": 1, "forbidden": True}
     with signals_sent(STORED_OR_RELEASED) as sent:
         first = post(api, "/cbv/single", body, "k")
     retry = post(api, "/cbv/single", body, "k")
 
-    assert first.status_code == 400
+    assert first.status_code == 403
     assert IdempotencyRecord.objects.get().state == State.FAILED
     assert retry["Idempotent-Replayed"] == "true" and retry.content == first.content
     assert [(name, kwargs["state"]) for name, kwargs in sent] == [("stored", "FAILED")]
@@ -84,9 +84,9 @@ def test_single_transaction_a_rolled_back_4xx_whose_key_was_taken_meanwhile_is_n
 
     monkeypatch.setattr(store, "claim", _losing_after_the_first(store.claim))
     with signals_sent(STORED_OR_RELEASED) as sent:
-        first = post(api, "/cbv/single", {"amount": 1, "invalid": True}, "k")
+        first = post(api, "/cbv/single", {"amount": 1, "forbidden": True}, "k")
 
-    assert first.status_code == 400
+    assert first.status_code == 403
     assert [name for name, _ in sent] == ["released"]
 
 

@@ -108,6 +108,8 @@ def test_payments_api_against_its_schema(payments_provider: str, wsgi_app: WSGIH
     by_operation = []
     for result in schema.get_all_operations():
         operation = result.ok()
+        if operation.path.startswith("/v1/webhooks/"):
+            continue  # signed by their senders: tests/test_webhooks.py
         positive = operation.as_strategy(generation_mode=GenerationMode.POSITIVE)
         negative = operation.as_strategy(generation_mode=GenerationMode.NEGATIVE)
         variants = [positive, negative]
@@ -140,7 +142,7 @@ def test_payments_api_against_its_schema(payments_provider: str, wsgi_app: WSGIH
             # The very same request again: the stored answer, byte for byte,
             # or the same refusal; never a second execution.
             again = check(case)
-            if _refused_before_the_view(first):
+            if _refused_before_the_view(first) or _refused_input(first):
                 assert not _replayed(again)
                 assert (again.status_code, _code(again)) == (first.status_code, _code(first))
             elif first.status_code < 500 and first.status_code not in RELEASED:
@@ -250,6 +252,23 @@ def _refused_before_the_view(response: Any) -> bool:
         and isinstance(body, dict)
         and set(body) == {"detail"}
         and str(body["detail"]).startswith((*fuzzing.DRF_PARSE_ERRORS, "Unsupported media type"))
+    )
+
+
+def _refused_input(response: Any) -> bool:
+    """A serializer's ValidationError raised by the view: answered, not stored.
+
+    The refund beyond the payment has the same shape, but the view returns
+    it: a stored, replayed 400.
+    """
+    body = _json(response)
+    return (
+        response.status_code == 400
+        and isinstance(body, dict)
+        and bool(body)
+        and "detail" not in body
+        and all(isinstance(value, list) for value in body.values())
+        and not str((body.get("amount") or [""])[0]).startswith("Refunds would total")
     )
 
 

@@ -169,18 +169,21 @@ class TestCreatePayment:
         # 409 is retryable for django-idempotency: the claim was released.
         assert not IdempotencyRecord.objects.filter(key="k-2").exists()
 
-    def test_invalid_input_is_a_stored_400(self, alice: Tenant) -> None:
+    def test_invalid_input_is_not_stored_so_the_corrected_body_runs(self, alice: Tenant) -> None:
         body = {"order_id": "ORD-1", "amount": 0, "currency": "EURO"}
         first = alice.pay(body, "k-1")
         retry = alice.pay(body, "k-1")
 
-        assert first.status_code == 400
+        assert first.status_code == retry.status_code == 400
         assert set(first.json()) == {"amount", "currency"}
-        assert record("k-1").state == State.FAILED
-        assert retry.status_code == 400
-        assert replayed(retry)
-        assert retry.content == first.content
-        assert not Payment.objects.exists()
+        assert not replayed(retry)
+        assert not IdempotencyRecord.objects.filter(key="k-1").exists()
+
+        corrected = alice.pay(ORDER, "k-1")
+
+        assert corrected.status_code == 201
+        assert record("k-1").state == State.COMPLETED
+        assert Payment.objects.count() == 1
 
     def test_key_is_required(self, alice: Tenant) -> None:
         response = alice.pay(ORDER, None)

@@ -223,9 +223,9 @@ def test_api_view_exempted_as_documented_commits_its_claim_first(
 @pytest.mark.parametrize(
     ("url", "body"),
     [
-        ("/api-view/charges", {"amount": 1, "invalid": True}),
-        ("/cbv/charges", {"amount": 1, "invalid": True}),
-        ("/viewset/charges/", {"amount": "not a number"}),
+        ("/api-view/charges", {"amount": 1, "forbidden": True}),
+        ("/cbv/charges", {"amount": 1, "forbidden": True}),
+        ("/viewset/charges/999/refund/", {}),
     ],
 )
 def test_under_atomic_requests_a_raised_drf_error_is_still_a_stored_failure(
@@ -235,7 +235,7 @@ def test_under_atomic_requests_a_raised_drf_error_is_still_a_stored_failure(
     first = post(api, url, body, "k")
     retry = post(api, url, body, "k")
 
-    assert first.status_code == 400
+    assert first.status_code in (403, 404)
     assert retry.content == first.content
     assert retry["Idempotent-Replayed"] == "true"
     assert IdempotencyRecord.objects.get().state == State.FAILED

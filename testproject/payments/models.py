@@ -64,3 +64,18 @@ class Refund(models.Model):
 
     def __str__(self) -> str:
         return f"Refund {self.pk} of payment {self.payment_id}: {self.amount}"
+
+
+class WebhookEvent(models.Model):
+    """One run of a webhook handler: a redelivery that ran again would be a second row."""
+
+    source = models.CharField(max_length=16)
+    delivery = models.CharField(max_length=255, help_text="The sender's event or delivery id.")
+    kind = models.CharField(max_length=64, blank=True, default="")
+    received_at = models.DateTimeField(default=timezone.now)
+
+    class Meta:
+        ordering = ["id"]
+
+    def __str__(self) -> str:
+        return f"{self.source} {self.kind} {self.delivery}"

@@ -1,5 +1,8 @@
+from django.urls import path
 from rest_framework.routers import SimpleRouter
 
+from payments.github_webhooks import github_webhook
+from payments.stripe_webhooks import StripeWebhookView
 from payments.views import PaymentViewSet
 
 # No trailing slashes (/v1/payments, /v1/payments/7/refunds) and path
@@ -7,4 +10,8 @@ from payments.views import PaymentViewSet
 router = SimpleRouter(trailing_slash=False, use_regex_path=False)
 router.register("payments", PaymentViewSet, basename="payment")
 
-urlpatterns = router.urls
+urlpatterns = [
+    *router.urls,
+    path("webhooks/stripe", StripeWebhookView.as_view()),
+    path("webhooks/github", github_webhook),
+]

@@ -27,7 +27,7 @@ from django.db import IntegrityError, transaction
 from django.db.models import QuerySet, Sum
 from rest_framework import mixins, status, viewsets
 from rest_framework.decorators import action
-from rest_framework.exceptions import APIException, ValidationError
+from rest_framework.exceptions import APIException
 from rest_framework.permissions import IsAuthenticated
 from rest_framework.request import Request
 from rest_framework.response import Response
@@ -112,7 +112,9 @@ class PaymentViewSet(
     @idempotent
     def create(self, request: Request, *args: Any, **kwargs: Any) -> Response:
         serializer = self.get_serializer(data=request.data)
-        serializer.is_valid(raise_exception=True)  # 400, stored and replayed
+        # Refused input: a 400, not stored, so the corrected body may be
+        # sent with the same key.
+        serializer.is_valid(raise_exception=True)
         data = serializer.validated_data
         order_id = data["order_id"]
         # One payment per order, checked before any money moves. Locking the
@@ -209,14 +211,18 @@ class PaymentViewSet(
         amount = serializer.validated_data["amount"]
         refunded = payment.refunds.aggregate(total=Sum("amount"))["total"] or 0
         if refunded + amount > payment.amount:
-            # A definitive 4xx: stored as FAILED and replayed to retries.
-            raise ValidationError(
+            # A definitive 4xx, decided by what was refunded so far: returned
+            # (not raised, as refused input is), so it is stored as FAILED
+            # and replayed to retries.
+            left = payment.amount - refunded
+            return Response(
                 {
                     "amount": [
                         f"Refunds would total {refunded + amount}, more than the "
-                        f"payment's {payment.amount} ({payment.amount - refunded} left)."
+                        f"payment's {payment.amount} ({left} left)."
                     ]
-                }
+                },
+                status=status.HTTP_400_BAD_REQUEST,
             )
         refund = serializer.save(payment=payment)
         payment.status = (

@@ -129,6 +129,11 @@ IDEMPOTENCY = {
     "FAIL_OPEN": False,
 }
 
+# Webhook signing secrets (payments/stripe_webhooks.py, github_webhooks.py).
+# Stand-ins for the demo: set the real ones from the environment.
+STRIPE_WEBHOOK_SECRET = os.environ.get("STRIPE_WEBHOOK_SECRET", "whsec_demo_stand_in_secret")
+GITHUB_WEBHOOK_SECRET = os.environ.get("GITHUB_WEBHOOK_SECRET", "demo-stand-in-github-secret")
+
 # The payment provider (the simulator: python testproject/provider/server.py).
 PAYMENTS_PROVIDER_URL = os.environ.get("PAYMENTS_PROVIDER_URL", "http://127.0.0.1:8765")
 PAYMENTS_PROVIDER_TIMEOUT = float(os.environ.get("PAYMENTS_PROVIDER_TIMEOUT", 10))

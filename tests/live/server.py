@@ -660,6 +660,8 @@ class Call:
     json: Any
     headers: Mapping[str, str]
     method: str = "POST"
+    #: Sent as the body instead of ``json``: bytes a signature was computed over.
+    data: bytes | None = None
 
 
 def fire_together(calls: Sequence[Call], timeout: float = 30.0) -> list[Result]:
@@ -676,7 +678,8 @@ def fire_together(calls: Sequence[Call], timeout: float = 30.0) -> list[Result]:
                 response = session.request(
                     call.method,
                     call.url,
-                    json=call.json,
+                    json=call.json if call.data is None else None,
+                    data=call.data,
                     headers=dict(call.headers),
                     timeout=timeout,
                 )

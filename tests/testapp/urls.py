@@ -2,7 +2,7 @@ from django.contrib import admin
 from django.urls import include, path
 from rest_framework.routers import DefaultRouter
 
-from tests.testapp import views
+from tests.testapp import keyed_views, views
 
 router = DefaultRouter()
 router.register("viewset/charges", views.ChargeViewSet, basename="viewset-charge")
@@ -30,5 +30,14 @@ urlpatterns = [
     path("api-view/probe", views.api_view_probe),
     path("api-view/probe-exempt", views.api_view_probe_exempt),
     path("idempotency/", include("django_idempotency.urls")),
+    path("keyed/delivery-header", keyed_views.delivery_header),
+    path("keyed/body-field", keyed_views.body_field),
+    path("keyed/body-field-standard", keyed_views.body_field_standard_policy),
+    path("keyed/plain-callable", keyed_views.plain_callable_key),
+    path("keyed/plain-body", keyed_views.plain_body_field),
+    path("keyed/verified", keyed_views.verified_delivery),
+    path("keyed/mixin", keyed_views.MixinBodyKeyView.as_view()),
+    path("policy/by-status", keyed_views.policy_view),
+    path("policy/single", keyed_views.policy_single_view),
     path("", include(router.urls)),
 ]

@@ -2,7 +2,8 @@
 
 The request body steers the view, so the tests can reach every row of the
 HTTP behaviour table: ``status`` (answer with it after writing), ``raise``
-(write, then raise), ``invalid`` (raise DRF's ValidationError), ``sleep``
+(write, then raise), ``invalid`` (raise DRF's ValidationError), ``forbidden``
+(raise DRF's PermissionDenied, a definitive 403), ``sleep``
 (seconds to hold the claim, for the race tests), ``lose_store`` (write,
 then have PostgreSQL terminate this request's session, as an outage would;
 ``"refuse"``: and refuse new connections to the database until a test
@@ -25,7 +26,7 @@ from django.http import HttpRequest, JsonResponse
 from django.views.decorators.csrf import csrf_exempt
 from rest_framework import generics, serializers, status, viewsets
 from rest_framework.decorators import action, api_view
-from rest_framework.exceptions import ValidationError
+from rest_framework.exceptions import PermissionDenied, ValidationError
 from rest_framework.request import Request
 from rest_framework.response import Response
 from rest_framework.views import APIView
@@ -52,6 +53,8 @@ def perform(request: Any, data: Any) -> tuple[Charge, int]:
         time.sleep(float(data["sleep"]))
     if data.get("invalid"):
         raise ValidationError({"amount": ["This amount is not accepted."]})
+    if data.get("forbidden"):
+        raise PermissionDenied("This charge is not allowed.")
     charge = Charge.objects.create(
         tenant=_tenant(request), amount=int(data.get("amount", 0)), note=str(data.get("note", ""))
     )

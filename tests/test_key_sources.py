@@ -1,0 +1,265 @@
+"""``@idempotent(key=...)``: keys read from another header, a body field or a callable.
+
+Wherever it comes from, a key is validated like the Idempotency-Key header,
+refused the same way, and claimed, completed and replayed the same way; it
+is not echoed as an Idempotency-Key. Views: ``tests/testapp/keyed_views.py``.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import pytest
+from django.core.exceptions import ImproperlyConfigured
+from django.test import Client
+from rest_framework.test import APIClient
+
+from django_idempotency import idempotent
+from django_idempotency.drf import IdempotentMixin
+from django_idempotency.key_sources import KeySource
+from django_idempotency.models import IdempotencyRecord
+from tests.testapp.models import Charge
+
+pytestmark = [pytest.mark.django_db(transaction=True)]
+
+State = IdempotencyRecord.State
+
+
+def event(object_id: Any, **extra: Any) -> dict[str, Any]:
+    return {"id": "evt_1", "data": {"object": {"id": object_id}}, **extra}
+
+
+# -- from another header ---------------------------------------------------------------
+
+
+def test_a_key_from_another_header_runs_once_and_replays(api: APIClient) -> None:
+    first = api.post("/keyed/delivery-header", {"amount": 5}, format="json", HTTP_X_DELIVERY="d-1")
+    again = api.post("/keyed/delivery-header", {"amount": 5}, format="json", HTTP_X_DELIVERY="d-1")
+
+    assert first.status_code == again.status_code == 201
+    assert again["Idempotent-Replayed"] == "true"
+    assert again.content == first.content
+    assert Charge.objects.count() == 1
+    assert IdempotencyRecord.objects.get().key == "d-1"
+
+
+def test_a_key_from_elsewhere_is_not_echoed_as_an_idempotency_key(api: APIClient) -> None:
+    response = api.post(
+        "/keyed/delivery-header",
+        {"amount": 5},
+        format="json",
+        HTTP_X_DELIVERY="d-1",
+        HTTP_IDEMPOTENCY_KEY="client-key",
+    )
+
+    assert response.status_code == 201
+    assert "Idempotency-Key" not in response
+    # The Idempotency-Key header is not this view's key: the delivery id is.
+    assert IdempotencyRecord.objects.get().key == "d-1"
+
+
+def test_a_missing_header_key_is_refused_naming_the_header(api: APIClient) -> None:
+    response = api.post("/keyed/delivery-header", {"amount": 5}, format="json")
+
+    assert response.status_code == 400
+    assert response.json()["code"] == "idempotency_key_missing"
+    assert "X-Delivery" in response.json()["detail"]
+    assert Charge.objects.count() == 0
+
+
+@pytest.mark.parametrize("value", ["", "a" * 256, "d 1", "dé", "d-1, d-2"])
+def test_an_invalid_header_key_is_refused(api: APIClient, value: str) -> None:
+    response = api.post(
+        "/keyed/delivery-header", {"amount": 5}, format="json", HTTP_X_DELIVERY=value
+    )
+
+    assert response.status_code == 400
+    assert response.json()["code"] == "idempotency_key_invalid"
+    assert IdempotencyRecord.objects.count() == 0
+
+
+def test_a_quoted_value_of_another_header_is_the_key_as_sent(api: APIClient) -> None:
+    """Only the Idempotency-Key header is a Structured Field String."""
+    api.post("/keyed/delivery-header", {"amount": 5}, format="json", HTTP_X_DELIVERY='"d-1"')
+
+    assert IdempotencyRecord.objects.get().key == '"d-1"'
+
+
+# -- from the body ---------------------------------------------------------------------
+
+
+def test_a_dotted_body_field_is_the_key(api: APIClient) -> None:
+    first = api.post("/keyed/body-field", event("pi_1", amount=5), format="json")
+    again = api.post("/keyed/body-field", event("pi_1", amount=5), format="json")
+    other = api.post("/keyed/body-field", event("pi_2", amount=5), format="json")
+
+    assert first.status_code == again.status_code == other.status_code == 201
+    assert again["Idempotent-Replayed"] == "true"
+    assert "Idempotent-Replayed" not in other
+    assert sorted(IdempotencyRecord.objects.values_list("key", flat=True)) == ["pi_1", "pi_2"]
+    assert Charge.objects.count() == 2
+
+
+def test_an_integer_body_field_is_its_decimal_spelling(api: APIClient) -> None:
+    api.post("/keyed/body-field", event(1234, amount=5), format="json")
+    again = api.post("/keyed/body-field", event(1234, amount=5), format="json")
+
+    assert IdempotencyRecord.objects.get().key == "1234"
+    assert again["Idempotent-Replayed"] == "true"
+
+
+@pytest.mark.parametrize("value", [1.5, True, {"id": 1}, ["a"], "", "a" * 256, "é"])
+def test_a_body_field_that_is_no_key_is_refused(api: APIClient, value: Any) -> None:
+    response = api.post("/keyed/body-field", event(value, amount=5), format="json")
+
+    assert response.status_code == 400
+    assert response.json()["code"] == "idempotency_key_invalid"
+    assert "data.object.id" in response.json()["detail"]
+    assert Charge.objects.count() == 0
+
+
+@pytest.mark.parametrize("body", [{"amount": 5}, event(None, amount=5), {"data": "x"}])
+def test_a_missing_body_field_is_refused_as_missing(api: APIClient, body: Any) -> None:
+    response = api.post("/keyed/body-field", body, format="json")
+
+    assert response.status_code == 400
+    assert response.json()["code"] == "idempotency_key_missing"
+    assert Charge.objects.count() == 0
+
+
+def test_a_body_field_of_a_plain_django_json_view(client: Client) -> None:
+    for _ in range(2):
+        response = client.post(
+            "/keyed/plain-body", {"id": "evt_9", "amount": 5}, content_type="application/json"
+        )
+    assert response.status_code == 201
+    assert response["Idempotent-Replayed"] == "true"
+    assert Charge.objects.count() == 1
+
+
+def test_a_body_field_of_a_plain_django_form_view(client: Client) -> None:
+    for _ in range(2):
+        response = client.post("/keyed/plain-body", {"id": "evt_9", "amount": "5"})
+    assert response.status_code == 201
+    assert response["Idempotent-Replayed"] == "true"
+    assert IdempotencyRecord.objects.get().key == "evt_9"
+
+
+def test_a_form_field_sent_twice_is_refused(client: Client) -> None:
+    response = client.post("/keyed/plain-body", {"id": ["evt_1", "evt_2"], "amount": "5"})
+
+    assert response.status_code == 400
+    assert Charge.objects.count() == 0
+
+
+def test_a_body_that_is_not_json_has_no_key(client: Client) -> None:
+    response = client.post("/keyed/plain-body", "{oops", content_type="application/json")
+
+    assert response.status_code == 400
+    assert b"idempotency_key_missing" in response.content
+
+
+def test_the_mixin_reads_its_key_from_the_body(api: APIClient) -> None:
+    first = api.post("/keyed/mixin", {"amount": 5, "note": "n-1"}, format="json")
+    again = api.post("/keyed/mixin", {"amount": 5, "note": "n-1"}, format="json")
+
+    assert first.status_code == 201
+    assert again["Idempotent-Replayed"] == "true"
+    assert IdempotencyRecord.objects.get().key == "n-1"
+
+
+# -- from a callable -------------------------------------------------------------------
+
+
+def test_a_callable_key(client: Client) -> None:
+    for _ in range(2):
+        response = client.post(
+            "/keyed/plain-callable",
+            {"amount": 5},
+            content_type="application/json",
+            HTTP_X_REFERENCE="ref-7",
+        )
+    assert response["Idempotent-Replayed"] == "true"
+    assert IdempotencyRecord.objects.get().key == "ref-7"
+    assert Charge.objects.count() == 1
+
+
+def test_a_callable_returning_none_means_no_key(client: Client) -> None:
+    response = client.post("/keyed/plain-callable", {"amount": 5}, content_type="application/json")
+
+    assert response.status_code == 400
+    assert b"idempotency_key_missing" in response.content
+
+
+# -- verification before the claim, and the tenant of the sender --------------------------
+
+
+def test_a_forged_delivery_is_refused_before_the_claim(client: Client) -> None:
+    """The forged request carries the genuine delivery id: its 401 must not be replayed."""
+    forged = client.post(
+        "/keyed/verified",
+        {"amount": 5},
+        content_type="application/json",
+        HTTP_X_DELIVERY="d-1",
+        HTTP_X_SIGNATURE="bad",
+    )
+    genuine = client.post(
+        "/keyed/verified",
+        {"amount": 5},
+        content_type="application/json",
+        HTTP_X_DELIVERY="d-1",
+        HTTP_X_SIGNATURE="good",
+        HTTP_X_SENDER="acme",
+    )
+
+    assert forged.status_code == 401
+    assert genuine.status_code == 201
+    assert "Idempotent-Replayed" not in genuine
+    assert Charge.objects.count() == 1
+    record = IdempotencyRecord.objects.get()
+    assert (record.tenant, record.key, record.state) == ("sender:acme", "d-1", State.COMPLETED)
+
+
+def test_verify_runs_for_unprotected_methods_too(client: Client) -> None:
+    assert client.get("/keyed/verified", HTTP_X_SIGNATURE="bad").status_code == 401
+
+
+# -- specs checked at decoration time ----------------------------------------------------
+
+
+@pytest.mark.parametrize("spec", ["X-Delivery", "head:X", "header:", "body:", "body:a..b", 3])
+def test_an_unknown_key_spec_fails_at_decoration(spec: Any) -> None:
+    with pytest.raises(ImproperlyConfigured):
+        idempotent(key=spec)(lambda request: None)
+
+
+def test_an_unknown_key_spec_fails_when_the_mixin_class_is_made() -> None:
+    with pytest.raises(ImproperlyConfigured):
+
+        class Broken(IdempotentMixin):
+            idempotency_key = "cookie:id"
+
+
+@pytest.mark.parametrize("name", ["outcome", "tenant", "verify"])
+def test_callables_are_checked_at_decoration(name: str) -> None:
+    with pytest.raises(ImproperlyConfigured):
+        idempotent(**{name: "not callable"})(lambda request: None)  # type: ignore[call-overload]
+
+
+def test_a_header_source_naming_the_idempotency_header_is_the_client_header() -> None:
+    assert KeySource.of("header:idempotency-key").is_client_header
+    assert KeySource.of(None).is_client_header
+    assert not KeySource.of("header:X-GitHub-Delivery").is_client_header
+    assert not KeySource.of("body:id").is_client_header
+
+
+def test_a_body_too_large_is_refused_before_it_is_parsed_for_its_key(
+    api: APIClient, settings: Any
+) -> None:
+    settings.IDEMPOTENCY = {"MAX_FINGERPRINTED_BODY": 100}
+    # Its key field is no key either: which refusal comes first tells the order.
+    response = api.post("/keyed/body-field", event(1.5, pad="x" * 200), format="json")
+
+    assert response.status_code == 413
+    assert response.json()["code"] == "idempotency_body_too_large"
+    assert Charge.objects.count() == 0
