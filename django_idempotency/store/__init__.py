@@ -8,6 +8,8 @@ changes them only by calling the functions exported here:
   over, finding the record that holds it;
 - ``owner_writes``: what the owner of a claim writes, each write
   conditional on its fencing token;
+- ``steps``: the rows of a multi-step operation's steps, written only
+  alongside their record's fenced write;
 - ``maintenance``: recovery's and operators' takeovers, retention, key
   rotation;
 - ``conditional``: the compare-and-set and the conditional DELETE those
@@ -54,14 +56,19 @@ from django_idempotency.store.maintenance import (
 )
 from django_idempotency.store.owner_writes import (
     begin_external,
+    begin_step,
     complete,
+    hand_back,
     mark_uncertain,
+    note_provider_operation,
     postpone,
     release,
     renew_lease,
     set_provider_operation,
+    set_step_provider_operation,
 )
 from django_idempotency.store.sealing import UnreadableRecord, unseal
+from django_idempotency.store.steps import StepWrite, steps_of
 
 __all__ = [
     "MAX_RECLAIMS",
@@ -70,9 +77,11 @@ __all__ = [
     "Attempt",
     "Claim",
     "ResealBatch",
+    "StepWrite",
     "UnreadableRecord",
     "abandoned",
     "begin_external",
+    "begin_step",
     "claim",
     "claim_or_find",
     "claim_or_take_over",
@@ -82,9 +91,11 @@ __all__ = [
     "discard_expired",
     "expire_leases",
     "extend_retention",
+    "hand_back",
     "lease_owner",
     "lookup",
     "mark_uncertain",
+    "note_provider_operation",
     "past_retention",
     "postpone",
     "purge_expired_batch",
@@ -92,7 +103,9 @@ __all__ = [
     "renew_lease",
     "reseal_batch",
     "set_provider_operation",
+    "set_step_provider_operation",
     "snapshot_isolated",
+    "steps_of",
     "take_over",
     "take_over_for_operator",
     "take_over_next_stale",

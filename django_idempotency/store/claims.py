@@ -191,11 +191,14 @@ def take_over(
     A CLAIMED owner has begun no external call, and its local work commits
     only with its completion: if it died, that work rolled back with it; if
     it is merely slow, its completion will find the fencing token moved on
-    and roll back too. So the record can be run again, once.
+    and roll back too. So the record can be run again, once. A CLAIMED
+    record without a lease owner was handed back by a reconciler
+    (``RetryFrom``) and is taken at once: its kept steps tell the view what
+    not to call again.
     """
     token = take_over_where(
         record,
-        Q(state=State.CLAIMED, lease_expires_at__lte=DatabaseNow()),
+        Q(state=State.CLAIMED) & (Q(lease_expires_at__lte=DatabaseNow()) | Q(lease_owner="")),
         owner=lease_owner(),
         lease=lease,
         using=using,
@@ -264,12 +267,18 @@ def past_retention(record: IdempotencyRecord) -> bool:
 
 
 def abandoned(record: IdempotencyRecord, fingerprint: Fingerprint) -> bool:
-    """A claim for this very input whose owner's lease ran out (at the lookup's time)."""
+    """A claim for this very input whose owner's lease ran out (at the lookup's time).
+
+    Or one that has no owner at all: a reconciler handed it back to the
+    client's retry (``RetryFrom``; ``owner_writes.hand_back``).
+    """
     return (
         record.state == State.CLAIMED
         and fingerprint.matches(record.fingerprint)
-        and record.lease_expires_at is not None
-        and record.lease_expires_at <= _read_at(record)
+        and (
+            record.lease_owner == ""
+            or (record.lease_expires_at is not None and record.lease_expires_at <= _read_at(record))
+        )
     )
 
 
