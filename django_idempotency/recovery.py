@@ -263,22 +263,23 @@ class RecoveryReport:
 
     Attributes:
         released: CLAIMED records released, and records a reconciler released.
-        handed_back: Records a reconciler handed back to the client's retry
-            (``RetryFrom``).
         completed: Records a reconciler settled with ``Completed``.
         failed: Records a reconciler settled with ``Failed``.
         retried: Records left for later: ``Retry``, or a reconciler that raised.
         unreconciled: Records left UNCERTAIN for want of a reconciler.
         stale: Records taken over by someone else meanwhile.
+        handed_back: Records a reconciler handed back to the client's retry
+            (``RetryFrom``).
     """
 
     released: int = 0
-    handed_back: int = 0
     completed: int = 0
     failed: int = 0
     retried: int = 0
     unreconciled: int = 0
     stale: int = 0
+    #: Last, so that positional construction keeps its meaning.
+    handed_back: int = 0
 
     @property
     def handled(self) -> int:

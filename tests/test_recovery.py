@@ -562,6 +562,7 @@ def test_the_celery_task_does_the_same_work(mixed: dict[str, IdempotencyRecord])
         "retried": 0,
         "unreconciled": 0,
         "stale": 0,
+        "handed_back": 0,
     }
     assert tasks.recover_stale_records.apply().get()["unreconciled"] == 1
 

@@ -192,13 +192,17 @@ def take_over(
     only with its completion: if it died, that work rolled back with it; if
     it is merely slow, its completion will find the fencing token moved on
     and roll back too. So the record can be run again, once. A CLAIMED
-    record without a lease owner was handed back by a reconciler
+    record with a lease but no lease owner was handed back by a reconciler
     (``RetryFrom``) and is taken at once: its kept steps tell the view what
     not to call again.
     """
     token = take_over_where(
         record,
-        Q(state=State.CLAIMED) & (Q(lease_expires_at__lte=DatabaseNow()) | Q(lease_owner="")),
+        Q(state=State.CLAIMED)
+        & (
+            Q(lease_expires_at__lte=DatabaseNow())
+            | Q(lease_owner="", lease_expires_at__isnull=False)
+        ),
         owner=lease_owner(),
         lease=lease,
         using=using,
@@ -269,16 +273,16 @@ def past_retention(record: IdempotencyRecord) -> bool:
 def abandoned(record: IdempotencyRecord, fingerprint: Fingerprint) -> bool:
     """A claim for this very input whose owner's lease ran out (at the lookup's time).
 
-    Or one that has no owner at all: a reconciler handed it back to the
-    client's retry (``RetryFrom``; ``owner_writes.hand_back``).
+    Or one that has a lease but no owner: a reconciler handed it back to
+    the client's retry (``RetryFrom``; ``owner_writes.hand_back``). No
+    other CLAIMED record is so: an owner always names itself, and the
+    writes that clear the owner clear the lease or leave another state.
     """
     return (
         record.state == State.CLAIMED
         and fingerprint.matches(record.fingerprint)
-        and (
-            record.lease_owner == ""
-            or (record.lease_expires_at is not None and record.lease_expires_at <= _read_at(record))
-        )
+        and record.lease_expires_at is not None
+        and (record.lease_owner == "" or record.lease_expires_at <= _read_at(record))
     )
 
 

@@ -276,8 +276,8 @@ def hand_back(
 ) -> None:
     """Hand a record back to the client's retry, keeping the steps ``keep`` (``RetryFrom``).
 
-    The record becomes CLAIMED with no lease owner, the one state no owner
-    ever leaves a record in (a live owner always names itself): the
+    The record becomes CLAIMED with a lease but no lease owner, which no
+    other write leaves a record in (a live owner always names itself): the
     client's retry with the same key and input takes it over at once
     (``claims.abandoned``), whatever its lease. The lease is set to end
     with the record's retention, so that recovery leaves the record alone
