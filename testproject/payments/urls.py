@@ -1,5 +1,7 @@
+from django.urls import path
 from rest_framework.routers import SimpleRouter
 
+from payments.two_step import two_step_payment
 from payments.views import PaymentViewSet
 
 # No trailing slashes (/v1/payments, /v1/payments/7/refunds) and path
@@ -7,4 +9,8 @@ from payments.views import PaymentViewSet
 router = SimpleRouter(trailing_slash=False, use_regex_path=False)
 router.register("payments", PaymentViewSet, basename="payment")
 
-urlpatterns = router.urls
+urlpatterns = [
+    # Authorize, then capture: two external calls (steps) in one operation.
+    path("payments/two-step", two_step_payment, name="payment-two-step"),
+    *router.urls,
+]
