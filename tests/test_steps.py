@@ -102,7 +102,10 @@ def reconcile() -> Iterator[Callable[[Callable[[IdempotencyRecord], Any]], list[
 
 
 def test_each_step_commits_its_row_with_a_key_of_its_own(api: APIClient) -> None:
-    steps = [{"name": "authorize", "provider_id": "au_1"}, {"name": "capture", "provider_id": "ca_1"}]
+    steps = [
+        {"name": "authorize", "provider_id": "au_1"},
+        {"name": "capture", "provider_id": "ca_1"},
+    ]
     body = post(api, URL, {"amount": 1, "steps": steps}, "k").json()
 
     record = IdempotencyRecord.objects.get()
@@ -111,7 +114,10 @@ def test_each_step_commits_its_row_with_a_key_of_its_own(api: APIClient) -> None
         ("authorize", step_key("k", "authorize"), "au_1"),
         ("capture", step_key("k", "capture"), "ca_1"),
     ]
-    assert body["keys"] == {"authorize": step_key("k", "authorize"), "capture": step_key("k", "capture")}
+    assert body["keys"] == {
+        "authorize": step_key("k", "authorize"),
+        "capture": step_key("k", "capture"),
+    }
     # The record's own columns are for the one call without a step.
     assert (record.provider_key, record.provider_operation_id) == ("", "")
 
@@ -149,6 +155,12 @@ def test_a_failure_after_a_step_leaves_every_begun_step_with_the_uncertain_recor
     assert Charge.objects.count() == 0  # the view's own write rolled back
 
 
+def statements(captured: CaptureQueriesContext) -> list[str]:
+    """The SQL statements run (transaction control left out), by their verb."""
+    verbs = [query["sql"].split()[0].upper() for query in captured.captured_queries]
+    return [verb for verb in verbs if verb in ("SELECT", "INSERT", "UPDATE", "DELETE")]
+
+
 def held_by_a_context(key: str = "k") -> tuple[IdempotencyRecord, IdempotencyContext]:
     """A CLAIMED record and the context of its owner, outside any request."""
     record = IdempotencyRecord.objects.create(
@@ -163,7 +175,9 @@ def held_by_a_context(key: str = "k") -> tuple[IdempotencyRecord, IdempotencyCon
         updated_at=timezone.now(),
         expires_at=timezone.now() + timedelta(days=1),
     )
-    held = store.Claim(record.pk, record.fencing_token, Scope("anonymous", OPERATION, key), "default")
+    held = store.Claim(
+        record.pk, record.fencing_token, Scope("anonymous", OPERATION, key), "default"
+    )
     return record, IdempotencyContext(held)
 
 
@@ -177,11 +191,6 @@ def test_begin_external_with_a_step_costs_two_statements_and_set_provider_operat
     with CaptureQueriesContext(connection) as again:
         context.begin_external(step="authorize")  # the stored row: its key kept
 
-    statements = lambda captured: [  # noqa: E731
-        q["sql"].split()[0].upper()
-        for q in captured.captured_queries
-        if q["sql"].split()[0].upper() in ("SELECT", "INSERT", "UPDATE", "DELETE")
-    ]
     assert statements(begun) == ["UPDATE", "INSERT"]
     assert statements(recorded) == ["UPDATE", "UPDATE"]
     assert statements(again) == ["UPDATE", "UPDATE"]
@@ -210,7 +219,7 @@ def test_a_taken_over_record_reads_its_steps_once_and_only_when_asked() -> None:
 
 
 def test_a_stale_owner_writes_no_step() -> None:
-    record, context = held_by_a_context()
+    _, context = held_by_a_context()
     IdempotencyRecord.objects.update(fencing_token=F("fencing_token") + 1)
     with pytest.raises(StaleOwner):
         context.begin_external(step="authorize")
@@ -269,7 +278,10 @@ def test_retry_from_a_step_keeps_the_earlier_steps_and_the_retry_skips_them(
     assert stored_steps(record) == [("authorize", step_key("k", "authorize"), "au_1")]
     assert recover_stale_records().handled == 0
 
-    steps = [{"name": "authorize", "provider_id": "au_2"}, {"name": "capture", "provider_id": "ca_1"}]
+    steps = [
+        {"name": "authorize", "provider_id": "au_2"},
+        {"name": "capture", "provider_id": "ca_1"},
+    ]
     retry = steered(api, "k", steps=steps)
 
     assert retry.status_code == 201
@@ -388,7 +400,11 @@ def test_release_by_a_reconciler_deletes_the_steps_with_the_record(
 def test_a_reconcilers_provider_operation_id_is_stored_on_the_record(
     api: APIClient, reconcile: Callable[..., list[Any]], outcome: type[Any]
 ) -> None:
-    reconcile(lambda record: outcome(status=201 if outcome is Completed else 402, provider_operation_id="ca_7"))
+    reconcile(
+        lambda record: outcome(
+            status=201 if outcome is Completed else 402, provider_operation_id="ca_7"
+        )
+    )
     crashed_between_the_steps(api)
 
     recover_stale_records()
