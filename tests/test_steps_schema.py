@@ -27,7 +27,7 @@ def add_step(record: IdempotencyRecord, name: str) -> IdempotencyStep:
 
 
 def test_deleting_a_record_in_one_statement_deletes_its_steps_and_no_others() -> None:
-    doomed, kept = RecordFactory(key="doomed"), RecordFactory(key="kept")
+    doomed, kept = RecordFactory.create(key="doomed"), RecordFactory.create(key="kept")
     add_step(doomed, "authorize"), add_step(doomed, "capture"), add_step(kept, "authorize")
 
     assert delete_where(IdempotencyRecord.objects.filter(pk=doomed.pk), using="default") == 1
@@ -52,7 +52,7 @@ def test_a_step_needs_its_record_where_the_database_enforces_references() -> Non
 def test_one_step_name_per_record() -> None:
     from django.db import IntegrityError, transaction
 
-    record = RecordFactory()
+    record = RecordFactory.create()
     add_step(record, "authorize")
     with pytest.raises(IntegrityError), transaction.atomic():
         add_step(record, "authorize")
