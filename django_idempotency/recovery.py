@@ -446,7 +446,7 @@ def settle(record: IdempotencyRecord, held: store.Claim, report: RecoveryReport)
     elif isinstance(outcome, Failed):
         report.failed += 1
     elif isinstance(outcome, Release):
-        if store.release(held, states=store.UNRESOLVED_STATES, even_with_steps=True):
+        if store.release(held, states=store.UNRESOLVED_STATES):
             report.released += 1
             signals.notify(signals.claim_released, None, held.scope, reason="reconciled")
         else:

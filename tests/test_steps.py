@@ -424,3 +424,16 @@ def test_without_a_provider_operation_id_the_column_is_left_as_it_is(
         recover_stale_records()
     assert IdempotencyRecord.objects.get().provider_operation_id == ""
     assert not any("provider_operation_id\" = ''" in q["sql"] for q in settled.captured_queries)
+
+
+def test_only_the_default_release_keeps_a_record_with_steps() -> None:
+    """The owner's (and recovery's) release of a CLAIMED record; an operator's deletes."""
+    record, context = held_by_a_context()
+    context.begin_external(step="authorize")
+    IdempotencyRecord.objects.update(state=State.CLAIMED)
+    held = store.Claim(record.pk, record.fencing_token, context.scope, "default")
+
+    assert store.release(held) is False
+    assert IdempotencyStep.objects.count() == 1
+    assert store.release(held, states=tuple(State.values)) is True
+    assert not IdempotencyRecord.objects.exists() and not IdempotencyStep.objects.exists()

@@ -84,22 +84,22 @@ def complete(held: Claim, verdict: Verdict, response: StoredResponse, *, ttl: ti
         raise StaleOwner(held.record_id)
 
 
-def release(
-    held: Claim, *, states: tuple[str, ...] = (State.CLAIMED,), even_with_steps: bool = False
-) -> bool:
+def release(held: Claim, *, states: tuple[str, ...] = (State.CLAIMED,)) -> bool:
     """Delete the record so that a retry runs the operation again.
 
     Only CLAIMED records by default: once an external call has begun, only
-    a reconciler that knows it never happened may release (``Release()``).
-    Nor, unless ``even_with_steps``, a record with steps: a CLAIMED one has
+    a reconciler that knows it never happened may release (``Release()``),
+    or an operator. Nor, by default, a CLAIMED record with steps: it has
     them when a reconciler handed it back (``RetryFrom``) and kept steps
     whose providers were called; deleting it would delete what is known of
-    them. Part of the one DELETE (``NOT EXISTS``), not a read before it.
+    them. Part of the one DELETE (``NOT EXISTS``), not a read before it. A
+    caller that names other ``states`` (a reconciler's ``Release()``, an
+    operator) deletes the steps with the record.
     """
     records = IdempotencyRecord.objects.filter(
         pk=held.record_id, fencing_token=held.fencing_token, state__in=states
     )
-    if not even_with_steps:
+    if states == (State.CLAIMED,):
         records = records.filter(~Exists(IdempotencyStep.objects.filter(record=OuterRef("pk"))))
     deleted = delete_where(records, using=held.database)
     if not deleted:
@@ -276,9 +276,10 @@ def hand_back(
 ) -> None:
     """Hand a record back to the client's retry, keeping the steps ``keep`` (``RetryFrom``).
 
-    The record becomes CLAIMED with a lease but no lease owner, which no
-    other write leaves a record in (a live owner always names itself): the
-    client's retry with the same key and input takes it over at once
+    The record becomes CLAIMED with no lease owner and a lease that ends
+    with its retention, which no other write leaves a record in (a live
+    owner always names itself, for a lease far shorter; ``claims.handed_back``):
+    the client's retry with the same key and input takes it over at once
     (``claims.abandoned``), whatever its lease. The lease is set to end
     with the record's retention, so that recovery leaves the record alone
     until then and asks its reconciler again only if the client never came
