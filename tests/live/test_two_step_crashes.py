@@ -119,6 +119,7 @@ class Trial:
     order_id: str
     body: dict[str, Any]
     state_after_crash: str = ""
+    steps_after_crash: str = ""
     crash: Result | None = None
     early_retry: Result | None = None
     recoveries: list[dict[str, int]] = field(default_factory=list)
@@ -130,7 +131,7 @@ class Trial:
         lines = [f"trial {self.point}#{self.number} key={self.key!r} order={self.order_id!r}"]
         if self.error:
             lines.append(f"  error: {self.error}")
-        lines.append(f"  state after crash: {self.state_after_crash}")
+        lines.append(f"  after the crash: {self.state_after_crash}; {self.steps_after_crash}")
         for name, result in (("crash", self.crash), ("early retry", self.early_retry)):
             if result is not None:
                 lines.append(f"  {name}: {result.describe(200)}")
@@ -156,6 +157,9 @@ def run_trial(stack: PaymentsStack, point: str, number: int) -> Trial:
         trial.crash = post(url, trial.body, {**headers, "X-Crash-At": point})
         crashed_at = time.monotonic()
         trial.state_after_crash = record_state(stack, trial.key)
+        trial.steps_after_crash = ", ".join(
+            f"{name} ({'id' if pid else 'no id'})" for name, _, pid in steps_of(stack, trial.key)
+        )
         trial.early_retry = post(url, trial.body, headers)
 
         time.sleep(max(0.0, crashed_at + stack.lease + LEASE_MARGIN - time.monotonic()))
@@ -254,6 +258,7 @@ def print_table() -> Iterator[None]:
         ("point", 26),
         ("trials", 6),
         ("state after crash", 17),
+        ("steps after crash", 36),
         ("recovery", 30),
         ("authorize calls", 15),
         ("capture calls", 13),
@@ -285,10 +290,12 @@ def test_sigkill_at_point_then_recovery_and_retry(
     problems: list[str] = []
     row = Counter[str]()
     states = Counter[str]()
+    steps_seen = Counter[str]()
     for trial in trials:
         issues, counts = trial_issues(stack, trial, by_order.get(trial.order_id, []))
         row.update(counts)
         states[trial.state_after_crash] += 1
+        steps_seen[trial.steps_after_crash] += 1
         for report in trial.recoveries:
             for outcome in ("released", "handed_back", "completed", "failed", "retried"):
                 row[outcome] += report.get(outcome, 0)
@@ -311,6 +318,7 @@ def test_sigkill_at_point_then_recovery_and_retry(
             "point": point,
             "trials": TRIALS,
             "state after crash": ", ".join(sorted(states)),
+            "steps after crash": " | ".join(sorted(steps_seen)),
             "recovery": {
                 "released": "Release (nothing called)",
                 "handed_back": "RetryFrom('capture')",
