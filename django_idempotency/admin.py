@@ -36,6 +36,7 @@ from django_idempotency.models import (
     RESOLVED_STATES,
     UNRESOLVED_STATES,
     IdempotencyRecord,
+    IdempotencyStep,
 )
 from django_idempotency.store import sealing
 from django_idempotency.store.database_time import (
@@ -44,6 +45,7 @@ from django_idempotency.store.database_time import (
     database_now,
     with_read_time,
 )
+from django_idempotency.store.steps import steps_of
 
 __all__ = [
     "COUNT_CAP",
@@ -260,7 +262,9 @@ class IdempotencyRecordAdmin(admin.ModelAdmin):  # type: ignore[type-arg]
     # Exact, case-sensitive matches (see get_search_results): operators paste
     # ids, and "contains" would scan the table.
     search_fields = ["key", "tenant", "provider_key", "provider_operation_id"]
-    search_help_text = _("Exact key, tenant, provider key or provider operation id.")
+    search_help_text = _(
+        "Exact key, tenant, provider key or provider operation id (the record's or a step's)."
+    )
     date_hierarchy = "expires_at"
     ordering = ["-pk"]
     paginator = EstimatedCountPaginator
@@ -272,7 +276,7 @@ class IdempotencyRecordAdmin(admin.ModelAdmin):  # type: ignore[type-arg]
     change_list_template = "admin/django_idempotency/idempotencyrecord/change_list.html"
     fieldsets = [
         (None, {"fields": ["tenant", "operation", "key", "state", "fingerprint"]}),
-        (_("External call"), {"fields": ["provider_key", "provider_operation_id"]}),
+        (_("External call"), {"fields": ["provider_key", "provider_operation_id", "steps"]}),
         (_("Timeline"), {"fields": ["timeline"]}),
         (_("Stored response"), {"fields": ["response_status", "headers", "body"]}),
     ]
@@ -284,6 +288,7 @@ class IdempotencyRecordAdmin(admin.ModelAdmin):  # type: ignore[type-arg]
         "fingerprint",
         "provider_key",
         "provider_operation_id",
+        "steps",
         "timeline",
         "response_status",
         "headers",
@@ -331,6 +336,12 @@ class IdempotencyRecordAdmin(admin.ModelAdmin):  # type: ignore[type-arg]
             column = cast("CharField[Any, Any]", IdempotencyRecord._meta.get_field(name))
             if admin_input.storable(term, column.max_length or 0):
                 exact |= Q(**{name: term})
+        # A step's provider id (begin_external(step=...)): a subquery on its
+        # partial index, inside the same statement.
+        step_column = IdempotencyStep._meta.get_field("provider_operation_id")
+        if admin_input.storable(term, step_column.max_length or 0):
+            with_step = IdempotencyStep.objects.filter(provider_operation_id=term)
+            exact |= Q(pk__in=with_step.values("record_id"))
         return queryset.filter(exact), False
 
     def lookup_allowed(self, lookup: str, value: str, request: HttpRequest | None = None) -> bool:
@@ -406,6 +417,37 @@ class IdempotencyRecordAdmin(admin.ModelAdmin):  # type: ignore[type-arg]
             return "-"
         now = record.read_at or self._now(record)
         return str(_("held")) if record.lease_expires_at > now else str(_("expired"))
+
+    @admin.display(description=_("steps"))
+    def steps(self, record: IdempotencyRecord) -> Any:
+        """The steps of an operation of several calls, in begin order: one query, on this page."""
+        rows = [
+            (
+                step.name,
+                step.provider_key,
+                step.provider_operation_id or "-",
+                to_the_second(step.begun_at),
+                to_the_second(step.updated_at),
+            )
+            for step in steps_of(record.pk, using=record._state.db or "default")
+        ]
+        if not rows:
+            return "-"
+        header = format_html(
+            "<tr><th>{}</th><th>{}</th><th>{}</th><th>{}</th><th>{}</th></tr>",
+            _("step"),
+            _("provider key"),
+            _("provider operation id"),
+            _("begun"),
+            _("updated"),
+        )
+        return format_html(
+            '<table class="idempotency-steps">{}{}</table>',
+            header,
+            format_html_join(
+                "", "<tr><td>{}</td><td>{}</td><td>{}</td><td>{}</td><td>{}</td></tr>", rows
+            ),
+        )
 
     @admin.display(description=_("timeline"))
     def timeline(self, record: IdempotencyRecord) -> Any:

@@ -11,9 +11,11 @@ from django.core.exceptions import ImproperlyConfigured
 from django_idempotency import digests, store
 from django_idempotency.conf import as_timedelta, idempotency_settings
 from django_idempotency.exceptions import IsolationNotSupported
+from django_idempotency.models import STEP_NAME_MAX_LENGTH, IdempotencyStep
 from django_idempotency.scope import Scope
 from django_idempotency.simulated_crash import SimulatedCrash, crash_requested
 from django_idempotency.store.connections import snapshot_isolated
+from django_idempotency.store.steps import StepWrite, steps_of
 
 __all__ = [
     "IdempotencyContext",
@@ -21,8 +23,8 @@ __all__ = [
 ]
 
 
-def derive_provider_key(scope: Scope) -> str:
-    """A key for the downstream provider, derived only from the scoped key.
+def derive_provider_key(scope: Scope, *, step: str | None = None) -> str:
+    """A key for the downstream provider, derived only from the scoped key (and the step).
 
     Deterministic, so a restarted process, a retry after a released claim,
     or a reconciler derives the same one, and the provider deduplicates
@@ -38,9 +40,31 @@ def derive_provider_key(scope: Scope) -> str:
     Deterministic only under one secret: once ``begin_external()`` wrote it
     to the record, it is read from there (a takeover, a reconciler), never
     derived again.
+
+    Args:
+        scope: The record's (tenant, operation, key).
+        step: ``begin_external(step=...)``'s name: each step of one
+            operation gets a key of its own (the step's name is part of the
+            digested material), stored on the step's row. ``None``: the
+            record's one call, the key of earlier releases.
+
+    Returns:
+        ``"<version>:<hex>"``, at most 64 characters.
     """
-    material = json.dumps([scope.tenant, scope.operation, scope.key])
+    parts = [scope.tenant, scope.operation, scope.key]
+    if step is not None:
+        parts.append(step)
+    material = json.dumps(parts)
     return digests.provider_key(material.encode("ascii"))
+
+
+def _checked_step_name(step: str) -> str:
+    if not isinstance(step, str) or not step or len(step) > STEP_NAME_MAX_LENGTH:
+        raise ValueError(
+            f"A step's name is a non-empty string of at most {STEP_NAME_MAX_LENGTH} "
+            f"characters, not {step!r}."
+        )
+    return step
 
 
 class IdempotencyContext:
@@ -61,6 +85,21 @@ class IdempotencyContext:
     (raises, or answers 5xx), the record is left UNCERTAIN for a reconciler
     instead of being released: the call may have happened.
 
+    Several calls in one operation (authorize, then capture) are named
+    steps, each with its intent, its provider key and its provider id:
+
+    ```python
+    authorized = request.idempotency.step("authorize")  # an earlier attempt's
+    if authorized is not None and authorized.provider_operation_id:
+        authorization_id = authorized.provider_operation_id  # never called again
+    else:
+        key = request.idempotency.begin_external(step="authorize")
+        authorization_id = provider.authorize(amount, idempotency_key=key).id
+        request.idempotency.set_provider_operation(authorization_id, step="authorize")
+    key = request.idempotency.begin_external(step="capture")
+    ...
+    ```
+
     Every write raises ``StaleOwner`` if the record was taken over meanwhile
     (the lease ran out and recovery or a retry took it); the request then
     ends with 409.
@@ -74,6 +113,14 @@ class IdempotencyContext:
         self._isolation_checked = False
         # The record's own, if it has one (a claim taken over): never a second.
         self._provider_key = held.provider_key
+        # Whether begin_external() without a step ran: only then is the
+        # record's provider_key column this request's to write.
+        self._record_call_begun = False
+        # The record's steps as stored (loaded on first use), then as this
+        # request wrote them; and those this request began, in order, which
+        # ``leave_uncertain()`` writes again after a rollback.
+        self._steps: dict[str, IdempotencyStep] | None = None
+        self._begun_steps: dict[str, IdempotencyStep] = {}
 
     @property
     def scope(self) -> Scope:
@@ -120,13 +167,59 @@ class IdempotencyContext:
         64 characters) of (tenant, operation, key): the same in any process,
         and revealing nothing of the tenant or the key. Once
         ``begin_external()`` wrote it to the record, the record's own (a
-        takeover and a reconciler read it from there).
+        takeover and a reconciler read it from there). A step's key is the
+        step's own: ``begin_external(step=...)`` returns it, ``step(name)``
+        holds it.
         """
         if not self._provider_key:
             self._provider_key = derive_provider_key(self._held.scope)
         return self._provider_key
 
-    def begin_external(self, *, lease: timedelta | float | None = None) -> str:
+    @property
+    def steps(self) -> list[IdempotencyStep]:
+        """The operation's steps known so far, in the order they were begun.
+
+        Those an earlier attempt stored (kept by a reconciler's
+        ``RetryFrom``), then those this request began. Read from the
+        database on first use, and only if the record was ever taken over:
+        a record this request claimed fresh holds only its own steps.
+        """
+        return list(self._known_steps().values())
+
+    def step(self, name: str) -> IdempotencyStep | None:
+        """The step ``name`` as known so far, or ``None`` if it was never begun.
+
+        A view re-run after a reconciler's ``RetryFrom`` skips a step whose
+        ``provider_operation_id`` is known, instead of calling its provider
+        again: a provider may have forgotten its own idempotency key by now
+        (docs/external-calls.md, "Several calls: steps").
+
+        Args:
+            name: The step's name, as given to ``begin_external(step=...)``.
+
+        Returns:
+            An unsaved-looking ``IdempotencyStep`` with ``name``,
+            ``provider_key`` and ``provider_operation_id`` (``""`` until
+            known); ``None`` when no attempt began it.
+        """
+        return self._known_steps().get(name)
+
+    def _known_steps(self) -> dict[str, IdempotencyStep]:
+        if self._steps is None:
+            held = self._held
+            # Fencing token 1: claimed by this very request and never taken
+            # over, so every step of the record is one this request wrote.
+            # (A released or purged record took its steps with it.)
+            if held.fencing_token == 1:
+                self._steps = {}
+            else:
+                stored = steps_of(held.record_id, using=held.database)
+                self._steps = {step.name: step for step in stored}
+        return self._steps
+
+    def begin_external(
+        self, *, step: str | None = None, lease: timedelta | float | None = None
+    ) -> str:
         """Commit IN_PROGRESS and the provider key before an external call.
 
         The write commits at once, through a second connection, although the
@@ -135,6 +228,13 @@ class IdempotencyContext:
         renews the lease. A second call writes again and returns the same key.
 
         Args:
+            step: The name of one call of several (``"authorize"``,
+                ``"capture"``; at most 64 characters): the step's row is
+                committed with the record's state, with a provider key of
+                its own, derived from the scoped key and the name, or the
+                stored one if an earlier attempt began the step. ``None``:
+                the operation's one call, whose key is the record's
+                ``provider_key``.
             lease: How long the record stays this request's, in seconds or as
                 a ``timedelta``; ``None``: ``IDEMPOTENCY["LEASE"]``. It must
                 outlast the external call, timeouts included: once it runs
@@ -144,8 +244,8 @@ class IdempotencyContext:
                 shorter lease included.
 
         Returns:
-            The provider key (``provider_key``), to send to the provider as
-            its idempotency key.
+            The provider key (``provider_key``, or the step's), to send to
+            the provider as its idempotency key.
 
         Raises:
             ImproperlyConfigured: The view claims with
@@ -153,6 +253,7 @@ class IdempotencyContext:
                 before the call.
             IsolationNotSupported: The records' database runs the view's
                 transaction above READ COMMITTED.
+            ValueError: ``step`` is empty or longer than 64 characters.
             StaleOwner: The record was taken over meanwhile.
         """
         if self._single_transaction:
@@ -160,13 +261,37 @@ class IdempotencyContext:
                 "begin_external() cannot be used with single_transaction=True: the claim "
                 "commits only with the view, so the intent could not commit before the call."
             )
+        if step is not None:
+            _checked_step_name(step)
         self._refuse_snapshot_isolation()
         held_for = as_timedelta(lease) if lease is not None else idempotency_settings.LEASE
-        store.begin_external(self._held, self.provider_key, lease=held_for)
+        if step is None:
+            provider_key = self.provider_key
+            store.begin_external(self._held, provider_key, lease=held_for)
+            self._record_call_begun = True
+        else:
+            provider_key = self._begin_step(step, held_for)
         self.external_begun = True
         if crash_requested():
             raise SimulatedCrash(self._held.scope)
-        return self.provider_key
+        return provider_key
+
+    def _begin_step(self, name: str, lease: timedelta) -> str:
+        known = self._known_steps()
+        stored = known.get(name)
+        # A stored step's key is its own: never derived again (the secret
+        # may have been rotated since).
+        provider_key = (
+            stored.provider_key if stored else derive_provider_key(self._held.scope, step=name)
+        )
+        store.begin_step(self._held, name, provider_key, stored=stored is not None, lease=lease)
+        if stored is None:
+            stored = IdempotencyStep(
+                record_id=self._held.record_id, name=name, provider_key=provider_key
+            )
+            known[name] = stored
+        self._begun_steps[name] = stored
+        return provider_key
 
     def _refuse_snapshot_isolation(self) -> None:
         """Refuse before the call, not after it: see ``IsolationNotSupported``."""
@@ -184,7 +309,7 @@ class IdempotencyContext:
             )
         self._isolation_checked = True
 
-    def set_provider_operation(self, operation_id: str) -> None:
+    def set_provider_operation(self, operation_id: str, *, step: str | None = None) -> None:
         """Commit the provider's id for the call (a charge id, say).
 
         Extends the lease to at least now + ``IDEMPOTENCY["LEASE"]``; never
@@ -193,14 +318,29 @@ class IdempotencyContext:
         Args:
             operation_id: The provider's id of the operation, stored as text
                 (``provider_operation_id``) for reconcilers and operators.
+            step: The step the call belongs to, begun by this request with
+                ``begin_external(step=...)``; ``None``: the record's one call.
 
         Raises:
+            ValueError: This request did not begin ``step``.
             StaleOwner: The record was taken over meanwhile.
         """
-        self.provider_operation_id = str(operation_id)
-        store.set_provider_operation(
-            self._held, self.provider_operation_id, lease=idempotency_settings.LEASE
+        if step is None:
+            self.provider_operation_id = str(operation_id)
+            store.set_provider_operation(
+                self._held, self.provider_operation_id, lease=idempotency_settings.LEASE
+            )
+            return
+        begun = self._begun_steps.get(step)
+        if begun is None:
+            raise ValueError(
+                f"set_provider_operation(step={step!r}) needs begin_external(step={step!r}) "
+                "first, in this request: the intent commits before the call."
+            )
+        store.set_step_provider_operation(
+            self._held, step, str(operation_id), lease=idempotency_settings.LEASE
         )
+        begun.provider_operation_id = str(operation_id)
 
     def renew_lease(self) -> None:
         """Extend the lease to at least now + ``IDEMPOTENCY["LEASE"]``; call it in long views.
@@ -212,15 +352,58 @@ class IdempotencyContext:
         """
         store.renew_lease(self._held, lease=idempotency_settings.LEASE)
 
+    def leave_uncertain(self, *, with_provider_key: bool = False) -> None:
+        """Leave the record UNCERTAIN after a failure that followed ``begin_external()``.
+
+        For the package's run loops (a view's, a task's), not for views: one
+        write (``store.mark_uncertain``) with everything this request began,
+        written again because on SQLite, and inside a caller's transaction,
+        the intents joined the failed transaction and rolled back with it:
+        the record's provider key and id if it made its one call, and each
+        step it began with its key and, when known, its provider's id.
+
+        Args:
+            with_provider_key: Write the record's provider key even though
+                ``begin_external()`` was not called (an outcome policy judged
+                the answer uncertain): the key the view could read, for the
+                reconciler to ask the provider with.
+
+        Raises:
+            StaleOwner: The record was taken over meanwhile.
+            DatabaseError: The store could not be written.
+        """
+        steps = tuple(
+            StepWrite(step.name, step.provider_key, step.provider_operation_id)
+            for step in self._begun_steps.values()
+        )
+        store.mark_uncertain(
+            self._held,
+            provider_key=(
+                self.provider_key if self._record_call_begun or with_provider_key else ""
+            ),
+            provider_operation_id=self.provider_operation_id,
+            steps=steps,
+        )
+
     # For ``async def`` views: the same writes, on the request's sync thread
     # (where its transaction and connections live).
-    async def abegin_external(self, *, lease: timedelta | float | None = None) -> str:
+    async def abegin_external(
+        self, *, step: str | None = None, lease: timedelta | float | None = None
+    ) -> str:
         """``begin_external()`` for ``async def`` views, on the request's sync thread."""
-        return await sync_to_async(self.begin_external, thread_sensitive=True)(lease=lease)
+        return await sync_to_async(self.begin_external, thread_sensitive=True)(
+            step=step, lease=lease
+        )
 
-    async def aset_provider_operation(self, operation_id: str) -> None:
+    async def aset_provider_operation(self, operation_id: str, *, step: str | None = None) -> None:
         """``set_provider_operation()`` for ``async def`` views, on the request's sync thread."""
-        await sync_to_async(self.set_provider_operation, thread_sensitive=True)(operation_id)
+        await sync_to_async(self.set_provider_operation, thread_sensitive=True)(
+            operation_id, step=step
+        )
+
+    async def astep(self, name: str) -> IdempotencyStep | None:
+        """``step()`` for ``async def`` views, on the request's sync thread."""
+        return await sync_to_async(self.step, thread_sensitive=True)(name)
 
     async def arenew_lease(self) -> None:
         """``renew_lease()`` for ``async def`` views, on the request's sync thread."""

@@ -173,11 +173,7 @@ def _give_up(
     if not context.external_begun:
         return _release(request, held, reason=reason)
     try:
-        store.mark_uncertain(
-            held,
-            provider_key=context.provider_key,
-            provider_operation_id=context.provider_operation_id,
-        )
+        context.leave_uncertain()
     except (StaleOwner, DatabaseError, InterfaceError) as exc:
         log_unsettled(exc, f"mark {held.scope} uncertain", "recovery finds it once its lease ends")
         return False
@@ -199,11 +195,7 @@ def leave_uncertain(
     could read as ``request.idempotency.provider_key``.
     """
     try:
-        store.mark_uncertain(
-            held,
-            provider_key=context.provider_key,
-            provider_operation_id=context.provider_operation_id,
-        )
+        context.leave_uncertain(with_provider_key=True)
     except (StaleOwner, DatabaseError, InterfaceError) as exc:
         log_unsettled(exc, f"mark {held.scope} uncertain", "recovery finds it once its lease ends")
         return

@@ -22,6 +22,14 @@ def settle_payment(record):
 
 The reconciler runs inside a transaction that also stores its outcome, so
 its own writes and the outcome commit together, as a view's do.
+
+An operation of several calls (``begin_external(step=...)``) shows its
+steps to the reconciler: ``record.steps.all()``, in the order they were
+begun, each with its ``name``, ``provider_key`` and
+``provider_operation_id``. Besides settling the whole operation, the
+reconciler may then hand it back to the client's retry from one step
+(``RetryFrom``): the steps before it are kept, and the re-run view skips
+them.
 """
 
 from __future__ import annotations
@@ -34,13 +42,13 @@ from datetime import datetime, timedelta
 from typing import Any, TypeAlias
 
 from django.db import transaction
-from django.db.models import Count, Min
+from django.db.models import Count, Min, Prefetch, prefetch_related_objects
 
 from django_idempotency import signals, store
 from django_idempotency.conf import as_timedelta, idempotency_settings
 from django_idempotency.databases import records_database_named, sweep
 from django_idempotency.exceptions import StaleOwner
-from django_idempotency.models import IdempotencyRecord
+from django_idempotency.models import IdempotencyRecord, IdempotencyStep
 from django_idempotency.responses import StoredResponse, Verdict
 from django_idempotency.store.database_time import DatabaseNow
 
@@ -53,6 +61,7 @@ __all__ = [
     "RecoveryReport",
     "Release",
     "Retry",
+    "RetryFrom",
     "leased_records",
     "reconciler_for",
     "recover_stale_records",
@@ -78,6 +87,7 @@ class _Answer:
     status: int
     body: Any = b""
     headers: Mapping[str, str] = field(default_factory=dict)
+    provider_operation_id: str = ""
 
     def stored_response(self) -> StoredResponse:
         """What is stored and replayed for this answer."""
@@ -105,6 +115,10 @@ class Completed(_Answer):
             ``Content-Type: application/json``.
         headers: Response headers to store and replay; a ``Content-Type``
             given here wins over the default.
+        provider_operation_id: The provider's id of the operation the
+            reconciler found (a charge id), stored on the record as
+            ``set_provider_operation()`` would have, so that the admin's
+            search finds the record by it; ``""`` leaves the column as it is.
     """
 
     status: int = 200
@@ -122,6 +136,9 @@ class Failed(_Answer):
             ``Content-Type: application/json``.
         headers: Response headers to store and replay; a ``Content-Type``
             given here wins over the default.
+        provider_operation_id: The provider's id of what the reconciler
+            found (a declined charge, a voided authorization), stored on the
+            record; ``""`` leaves the column as it is.
     """
 
     status: int = 409
@@ -144,8 +161,48 @@ class Release:
     """The external call never happened: delete the record so the client's retry runs the view."""
 
 
-ReconcilerOutcome: TypeAlias = Completed | Failed | Retry | Release
-"""What a reconciler returns: ``Completed``, ``Failed``, ``Retry`` or ``Release``."""
+@dataclass(frozen=True)
+class RetryFrom:
+    """Hand the operation back to the client's retry, to run again from ``step``.
+
+    For an operation of several calls (``begin_external(step=...)``) that
+    stopped part way: the steps begun before ``step`` are kept, ``step``
+    and the steps begun after it are forgotten (their rows deleted), and
+    the record is handed back: CLAIMED, with no lease owner, and a lease
+    that ends with its retention (``expires_at``). The client's retry, with
+    the same key and the same input, takes it over at once and runs the
+    view, which finds the kept steps (``request.idempotency.step(name)``)
+    and skips them; a forgotten step is begun again under the same,
+    derived provider key. A retry with another input is refused as for any
+    record of that key. If no retry comes before the record's retention
+    ends, recovery asks the reconciler again; a ``RetryFrom`` is then
+    taken as ``Retry(after=DEFAULT_BACKOFF)``, leaving the record UNCERTAIN
+    for an operator or a reconciler that settles it.
+
+    Only for a call that did not happen (or that the provider will never
+    complete, such as an expired authorization's capture): the view runs it
+    again. The reconciler's own writes are rolled back, as after ``Retry``.
+
+    Args:
+        step: The first step to run again. A name the record has no row
+            for (the view died before beginning it) keeps every stored step.
+        provider_operation_ids: Provider ids the reconciler found for kept
+            steps whose id was never recorded (the view died between the
+            provider's answer and ``set_provider_operation()``), by step
+            name; stored on the steps, so that the re-run view skips them.
+
+    Raises:
+        ValueError: (At settle time, handled like any reconciler error:
+            logged, asked again in five minutes.) ``provider_operation_ids``
+            names a step that is not kept.
+    """
+
+    step: str
+    provider_operation_ids: Mapping[str, str] = field(default_factory=dict)
+
+
+ReconcilerOutcome: TypeAlias = Completed | Failed | Retry | Release | RetryFrom
+"""What a reconciler returns: ``Completed``, ``Failed``, ``Retry``, ``Release`` or ``RetryFrom``."""
 
 Reconciler: TypeAlias = Callable[[IdempotencyRecord], ReconcilerOutcome]
 """A reconciler: takes the stuck record, returns a ``ReconcilerOutcome``."""
@@ -157,9 +214,11 @@ def register_reconciler(operation: str) -> Callable[[Reconciler], Reconciler]:
     """Register the decorated function as the reconciler of ``operation``.
 
     The function takes the stuck ``IdempotencyRecord`` and returns
-    ``Completed``, ``Failed``, ``Retry`` or ``Release``. It runs inside a
-    transaction on the record's database (``record._state.db``) that also stores a
-    ``Completed`` or ``Failed``; after ``Retry`` or ``Release``, or when it
+    ``Completed``, ``Failed``, ``Retry``, ``Release`` or ``RetryFrom``. The
+    record's steps are loaded with it, in the order they were begun
+    (``record.steps.all()``). It runs inside a transaction on the record's
+    database (``record._state.db``) that also stores a ``Completed`` or
+    ``Failed``; after ``Retry``, ``Release`` or ``RetryFrom``, or when it
     raises, its writes are rolled back. Anything else returned raises
     ``TypeError``, handled like any exception the reconciler raises: logged,
     and the record is asked about again in five minutes.
@@ -209,6 +268,8 @@ class RecoveryReport:
         retried: Records left for later: ``Retry``, or a reconciler that raised.
         unreconciled: Records left UNCERTAIN for want of a reconciler.
         stale: Records taken over by someone else meanwhile.
+        handed_back: Records a reconciler handed back to the client's retry
+            (``RetryFrom``).
     """
 
     released: int = 0
@@ -217,11 +278,20 @@ class RecoveryReport:
     retried: int = 0
     unreconciled: int = 0
     stale: int = 0
+    #: Last, so that positional construction keeps its meaning.
+    handed_back: int = 0
 
     @property
     def handled(self) -> int:
         """Records this run settled or postponed: every count but ``stale``."""
-        return self.released + self.completed + self.failed + self.retried + self.unreconciled
+        return (
+            self.released
+            + self.handed_back
+            + self.completed
+            + self.failed
+            + self.retried
+            + self.unreconciled
+        )
 
 
 def stale_records(*, limit: int, database: str | None = None) -> list[IdempotencyRecord]:
@@ -272,10 +342,14 @@ def recover_stale_records(*, batch_size: int = 100, database: str | None = None)
     ``idempotency_recover`` command run.
 
     CLAIMED records are released: their owner began no external call, and
-    its local work rolled back with it. IN_PROGRESS and UNCERTAIN records
-    go to their operation's reconciler; without one they stay UNCERTAIN,
-    reported by a log line and the ``record_unreconciled`` signal. Nothing
-    unresolved is ever deleted except by a reconciler's ``Release()``.
+    its local work rolled back with it; except those with steps, which a
+    reconciler handed back (``RetryFrom``) and the client did not take
+    within the record's retention (or whose retry died before its first
+    ``begin_external()``): their kept steps did call providers. Those, and
+    IN_PROGRESS and UNCERTAIN records, go to their operation's reconciler;
+    without one they stay UNCERTAIN, reported by a log line and the
+    ``record_unreconciled`` signal. Nothing unresolved is ever deleted
+    except by a reconciler's ``Release()``.
 
     Each record is taken (with a fresh lease) just before it is settled; a
     reconciler should finish within ``IDEMPOTENCY["LEASE"]``, or another
@@ -316,7 +390,14 @@ def recover_stale_records(*, batch_size: int = 100, database: str | None = None)
 
 
 def settle(record: IdempotencyRecord, held: store.Claim, report: RecoveryReport) -> None:
-    if record.state == State.CLAIMED:
+    """Settle one record recovery took over (``held``), counting the outcome in ``report``."""
+    # The reconciler sees the steps in begin order; one query, and only
+    # for a record that may have called out (or a CLAIMED one that did).
+    prefetch_related_objects(
+        [record],
+        Prefetch("steps", queryset=IdempotencyStep.objects.order_by("begun_at", "pk")),
+    )
+    if record.state == State.CLAIMED and not record.steps.all():
         if store.release(held):
             report.released += 1
             signals.notify(signals.claim_released, None, held.scope, reason="recovery")
@@ -338,17 +419,21 @@ def settle(record: IdempotencyRecord, held: store.Claim, report: RecoveryReport)
     try:
         with transaction.atomic(using=held.database):
             outcome = reconciler(record)
-            if not isinstance(outcome, (Completed, Failed, Retry, Release)):
+            if not isinstance(outcome, (Completed, Failed, Retry, Release, RetryFrom)):
                 raise TypeError(
                     f"The reconciler of {record.operation!r} returned {outcome!r}; it must "
-                    "return Completed, Failed, Retry or Release."
+                    "return Completed, Failed, Retry, Release or RetryFrom."
                 )
             if isinstance(outcome, (Completed, Failed)):
                 state = Verdict.COMPLETED if isinstance(outcome, Completed) else Verdict.FAILED
+                if outcome.provider_operation_id:
+                    store.note_provider_operation(held, str(outcome.provider_operation_id))
                 store.complete(held, state, outcome.stored_response(), ttl=idempotency_settings.TTL)
             else:
                 # Nothing the reconciler wrote may outlive an unsettled record.
                 transaction.set_rollback(True, using=held.database)
+        if isinstance(outcome, RetryFrom):
+            kept = _kept_steps(record, outcome)
     except StaleOwner:
         raise
     except Exception:
@@ -366,6 +451,55 @@ def settle(record: IdempotencyRecord, held: store.Claim, report: RecoveryReport)
             signals.notify(signals.claim_released, None, held.scope, reason="reconciled")
         else:
             report.stale += 1
+    elif isinstance(outcome, RetryFrom):
+        _hand_back(record, held, outcome, kept, report)
     else:
         store.postpone(held, as_timedelta(outcome.after))
         report.retried += 1
+
+
+def _kept_steps(record: IdempotencyRecord, outcome: RetryFrom) -> tuple[str, ...]:
+    """The names of the steps begun before ``outcome.step`` (all, if it has no row)."""
+    names = [step.name for step in record.steps.all()]
+    kept = tuple(names[: names.index(outcome.step)] if outcome.step in names else names)
+    unknown = set(outcome.provider_operation_ids) - set(kept)
+    if unknown:
+        raise ValueError(
+            f"RetryFrom({outcome.step!r}) gives provider ids for {sorted(unknown)}, "
+            f"which are not kept steps (kept: {list(kept)})."
+        )
+    return kept
+
+
+def _hand_back(
+    record: IdempotencyRecord,
+    held: store.Claim,
+    outcome: RetryFrom,
+    kept: tuple[str, ...],
+    report: RecoveryReport,
+) -> None:
+    if record.read_at is not None and record.expires_at <= record.read_at:
+        # Handed back before and never taken within its retention: waiting
+        # longer would only churn. Left for an operator (or a reconciler
+        # that settles it), as after Retry.
+        logger.warning(
+            "Record %s (%s): the client did not retry within its retention; RetryFrom(%r) "
+            "taken as Retry(after=%s).",
+            record.pk,
+            held.scope,
+            outcome.step,
+            DEFAULT_BACKOFF,
+        )
+        store.postpone(held, DEFAULT_BACKOFF)
+        report.retried += 1
+        return
+    ids = {name: str(value) for name, value in outcome.provider_operation_ids.items()}
+    store.hand_back(held, keep=kept, provider_operation_ids=ids)
+    report.handed_back += 1
+    logger.warning(
+        "Record %s (%s) handed back to the client's retry from step %r (kept: %s).",
+        record.pk,
+        held.scope,
+        outcome.step,
+        ", ".join(kept) or "none",
+    )

@@ -348,24 +348,17 @@ def _celery_request(args: Any) -> Any:
     return args[0].request if isinstance(args[0], CeleryTask) else None
 
 
-# -- MERGE: the steps helper's entry point replaces this (issue 14, item 1) ---------------
 def _leave_uncertain(held: store.Claim, context: IdempotencyContext) -> None:
     """The body failed after ``begin_external()``: leave the record UNCERTAIN.
 
-    MERGE: switch to the single entry point that leaves a record UNCERTAIN
-    and writes the context's steps again (issue 14, item 1); until then the
-    record's own provider key and id, as ``owned_run`` writes them.
+    The same write as a view's (``IdempotencyContext.leave_uncertain``): the
+    record's provider key and id and every step the run began, written again
+    in case they rolled back with the body's transaction.
     """
     from django.db import DatabaseError, InterfaceError
 
-    from django_idempotency import store
-
     try:
-        store.mark_uncertain(
-            held,
-            provider_key=context.provider_key,
-            provider_operation_id=context.provider_operation_id,
-        )
+        context.leave_uncertain()
     except (StaleOwner, DatabaseError, InterfaceError):
         logger.exception(
             "Could not mark %s uncertain; recovery finds it once its lease ends.", held.scope
@@ -376,9 +369,6 @@ def _leave_uncertain(held: store.Claim, context: IdempotencyContext) -> None:
         held.scope,
         held.scope.operation,
     )
-
-
-# -----------------------------------------------------------------------------------------
 
 
 def _stored_result(record: IdempotencyRecord, scope: Any) -> Any:

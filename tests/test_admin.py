@@ -700,3 +700,79 @@ def test_the_list_and_its_dates_work_without_time_zone_support() -> None:
     assert "expires_at__day=6&amp;expires_at__month=5&amp;expires_at__year=2031" in (
         page.content.decode()
     )
+
+
+# -- steps (begin_external(step=...)) and the provider's id of a reconciled record ----------
+
+
+def add_step(record: IdempotencyRecord, name: str, provider_operation_id: str = "") -> None:
+    from django_idempotency.models import IdempotencyStep
+
+    IdempotencyStep.objects.create(
+        record=record,
+        name=name,
+        provider_key=f"v1:{name}-key",
+        provider_operation_id=provider_operation_id,
+        begun_at=timezone.now(),
+        updated_at=timezone.now(),
+    )
+
+
+def test_the_change_page_lists_the_steps_in_begin_order_with_one_query() -> None:
+    from django.db import connection
+    from django.test.utils import CaptureQueriesContext
+
+    record = RecordFactory.create()
+    add_step(record, "authorize", "au_1")
+    add_step(record, "capture")
+    client = staff()
+    bare = RecordFactory.create()
+    client.get(f"{CHANGELIST}{bare.pk}/change/")  # sessions, permissions: warmed
+
+    with CaptureQueriesContext(connection) as without_steps:
+        client.get(f"{CHANGELIST}{bare.pk}/change/")
+    with CaptureQueriesContext(connection) as with_steps:
+        text = client.get(f"{CHANGELIST}{record.pk}/change/").content.decode()
+
+    assert text.index("authorize") < text.index("capture")
+    assert "au_1" in text and "v1:capture-key" in text
+    # The steps cost one query, whether there are any or not: never one per step.
+    step_queries = [q for q in with_steps.captured_queries if "django_idempotency_step" in q["sql"]]
+    assert len(step_queries) == 1
+    assert len(with_steps.captured_queries) == len(without_steps.captured_queries)
+
+
+def test_the_search_finds_a_record_by_a_steps_provider_operation_id_in_one_query() -> None:
+    from django.db import connection
+    from django.test.utils import CaptureQueriesContext
+
+    record = RecordFactory.create()
+    add_step(record, "authorize", "au_77")
+    add_step(RecordFactory.create(), "authorize", "au_78")
+    client = staff()
+    client.get(CHANGELIST + "?q=nothing")
+
+    with CaptureQueriesContext(connection) as by_record:
+        client.get(CHANGELIST + "?q=nothing")
+    with CaptureQueriesContext(connection) as by_step:
+        found = client.get(CHANGELIST + "?q=au_77").context["cl"].result_list
+
+    assert [r.pk for r in found] == [record.pk]
+    assert len(by_step.captured_queries) == len(by_record.captured_queries)
+
+
+def test_a_record_settled_by_recovery_is_found_by_the_reconcilers_provider_id() -> None:
+    operation = "POST admin-test/reconciled"
+
+    @recovery.register_reconciler(operation)
+    def reconciler(record: IdempotencyRecord) -> Any:
+        return recovery.Completed(status=201, provider_operation_id="ch_settled")
+
+    try:
+        record = stuck_record(operation=operation)
+        recovery.recover_stale_records()
+    finally:
+        recovery._reconcilers.pop(operation, None)
+
+    found = staff().get(CHANGELIST + "?q=ch_settled").context["cl"].result_list
+    assert [r.pk for r in found] == [record.pk]

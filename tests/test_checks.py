@@ -127,6 +127,7 @@ def test_api_view_under_atomic_requests_is_warned_about(atomic_requests: None) -
         "api-view/optional",
         "api-view/probe",
         "api-view/single",
+        "api-view/steps",
         "cbv/own-dispatch",
         "keyed/body-field",
         "keyed/body-field-standard",

@@ -47,6 +47,7 @@ NOT_IN_THE_REFERENCE = {
     "django_idempotency.models.FINGERPRINT_MAX_LENGTH": "a column size",
     "django_idempotency.models.KEY_MAX_LENGTH": "a column size; the record's docstring says it",
     "django_idempotency.models.OPERATION_MAX_LENGTH": "a column size; the record's docstring too",
+    "django_idempotency.models.STEP_NAME_MAX_LENGTH": "a column size; begin_external's docstring",
     "django_idempotency.models.TENANT_MAX_LENGTH": "a column size; the record's docstring too",
     "django_idempotency.recovery.DEFAULT_BACKOFF": "register_reconciler's docstring says it",
     "django_idempotency.recovery.settle": "one step of a recovery run, for the admin",

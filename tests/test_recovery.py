@@ -530,7 +530,8 @@ def test_the_command_settles_and_prints_the_counts(mixed: dict[str, IdempotencyR
     output = run_command()
 
     assert output.strip() == (
-        "released 1, completed 1, failed 0, retry later 0, no reconciler 1, taken over meanwhile 0"
+        "released 1, handed back 0, completed 1, failed 0, retry later 0, no reconciler 1, "
+        "taken over meanwhile 0"
     )
     assert fresh(mixed["claimed"]) is None
     assert fresh(mixed["reconciled"]).state == State.COMPLETED  # type: ignore[union-attr]
@@ -538,14 +539,15 @@ def test_the_command_settles_and_prints_the_counts(mixed: dict[str, IdempotencyR
     assert fresh(mixed["live"]).state == State.CLAIMED  # type: ignore[union-attr]
 
     assert run_command().strip() == (
-        "released 0, completed 0, failed 0, retry later 0, no reconciler 0, taken over meanwhile 0"
+        "released 0, handed back 0, completed 0, failed 0, retry later 0, no reconciler 0, "
+        "taken over meanwhile 0"
     )
 
 
 def test_the_command_respects_the_batch_size(mixed: dict[str, IdempotencyRecord]) -> None:
     output = run_command("--batch-size", "1")
 
-    assert output.strip().startswith("released 1, completed 0,")
+    assert output.strip().startswith("released 1, handed back 0, completed 0,")
     assert fresh(mixed["claimed"]) is None
     assert fresh(mixed["reconciled"]).state == State.IN_PROGRESS  # type: ignore[union-attr]
 
@@ -560,6 +562,7 @@ def test_the_celery_task_does_the_same_work(mixed: dict[str, IdempotencyRecord])
         "retried": 0,
         "unreconciled": 0,
         "stale": 0,
+        "handed_back": 0,
     }
     assert tasks.recover_stale_records.apply().get()["unreconciled"] == 1
 

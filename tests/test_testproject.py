@@ -322,6 +322,58 @@ class TestOperationStatus:
         assert for_bob.content == never_sent.content
 
 
+class TestTwoStepPayment:
+    """Authorize, then capture: two steps of one operation (payments/two_step.py)."""
+
+    pytestmark = api
+
+    def pay(self, tenant: Tenant, body: dict[str, Any], key: str) -> Any:
+        return tenant._post("/v1/payments/two-step", body, key)
+
+    def test_each_step_calls_the_provider_once_and_is_recorded(self, alice: Tenant) -> None:
+        from payments import provider_client
+
+        first = self.pay(alice, ORDER, "two-1")
+        again = self.pay(alice, ORDER, "two-1")
+
+        assert first.status_code == 201 and again.status_code == 201 and replayed(again)
+        held = record("two-1")
+        steps = list(held.steps.order_by("begun_at", "pk"))
+        assert [step.name for step in steps] == ["authorize", "capture"]
+        entries = [provider_client.find_charge(step.provider_key) for step in steps]
+        assert [(e.metadata["step"], e.attempts) for e in entries if e] == [
+            ("authorize", 1),
+            ("capture", 1),
+        ]
+        assert [step.provider_operation_id for step in steps] == [e.id for e in entries if e]
+        payment = Payment.objects.get(order_id=ORDER["order_id"])
+        assert payment.provider_charge_id == steps[1].provider_operation_id
+
+    @pytest.mark.django_db(transaction=True)
+    def test_killed_after_beginning_the_authorization_is_released_and_retried(
+        self, alice: Tenant
+    ) -> None:
+        """The other points are the live crash tests' (tests/live/test_two_step_crashes.py)."""
+        from django.db import connection
+
+        if connection.vendor == "sqlite":
+            pytest.skip("the simulated crash needs PostgreSQL or MariaDB (docs/testing.md)")
+        from django_idempotency.recovery import recover_stale_records
+        from django_idempotency.simulated_crash import SimulatedCrash
+        from django_idempotency.testing import expire_leases, simulate_crash_after_begin_external
+
+        with simulate_crash_after_begin_external(), pytest.raises(SimulatedCrash):
+            self.pay(alice, ORDER, "two-2")
+        assert [s.name for s in record("two-2").steps.all()] == ["authorize"]
+        expire_leases()
+
+        report = recover_stale_records()
+
+        assert report.released == 1  # never authorized: nothing to keep
+        assert self.pay(alice, ORDER, "two-2").status_code == 201
+        assert Payment.objects.filter(order_id=ORDER["order_id"]).count() == 1
+
+
 @pytest.mark.django_db
 def test_seed_demo_is_idempotent() -> None:
     call_command("seed_demo", stdout=io.StringIO())

@@ -8,6 +8,8 @@ changes them only by calling the functions exported here:
   over, finding the record that holds it;
 - ``owner_writes``: what the owner of a claim writes, each write
   conditional on its fencing token;
+- ``steps``: the rows of a multi-step operation's steps, written only
+  alongside their record's fenced write;
 - ``maintenance``: recovery's and operators' takeovers, retention, key
   rotation;
 - ``conditional``: the compare-and-set and the conditional DELETE those
@@ -34,6 +36,7 @@ from django_idempotency.store.claims import (
     claim_or_take_over,
     discard_expired,
     forgotten,
+    handed_back,
     kept_as_tombstone,
     lease_owner,
     lookup,
@@ -58,14 +61,19 @@ from django_idempotency.store.maintenance import (
 )
 from django_idempotency.store.owner_writes import (
     begin_external,
+    begin_step,
     complete,
+    hand_back,
     mark_uncertain,
+    note_provider_operation,
     postpone,
     release,
     renew_lease,
     set_provider_operation,
+    set_step_provider_operation,
 )
 from django_idempotency.store.sealing import UnreadableRecord, unseal
+from django_idempotency.store.steps import StepWrite, steps_of
 
 __all__ = [
     "MAX_RECLAIMS",
@@ -75,9 +83,11 @@ __all__ = [
     "Claim",
     "PurgedBatch",
     "ResealBatch",
+    "StepWrite",
     "UnreadableRecord",
     "abandoned",
     "begin_external",
+    "begin_step",
     "claim",
     "claim_or_find",
     "claim_or_take_over",
@@ -88,10 +98,13 @@ __all__ = [
     "expire_leases",
     "extend_retention",
     "forgotten",
+    "hand_back",
+    "handed_back",
     "kept_as_tombstone",
     "lease_owner",
     "lookup",
     "mark_uncertain",
+    "note_provider_operation",
     "past_retention",
     "postpone",
     "purge_expired_batch",
@@ -100,7 +113,9 @@ __all__ = [
     "renew_lease",
     "reseal_batch",
     "set_provider_operation",
+    "set_step_provider_operation",
     "snapshot_isolated",
+    "steps_of",
     "take_over",
     "take_over_for_operator",
     "take_over_next_stale",

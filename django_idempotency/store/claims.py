@@ -18,7 +18,7 @@ from typing import Any
 
 from django.db import IntegrityError, connections, transaction
 from django.db.backends.base.base import BaseDatabaseWrapper
-from django.db.models import Q
+from django.db.models import F, Q
 from django.utils import timezone
 
 from django_idempotency.conf import idempotency_settings
@@ -40,6 +40,7 @@ __all__ = [
     "claim_or_take_over",
     "discard_expired",
     "forgotten",
+    "handed_back",
     "kept_as_tombstone",
     "lease_owner",
     "lookup",
@@ -194,11 +195,18 @@ def take_over(
     A CLAIMED owner has begun no external call, and its local work commits
     only with its completion: if it died, that work rolled back with it; if
     it is merely slow, its completion will find the fencing token moved on
-    and roll back too. So the record can be run again, once.
+    and roll back too. So the record can be run again, once. A record
+    ``handed_back`` by a reconciler (``RetryFrom``) is taken at once: its
+    kept steps tell the view what not to call again.
     """
     token = take_over_where(
         record,
-        Q(state=State.CLAIMED, lease_expires_at__lte=DatabaseNow()),
+        Q(state=State.CLAIMED)
+        & (
+            Q(lease_expires_at__lte=DatabaseNow())
+            # Handed back (``handed_back``): the same test, in SQL.
+            | Q(lease_owner="", lease_expires_at__gte=F("expires_at"))
+        ),
         owner=lease_owner(),
         lease=lease,
         using=using,
@@ -296,12 +304,32 @@ def _forgotten_at(record: IdempotencyRecord) -> datetime:
 
 
 def abandoned(record: IdempotencyRecord, fingerprint: Fingerprint) -> bool:
-    """A claim for this very input whose owner's lease ran out (at the lookup's time)."""
+    """A claim for this very input whose owner's lease ran out (at the lookup's time).
+
+    Or one a reconciler handed back to the client's retry (``handed_back``),
+    whatever its lease.
+    """
     return (
         record.state == State.CLAIMED
         and fingerprint.matches(record.fingerprint)
         and record.lease_expires_at is not None
-        and record.lease_expires_at <= _read_at(record)
+        and (handed_back(record) or record.lease_expires_at <= _read_at(record))
+    )
+
+
+def handed_back(record: IdempotencyRecord) -> bool:
+    """A CLAIMED record a reconciler handed back to the client's retry (``RetryFrom``).
+
+    No lease owner, and a lease that ends with the record's retention
+    (``owner_writes.hand_back``): no other write leaves a CLAIMED record
+    so, since a live owner always names itself, for a lease far shorter
+    than the retention.
+    """
+    return (
+        record.state == State.CLAIMED
+        and record.lease_owner == ""
+        and record.lease_expires_at is not None
+        and record.lease_expires_at >= record.expires_at
     )
 
 

@@ -12,26 +12,38 @@ import logging
 from datetime import timedelta
 from typing import Any
 
-from django.db import connections
-from django.db.models import Case, F, When
+from django.db import connections, transaction
+from django.db.models import Case, Exists, F, OuterRef, When
 
 from django_idempotency.exceptions import StaleOwner
-from django_idempotency.models import UNRESOLVED_STATES, IdempotencyRecord
+from django_idempotency.models import UNRESOLVED_STATES, IdempotencyRecord, IdempotencyStep
 from django_idempotency.responses import StoredResponse, Verdict
 from django_idempotency.store.claims import Claim
 from django_idempotency.store.conditional import delete_where
 from django_idempotency.store.database_time import DatabaseLater, DatabaseNow
 from django_idempotency.store.sealing import seal
 from django_idempotency.store.statements import statements_for
+from django_idempotency.store.steps import (
+    StepWrite,
+    forget_steps,
+    insert_step,
+    record_step_provider_operation,
+    touch_step,
+    write_steps_again,
+)
 
 __all__ = [
     "begin_external",
+    "begin_step",
     "complete",
+    "hand_back",
     "mark_uncertain",
+    "note_provider_operation",
     "postpone",
     "release",
     "renew_lease",
     "set_provider_operation",
+    "set_step_provider_operation",
 ]
 
 logger = logging.getLogger("django_idempotency")
@@ -76,14 +88,20 @@ def release(held: Claim, *, states: tuple[str, ...] = (State.CLAIMED,)) -> bool:
     """Delete the record so that a retry runs the operation again.
 
     Only CLAIMED records by default: once an external call has begun, only
-    a reconciler that knows it never happened may release (``Release()``).
+    a reconciler that knows it never happened may release (``Release()``),
+    or an operator. Nor, by default, a CLAIMED record with steps: it has
+    them when a reconciler handed it back (``RetryFrom``) and kept steps
+    whose providers were called; deleting it would delete what is known of
+    them. Part of the one DELETE (``NOT EXISTS``), not a read before it. A
+    caller that names other ``states`` (a reconciler's ``Release()``, an
+    operator) deletes the steps with the record.
     """
-    deleted = delete_where(
-        IdempotencyRecord.objects.filter(
-            pk=held.record_id, fencing_token=held.fencing_token, state__in=states
-        ),
-        using=held.database,
+    records = IdempotencyRecord.objects.filter(
+        pk=held.record_id, fencing_token=held.fencing_token, state__in=states
     )
+    if states == (State.CLAIMED,):
+        records = records.filter(~Exists(IdempotencyStep.objects.filter(record=OuterRef("pk"))))
+    deleted = delete_where(records, using=held.database)
     if not deleted:
         _log_stale(held, "release")
     return bool(deleted)
@@ -162,27 +180,128 @@ def renew_lease(held: Claim, *, lease: timedelta) -> None:
     )
 
 
-def mark_uncertain(held: Claim, *, provider_key: str, provider_operation_id: str) -> None:
+def mark_uncertain(
+    held: Claim,
+    *,
+    provider_key: str,
+    provider_operation_id: str,
+    steps: tuple[StepWrite, ...] = (),
+) -> None:
     """The external call's outcome is unknown: only a reconciler may settle it.
 
     Writes the intent again, since where ``begin_external()`` had to write
     inside the view's transaction (SQLite, or a caller's transaction) it was
-    rolled back with the view. The lease ends now, so that the next recovery
-    run asks the reconciler.
+    rolled back with the view: the record's provider key (``""``: the
+    request made no call without a step, and the column is left as it is)
+    and id, and every step the request began, in the order it began them.
+    The lease ends now, so that the next recovery run asks the reconciler.
     """
-    values: dict[str, Any] = {"provider_key": provider_key}
+    values: dict[str, Any] = {}
+    if provider_key:
+        values["provider_key"] = provider_key
     if provider_operation_id:
         values["provider_operation_id"] = provider_operation_id
+    alias = held.write_now_alias
+    with transaction.atomic(using=alias):
+        _owner_update(
+            held,
+            "mark uncertain",
+            using=alias,
+            states=UNRESOLVED_STATES,
+            state=State.UNCERTAIN,
+            lease_owner="",
+            lease_expires_at=DatabaseNow(),
+            **values,
+        )
+        write_steps_again(held.record_id, steps, using=alias)
+
+
+def begin_step(
+    held: Claim, name: str, provider_key: str, *, stored: bool, lease: timedelta
+) -> None:
+    """Commit a step's intent before its call: the record IN_PROGRESS, the step's row.
+
+    One transaction on the write-now connection: the fenced UPDATE of the
+    record (which also locks its row until the step is written), then the
+    step's INSERT, or, for a step already ``stored`` (an earlier attempt's,
+    or begun twice), an UPDATE that keeps its provider key.
+    """
+    alias = held.write_now_alias
+    with transaction.atomic(using=alias):
+        _owner_update(
+            held,
+            "begin_external",
+            using=alias,
+            states=(State.CLAIMED, State.IN_PROGRESS),
+            state=State.IN_PROGRESS,
+            lease_expires_at=_lease_at_least(lease),
+        )
+        if not stored:
+            insert_step(held.record_id, name, provider_key, using=alias)
+        elif not touch_step(held.record_id, name, using=alias):
+            # Forgotten meanwhile by nobody but a takeover, which the fence
+            # above would have caught: a step is never deleted under its owner.
+            insert_step(held.record_id, name, provider_key, using=alias)
+
+
+def set_step_provider_operation(
+    held: Claim, name: str, operation_id: str, *, lease: timedelta
+) -> None:
+    """Commit the provider's id for one step's call as soon as it is known."""
+    alias = held.write_now_alias
+    with transaction.atomic(using=alias):
+        _owner_update(
+            held,
+            "set_provider_operation",
+            using=alias,
+            states=(State.IN_PROGRESS,),
+            lease_expires_at=_lease_at_least(lease),
+        )
+        record_step_provider_operation(held.record_id, name, operation_id, using=alias)
+
+
+def note_provider_operation(held: Claim, operation_id: str) -> None:
+    """A reconciler's ``provider_operation_id``: written in its transaction, before completion."""
     _owner_update(
         held,
-        "mark uncertain",
-        using=held.write_now_alias,
+        "provider operation id",
+        using=held.database,
         states=UNRESOLVED_STATES,
-        state=State.UNCERTAIN,
-        lease_owner="",
-        lease_expires_at=DatabaseNow(),
-        **values,
+        provider_operation_id=operation_id,
     )
+
+
+def hand_back(
+    held: Claim, *, keep: tuple[str, ...], provider_operation_ids: dict[str, str]
+) -> None:
+    """Hand a record back to the client's retry, keeping the steps ``keep`` (``RetryFrom``).
+
+    The record becomes CLAIMED with no lease owner and a lease that ends
+    with its retention, which no other write leaves a record in (a live
+    owner always names itself, for a lease far shorter; ``claims.handed_back``):
+    the client's retry with the same key and input takes it over at once
+    (``claims.abandoned``), whatever its lease. The lease is set to end
+    with the record's retention, so that recovery leaves the record alone
+    until then and asks its reconciler again only if the client never came
+    back. The other steps are deleted; the kept ones get the provider ids
+    the reconciler found. One transaction, on the records database.
+    """
+    with transaction.atomic(using=held.database):
+        _owner_update(
+            held,
+            "hand back",
+            using=held.database,
+            states=UNRESOLVED_STATES,
+            state=State.CLAIMED,
+            lease_owner="",
+            lease_expires_at=F("expires_at"),
+        )
+        forget_steps(
+            held.record_id,
+            keep=keep,
+            provider_operation_ids=provider_operation_ids,
+            using=held.database,
+        )
 
 
 def postpone(held: Claim, delay: timedelta) -> None:

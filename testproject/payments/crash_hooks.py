@@ -21,6 +21,23 @@ Points, in the order a payment passes them:
 ``after-commit``
     the Payment and the stored outcome committed, the answer not sent
     (``response_stored`` signal).
+
+The two-step payment (``payments/two_step.py``: authorize, then capture)
+has its own points, ``STEP_POINTS``, in the order it passes them:
+
+``after-authorize-begin``
+    the authorize step's intent committed, the provider not called;
+``after-authorize``
+    the provider authorized, ``set_provider_operation(step="authorize")``
+    not called;
+``after-authorize-recorded``
+    the authorization's id committed, the capture not begun;
+``after-capture-begin``
+    the capture step's intent committed, the provider not called;
+``after-capture``
+    the provider captured, its id not recorded;
+``after-capture-recorded``
+    the capture's id committed, the Payment and the outcome not.
 """
 
 from __future__ import annotations
@@ -43,6 +60,14 @@ POINTS = (
     "after-payment-write",
     "after-commit",
 )
+STEP_POINTS = (
+    "after-authorize-begin",
+    "after-authorize",
+    "after-authorize-recorded",
+    "after-capture-begin",
+    "after-capture",
+    "after-capture-recorded",
+)
 
 logger = logging.getLogger("payments.crash_hooks")
 
@@ -55,7 +80,7 @@ def checkpoint(request: Any, point: str) -> None:
     """Crash or stall here if the request asks for this point; else nothing."""
     if not enabled() or request is None:
         return
-    assert point in POINTS, point
+    assert point in POINTS or point in STEP_POINTS, point
     headers = request.headers
     if headers.get(STALL_HEADER) == point:
         seconds = min(float(headers.get(STALL_SECONDS_HEADER) or 5), MAX_STALL)

@@ -170,3 +170,38 @@ def ledger() -> list[Charge]:
     except requests.RequestException as exc:
         raise ProviderUnreachable(f"GET /ledger: {type(exc).__name__}: {exc}") from exc
     return [Charge.from_json(charge) for charge in response.json()["charges"]]
+
+
+# -- two steps: authorize, then capture (payments/two_step.py) ------------------------------
+#
+# The simulator knows one kind of ledger entry; an authorization and a capture
+# are each an entry of their own, told apart by ``metadata["step"]``, each
+# created at most once per idempotency id, as a real provider's
+# "authorize" and "capture" calls are (Stripe: a PaymentIntent with
+# ``capture_method=manual``, then its capture).
+
+
+def authorize(
+    idempotency_id: str, amount: int, currency: str, *, metadata: dict[str, Any]
+) -> Charge:
+    """Hold ``amount`` on the card, once per ``idempotency_id``; a repeat returns it."""
+    return create_charge(
+        idempotency_id, amount, currency, metadata={**metadata, "step": "authorize"}
+    )
+
+
+def capture(
+    idempotency_id: str,
+    authorization_id: str,
+    amount: int,
+    currency: str,
+    *,
+    metadata: dict[str, Any],
+) -> Charge:
+    """Capture the authorization ``authorization_id``, once per ``idempotency_id``."""
+    return create_charge(
+        idempotency_id,
+        amount,
+        currency,
+        metadata={**metadata, "step": "capture", "authorization": authorization_id},
+    )

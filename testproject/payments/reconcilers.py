@@ -18,6 +18,19 @@ build the Payment (owner, order, amount, currency). So:
 
 The reconciler runs inside the transaction that stores its outcome, so the
 Payment and the COMPLETED record commit together.
+
+``settle_two_step_payment`` settles ``POST v1/payments/two-step``
+(``payments/two_step.py``: authorize, then capture) from the record's
+steps, each looked up at the provider by its own provider key:
+
+- no authorization: nothing happened, ``Release()``;
+- an authorization, no capture: ``RetryFrom("capture")``, with the
+  authorization's id if the view died before recording it; the client's
+  retry skips the authorization and captures (one capture, under the
+  capture step's key);
+- a capture: the Payment is created if need be and the record completed
+  with the view's 201, carrying the capture's id
+  (``provider_operation_id``) for the admin's search.
 """
 
 from __future__ import annotations
@@ -30,6 +43,7 @@ from django_idempotency.recovery import (
     Failed,
     ReconcilerOutcome,
     Release,
+    RetryFrom,
     register_reconciler,
 )
 from payments import provider_client
@@ -37,6 +51,7 @@ from payments.models import Payment
 from payments.rendering import order_already_paid_body, payment_answer
 
 OPERATION = "POST v1/payments"
+TWO_STEP_OPERATION = "POST v1/payments/two-step"
 
 
 class ReconciliationError(Exception):
@@ -86,4 +101,63 @@ def settle_payment(record: IdempotencyRecord) -> ReconcilerOutcome:
         status=201,
         body=body,
         headers={"Content-Type": "application/json", "Location": location},
+    )
+
+
+def _owner_of(record: IdempotencyRecord, charge: provider_client.Charge) -> tuple[int, str]:
+    metadata = charge.metadata
+    try:
+        owner_id = int(metadata["owner_id"])
+        order_id = str(metadata["order_id"])
+    except (KeyError, TypeError, ValueError) as exc:
+        raise ReconciliationError(f"{charge.id} lacks the order metadata") from exc
+    if record.tenant != f"user:{owner_id}":
+        raise ReconciliationError(
+            f"{charge.id} belongs to user {owner_id}, the record to {record.tenant!r}"
+        )
+    return owner_id, order_id
+
+
+@register_reconciler(TWO_STEP_OPERATION)
+def settle_two_step_payment(record: IdempotencyRecord) -> ReconcilerOutcome:
+    steps = {step.name: step for step in record.steps.all()}
+    authorize = steps.get("authorize")
+    authorization = provider_client.find_charge(authorize.provider_key) if authorize else None
+    if authorization is None:
+        # Never authorized (the provider has nothing under the step's key):
+        # the retry runs the whole payment.
+        return Release()
+    _owner_of(record, authorization)
+    capture_step = steps.get("capture")
+    capture = provider_client.find_charge(capture_step.provider_key) if capture_step else None
+    if capture is None:
+        # Authorized, never captured: the client's retry captures. The
+        # authorization is kept, with its id, so the retry never sends it
+        # again (the provider may have forgotten its key by then).
+        assert authorize is not None
+        found = {} if authorize.provider_operation_id else {"authorize": authorization.id}
+        return RetryFrom("capture", provider_operation_ids=found)
+    owner_id, order_id = _owner_of(record, capture)
+    payment, _ = Payment.objects.get_or_create(
+        owner=get_user_model().objects.get(pk=owner_id),
+        order_id=order_id,
+        defaults={
+            "amount": capture.amount,
+            "currency": capture.currency,
+            "provider_charge_id": capture.id,
+        },
+    )
+    if payment.provider_charge_id != capture.id:
+        return Failed(
+            status=409,
+            body=order_already_paid_body(order_id),
+            headers={"Content-Type": "application/json"},
+            provider_operation_id=capture.id,
+        )
+    body, location = payment_answer(payment)
+    return Completed(
+        status=201,
+        body=body,
+        headers={"Content-Type": "application/json", "Location": location},
+        provider_operation_id=capture.id,
     )

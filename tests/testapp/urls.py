@@ -25,6 +25,7 @@ urlpatterns = [
     path("plain/form-charges", views.plain_form_charges),
     path("probe", views.TransactionProbeView.as_view()),
     path("api-view/external", views.api_view_external_call),
+    path("api-view/steps", views.api_view_steps),
     path("api-view/unprotected", views.api_view_unprotected),
     path("api-view/single", views.api_view_single_transaction),
     path("api-view/probe", views.api_view_probe),

@@ -374,6 +374,45 @@ def api_view_external_call(request: Request) -> Response:
 
 
 @api_view(["POST"])
+@idempotent
+def api_view_steps(request: Request) -> Response:
+    """Several external calls (steps), steered by the body.
+
+    ``steps``: ``[{"name": ..., "provider_id": ...}, ...]``, begun in that
+    order (``provider_id`` absent: the "provider" gave none back before
+    ``then``); a step already known with a provider id (an earlier
+    attempt's, kept by ``RetryFrom``) is skipped, not begun again.
+    ``then``: "raise" or a status to answer with after the steps. Both may
+    come in the ``X-Steps`` header instead (JSON), which is not part of the
+    fingerprint: a retry of the same input that behaves differently.
+    """
+    data = {**data_of(request), **json.loads(request.headers.get("X-Steps", "{}"))}
+    context = idempotency_of(request)
+    Charge.objects.create(tenant="steps", amount=int(data.get("amount", 0)))
+    keys, skipped = {}, []
+    for step in data.get("steps", []):
+        known = context.step(step["name"])
+        if known is not None and known.provider_operation_id:
+            skipped.append(step["name"])
+            keys[step["name"]] = known.provider_key
+            continue
+        keys[step["name"]] = context.begin_external(step=step["name"])
+        if step.get("provider_id"):
+            context.set_provider_operation(step["provider_id"], step=step["name"])
+    then = data.get("then")
+    if then == "raise":
+        raise ViewFailure("the provider connection dropped between the steps")
+    return Response(
+        {
+            "keys": keys,
+            "skipped": skipped,
+            "known": {step.name: step.provider_operation_id for step in context.steps},
+        },
+        status=int(then or 201),
+    )
+
+
+@api_view(["POST"])
 def api_view_unprotected(request: Request) -> Response:
     charge, code = perform(request, request.data)
     return charge_response(charge, code)

@@ -33,9 +33,11 @@ class Command(BaseCommand):
             several = database is None and len(record_databases()) > 1
             for record in stale:
                 reconciler = recovery.reconciler_for(record.operation)
+                # A CLAIMED record with steps was handed back (RetryFrom):
+                # its kept steps called providers, so it is reconciled.
                 action = (
                     "release"
-                    if record.state == "CLAIMED"
+                    if record.state == "CLAIMED" and not record.steps.exists()
                     else "reconcile"
                     if reconciler
                     else "no reconciler"
@@ -59,7 +61,8 @@ class Command(BaseCommand):
             return
         report = recovery.recover_stale_records(batch_size=batch_size, database=database)
         self.stdout.write(
-            f"released {report.released}, completed {report.completed}, failed "
+            f"released {report.released}, handed back {report.handed_back}, completed "
+            f"{report.completed}, failed "
             f"{report.failed}, retry later {report.retried}, no reconciler "
             f"{report.unreconciled}, taken over meanwhile {report.stale}"
         )
