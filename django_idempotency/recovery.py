@@ -42,13 +42,13 @@ from datetime import datetime, timedelta
 from typing import Any, TypeAlias
 
 from django.db import transaction
-from django.db.models import Count, Min, Prefetch, prefetch_related_objects
+from django.db.models import Count, Min
 
 from django_idempotency import signals, store
 from django_idempotency.conf import as_timedelta, idempotency_settings
 from django_idempotency.databases import records_database_named, sweep
 from django_idempotency.exceptions import StaleOwner
-from django_idempotency.models import IdempotencyRecord, IdempotencyStep
+from django_idempotency.models import IdempotencyRecord
 from django_idempotency.responses import StoredResponse, Verdict
 from django_idempotency.store.database_time import DatabaseNow
 
@@ -391,12 +391,13 @@ def recover_stale_records(*, batch_size: int = 100, database: str | None = None)
 
 def settle(record: IdempotencyRecord, held: store.Claim, report: RecoveryReport) -> None:
     """Settle one record recovery took over (``held``), counting the outcome in ``report``."""
-    # The reconciler sees the steps in begin order; one query, and only
-    # for a record that may have called out (or a CLAIMED one that did).
-    prefetch_related_objects(
-        [record],
-        Prefetch("steps", queryset=IdempotencyStep.objects.order_by("begun_at", "pk")),
-    )
+    # The reconciler sees the steps in begin order as ``record.steps.all()``:
+    # one query, on the record's own database, put where Django's prefetch
+    # puts its results. (``prefetch_related_objects`` would ask the routers'
+    # db_for_read first, which must never see a record read: a replica.)
+    steps = store.steps_of(record.pk, using=held.database)
+    len(steps)  # evaluated here, once
+    record._prefetched_objects_cache = {"steps": steps}  # type: ignore[attr-defined]
     if record.state == State.CLAIMED and not record.steps.all():
         if store.release(held):
             report.released += 1

@@ -62,9 +62,9 @@ def test_a_first_execution_carries_the_operations_retention(
 def test_a_stored_refusal_carries_it_too(
     advertised: None, alice: TokenClient, new_key: Callable[[], str]
 ) -> None:
-    refused = post(alice, "/api-view/charges", {"amount": 1, "invalid": True}, new_key())
+    refused = post(alice, "/api-view/charges", {"amount": 1, "forbidden": True}, new_key())
 
-    assert refused.status_code == 400
+    assert refused.status_code == 403
     assert refused[RETENTION_HEADER] == str(DAY)
 
 
