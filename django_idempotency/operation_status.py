@@ -167,7 +167,9 @@ def _ambiguous(tenant: str, key: str, database: str) -> Response:
 def _answer(record: IdempotencyRecord) -> dict[str, Any]:
     # A tombstone's response is gone; a resolved record past expires_at (at
     # the database's time of the read) is no longer replayed: both expired.
-    expired = record.tombstone or store.past_retention(record)
+    expired = (
+        record.tombstone or store.past_retention(record) or store.kept_as_tombstone(record)
+    )
     if expired or not record.is_resolved:
         return status_of(record, expired=expired, stored=None)
     try:

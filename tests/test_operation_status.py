@@ -192,7 +192,15 @@ def test_a_key_used_for_several_operations_lists_them(alice: TokenClient) -> Non
     assert status(alice, "shared", operation="POST nothing").status_code == 404
 
 
-def test_a_resolved_record_past_its_retention_is_expired(alice: TokenClient) -> None:
+@pytest.mark.parametrize(
+    "tombstone_ttl", [None, 30 * 24 * 3600], ids=["no-tombstones", "tombstones"]
+)
+def test_a_resolved_record_past_its_retention_is_expired(
+    alice: TokenClient, settings: Any, tombstone_ttl: int | None
+) -> None:
+    # With TOMBSTONE_TTL, a record past retention that the purge has not
+    # turned into a tombstone yet is refused to retries: expired here too.
+    settings.IDEMPOTENCY = {"TOMBSTONE_TTL": tombstone_ttl}
     RecordFactory.create(
         tenant=tenant_of(alice), key="old", expires_at=timezone.now() - timedelta(seconds=5)
     )

@@ -213,12 +213,19 @@ def take_over(
     )
     if token is None:
         return None
-    logger.warning(
-        "Took over record %s (%s): its owner's lease ran out at %s.",
-        record.pk,
-        scope,
-        record.lease_expires_at,
-    )
+    if handed_back(record):
+        logger.info(
+            "Took over record %s (%s): its reconciler handed it back to the retry (RetryFrom).",
+            record.pk,
+            scope,
+        )
+    else:
+        logger.warning(
+            "Took over record %s (%s): its owner's lease ran out at %s.",
+            record.pk,
+            scope,
+            record.lease_expires_at,
+        )
     committed = not connections[using].in_atomic_block
     return Claim(record.pk, token, scope, using, committed, record.provider_key)
 
