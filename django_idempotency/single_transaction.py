@@ -218,6 +218,7 @@ def _leave_uncertain_afresh(
     if again is None:
         signals.notify(signals.claim_released, request, scope, reason=run.response.status_code)
     else:
-        context = request.idempotency  # type: ignore[attr-defined]
-        leave_uncertain(request, again, context, reason=run.response.status_code)
+        # The new claim's own context: the view's wrote to the rolled-back
+        # record (and, in this mode, began no external call to carry over).
+        leave_uncertain(request, again, IdempotencyContext(again), reason=run.response.status_code)
     return run.response
