@@ -1,0 +1,72 @@
+"""Review of issue 14: a handed-back record (``RetryFrom``) after a retry that gave up.
+
+The client's retry of a handed-back record takes it over, then answers a
+"release" status (503) before beginning any step. The owner's release keeps
+the record (its kept steps called providers), but leaves it CLAIMED under
+the failed retry's own lease: the client's next retry, which the 503 told
+to come back, is refused 409 for the whole LEASE, and recovery, not the
+client, gets it next (asking the reconciler again). The record should go
+back to being handed back (no lease owner, lease until ``expires_at``), as
+it was before the failed retry took it.
+"""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Iterator
+from typing import Any
+
+import pytest
+from rest_framework.test import APIClient
+
+from django_idempotency import recovery
+from django_idempotency.models import IdempotencyRecord
+from django_idempotency.recovery import RetryFrom, recover_stale_records
+from django_idempotency.testing import expire_leases
+from tests.testapp.models import Charge
+from tests.utils import post
+
+pytestmark = [
+    pytest.mark.django_db(transaction=True),
+    pytest.mark.not_under("single-transaction", reason="begin_external() is refused (E020)"),
+    pytest.mark.not_under(
+        "repeatable-read", reason="IsolationNotSupported", databases=("postgres",)
+    ),
+    pytest.mark.not_under("atomic-requests", reason="W002: the intent rolls back with the view"),
+]
+URL = "/api-view/steps"
+OPERATION = "POST api-view/steps"
+State = IdempotencyRecord.State
+
+
+def steered(api: APIClient, key: str, **steps: Any) -> Any:
+    return post(api, URL, {"amount": 1}, key, HTTP_X_STEPS=json.dumps(steps))
+
+
+@pytest.fixture
+def retry_from_capture() -> Iterator[None]:
+    @recovery.register_reconciler(OPERATION)
+    def reconciler(record: IdempotencyRecord) -> Any:
+        return RetryFrom("capture")
+
+    yield
+    recovery._reconcilers.pop(OPERATION, None)
+
+
+@pytest.mark.usefixtures("retry_from_capture")
+def test_a_retry_that_gave_up_hands_the_record_back_again(api: APIClient) -> None:
+    api.raise_request_exception = False
+    authorize = {"name": "authorize", "provider_id": "au_1"}
+    steered(api, "k", steps=[authorize, {"name": "capture"}], then="raise")
+    expire_leases()
+    assert recover_stale_records().handed_back == 1
+
+    gave_up = steered(api, "k", steps=[{"name": "authorize"}], then=503)
+    assert gave_up.status_code == 503
+
+    record = IdempotencyRecord.objects.get()
+    again = steered(api, "k", steps=[authorize, {"name": "capture", "provider_id": "ca_1"}])
+
+    assert again.status_code == 201, (again.content, record.state, record.lease_owner)
+    assert again.json()["skipped"] == ["authorize"]
+    assert Charge.objects.count() == 1
