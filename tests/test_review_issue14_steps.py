@@ -13,14 +13,17 @@ it was before the failed retry took it.
 from __future__ import annotations
 
 import json
+import threading
 from collections.abc import Iterator
+from datetime import timedelta
 from typing import Any
 
 import pytest
+from django.db import connections
 from rest_framework.test import APIClient
 
-from django_idempotency import recovery
-from django_idempotency.models import IdempotencyRecord
+from django_idempotency import recovery, store
+from django_idempotency.models import IdempotencyRecord, IdempotencyStep
 from django_idempotency.recovery import RetryFrom, recover_stale_records
 from django_idempotency.testing import expire_leases
 from tests.testapp.models import Charge
@@ -70,3 +73,68 @@ def test_a_retry_that_gave_up_hands_the_record_back_again(api: APIClient) -> Non
     assert again.status_code == 201, (again.content, record.state, record.lease_owner)
     assert again.json()["skipped"] == ["authorize"]
     assert Charge.objects.count() == 1
+
+
+@pytest.mark.postgres
+@pytest.mark.usefixtures("retry_from_capture")
+def test_retries_of_a_handed_back_record_at_once_capture_once() -> None:
+    """Eight retries of the same input race for the handed-back record: one runs it."""
+    api = APIClient(raise_request_exception=False)
+    authorize = {"name": "authorize", "provider_id": "au_1"}
+    steered(api, "k", steps=[authorize, {"name": "capture"}], then="raise")
+    expire_leases()
+    assert recover_stale_records().handed_back == 1
+    count = 8
+    barrier = threading.Barrier(count)
+    results: list[Any] = [None] * count
+
+    def retry(index: int) -> None:
+        try:
+            barrier.wait()
+            client = APIClient(raise_request_exception=False)
+            results[index] = steered(
+                client, "k", steps=[authorize, {"name": "capture", "provider_id": "ca_1"}]
+            )
+        finally:
+            connections.close_all()
+
+    threads = [threading.Thread(target=retry, args=(index,)) for index in range(count)]
+    for thread in threads:
+        thread.start()
+    for thread in threads:
+        thread.join(timeout=60)
+
+    ran = [r for r in results if r.status_code == 201 and "Idempotent-Replayed" not in r]
+    others = sorted(r.status_code for r in results if r not in ran)
+    assert len(ran) == 1, [r.status_code for r in results]
+    assert set(others) <= {201, 409}, others
+    assert Charge.objects.count() == 1
+    assert IdempotencyStep.objects.filter(name="capture").count() == 1
+    assert IdempotencyRecord.objects.get().state == State.COMPLETED
+
+
+@pytest.mark.usefixtures("retry_from_capture")
+def test_a_handed_back_record_whose_retention_an_operator_extended_is_still_handed_back(
+    api: APIClient,
+) -> None:
+    """The admin's "Extend retention…" on a record waiting for the client's retry.
+
+    ``claims.handed_back`` recognises a handed-back record by its lease
+    ending at (or after) ``expires_at``; extending the retention moves
+    ``expires_at`` past the lease, the record is no longer "handed back", and
+    the client's retry is refused 409 until the old retention's end.
+    """
+    api.raise_request_exception = False
+    authorize = {"name": "authorize", "provider_id": "au_1"}
+    steered(api, "k", steps=[authorize, {"name": "capture"}], then="raise")
+    expire_leases()
+    assert recover_stale_records().handed_back == 1
+    record = IdempotencyRecord.objects.get()
+    store.extend_retention(
+        [record.pk], until=record.expires_at + timedelta(days=3), using="default"
+    )
+
+    retry = steered(api, "k", steps=[authorize, {"name": "capture", "provider_id": "ca_1"}])
+
+    assert retry.status_code == 201, retry.content
+    assert retry.json()["skipped"] == ["authorize"]
