@@ -38,3 +38,29 @@ def test_a_form_body_in_a_foreign_charset_on_a_plain_body_key_view_is_a_client_e
     )
 
     assert response.status_code < 500, response.status_code
+
+
+def test_a_multipart_upload_larger_than_the_in_memory_limit_keeps_its_body_key() -> None:
+    """A file beyond DATA_UPLOAD_MAX_MEMORY_SIZE: the form is streamed, the key still read."""
+    from django.core.files.uploadedfile import SimpleUploadedFile
+
+    upload = SimpleUploadedFile("big.bin", b"x" * (3 * 1024 * 1024))
+    client = Client(raise_request_exception=False)
+    first = client.post("/keyed/plain-body", {"id": "evt_9", "amount": "5", "file": upload})
+    upload.seek(0)
+    again = client.post("/keyed/plain-body", {"id": "evt_9", "amount": "5", "file": upload})
+
+    assert first.status_code == 201, first.content
+    assert again.status_code == 201
+    assert again.headers.get("Idempotent-Replayed") == "true"
+    assert IdempotencyRecord.objects.get().key == "evt_9"
+
+
+def test_a_urlencoded_body_beyond_the_in_memory_limit_is_a_client_error() -> None:
+    client = Client(raise_request_exception=False)
+    body = b"id=evt_1&pad=" + b"x" * (3 * 1024 * 1024)
+    response = client.generic(
+        "POST", "/keyed/plain-body", body, content_type="application/x-www-form-urlencoded"
+    )
+
+    assert 400 <= response.status_code < 500, response.status_code
