@@ -38,7 +38,7 @@ def test_single_transaction_uncertain_verdict_survives_recovery(api: APIClient) 
     # Whatever the lease, recovery must never release an UNCERTAIN outcome.
     IdempotencyRecord.objects.update(lease_expires_at=DatabaseLater(-timedelta(seconds=1)))
     recover_stale_records()
-    retry = post(api, "/policy/single", {"amount": 5}, "k-1")
+    retry = post(api, "/policy/single", {"amount": 5, "status": 504}, "k-1")
 
     assert retry.status_code == 409, retry.content
     assert Charge.objects.count() == 0
