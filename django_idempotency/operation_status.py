@@ -167,7 +167,10 @@ def _ambiguous(tenant: str, key: str, database: str) -> Response:
 def _answer(record: IdempotencyRecord) -> dict[str, Any]:
     # A tombstone's response is gone; a resolved record past expires_at (at
     # the database's time of the read) is no longer replayed: both expired.
-    expired = record.tombstone or store.past_retention(record)
+    # With TOMBSTONE_TTL, past_retention() waits for the tombstone's time
+    # too; before that the record is kept_as_tombstone(), and a retry is
+    # refused as idempotency_key_expired: expired as well.
+    expired = store.kept_as_tombstone(record) or store.past_retention(record)
     if expired or not record.is_resolved:
         return status_of(record, expired=expired, stored=None)
     try:
