@@ -89,13 +89,14 @@ def test_a_failed_request_is_answered_with_its_stored_refusal(
     alice: TokenClient, new_key: Callable[[], str]
 ) -> None:
     key = new_key()
-    first = post(alice, "/api-view/charges", {"amount": 7, "invalid": True}, key)
-    assert first.status_code == 400
+    # A stored refusal: a raised ValidationError is not stored (refused input).
+    first = post(alice, "/api-view/charges", {"amount": 7, "forbidden": True}, key)
+    assert first.status_code == 403
 
     body = status(alice, key).json()
 
     assert body["state"] == "FAILED"
-    assert body["response"]["status"] == 400
+    assert body["response"]["status"] == 403
     assert body["response"]["body"] == first.json()
 
 
