@@ -114,7 +114,9 @@ class OperationStatusView(APIView):
                 return _ambiguous(tenant, key, database)
         except UNREACHABLE_ERRORS as exc:
             raise StoreUnavailable(retry_after=UNAVAILABLE_RETRY_AFTER) from exc
-        if not records:
+        if not records or store.handed_back(records[0]):
+            # Handed back to the client's retry (a reconciler's RetryFrom):
+            # nothing runs it until the client retries, as after a release.
             raise KeyUnknown()
         return Response(OperationStatusSerializer(_answer(records[0])).data)
 
