@@ -64,3 +64,23 @@ def test_a_urlencoded_body_beyond_the_in_memory_limit_is_a_client_error() -> Non
     )
 
     assert 400 <= response.status_code < 500, response.status_code
+
+
+@pytest.mark.parametrize("url", ["/keyed/body-field", "/keyed/mixin"])
+@pytest.mark.parametrize(
+    ("body", "content_type"),
+    [
+        (b"{not json", "application/json"),
+        (b"note=evt_1", "text/plain"),
+        (b'{"note": 1.5, "data": {"object": {"id": [1]}}}', "application/json"),
+    ],
+    ids=["malformed", "unsupported", "not-a-key"],
+)
+def test_a_drf_body_key_view_answers_unreadable_input_with_a_4xx(
+    url: str, body: bytes, content_type: str
+) -> None:
+    client = Client(raise_request_exception=False)
+    response = client.generic("POST", url, body, content_type=content_type)
+
+    assert 400 <= response.status_code < 500, (response.status_code, response.content)
+    assert not IdempotencyRecord.objects.exists()

@@ -138,3 +138,16 @@ def test_a_handed_back_record_whose_retention_an_operator_extended_is_still_hand
 
     assert retry.status_code == 201, retry.content
     assert retry.json()["skipped"] == ["authorize"]
+
+
+def test_step_names_differing_only_in_case_are_two_steps(api: APIClient) -> None:
+    """Step names are case-sensitive (each has its own provider key), on every vendor.
+
+    On MySQL/MariaDB a case-insensitive collation of ``name`` would make the
+    unique (record, name) constraint refuse the second step.
+    """
+    steps = [{"name": "capture", "provider_id": "ca_1"}, {"name": "Capture", "provider_id": "ca_2"}]
+    response = steered(api, "case", steps=steps)
+
+    assert response.status_code == 201, response.content
+    assert sorted(IdempotencyStep.objects.values_list("name", flat=True)) == ["Capture", "capture"]
