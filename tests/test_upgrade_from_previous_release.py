@@ -47,7 +47,7 @@ from django.utils import timezone
 from rest_framework.test import APIClient
 
 from django_idempotency import recovery, tasks
-from django_idempotency.models import IdempotencyRecord
+from django_idempotency.models import IdempotencyRecord, IdempotencyStep
 from django_idempotency.recovery import Completed, register_reconciler
 from django_idempotency.tasks import TaskKeyReused, idempotent_task
 
@@ -124,6 +124,8 @@ def extract_previous_release(into: Path) -> Path:
 def drop_the_apps_table() -> None:
     """Leave the database as one that never had the app: the old release creates its table."""
     with connection.schema_editor() as editor:
+        # The steps' table first: it names the records' (migration 0006).
+        editor.delete_model(IdempotencyStep)
         editor.delete_model(IdempotencyRecord)
     MigrationRecorder(connection).migration_qs.filter(app="django_idempotency").delete()
 
