@@ -114,7 +114,9 @@ class OperationStatusView(APIView):
                 return _ambiguous(tenant, key, database)
         except UNREACHABLE_ERRORS as exc:
             raise StoreUnavailable(retry_after=UNAVAILABLE_RETRY_AFTER) from exc
-        if not records:
+        if not records or store.handed_back(records[0]):
+            # Handed back to the client's retry (a reconciler's RetryFrom):
+            # nothing runs it until the client retries, as after a release.
             raise KeyUnknown()
         return Response(OperationStatusSerializer(_answer(records[0])).data)
 
@@ -167,9 +169,10 @@ def _ambiguous(tenant: str, key: str, database: str) -> Response:
 def _answer(record: IdempotencyRecord) -> dict[str, Any]:
     # A tombstone's response is gone; a resolved record past expires_at (at
     # the database's time of the read) is no longer replayed: both expired.
-    expired = (
-        record.tombstone or store.past_retention(record) or store.kept_as_tombstone(record)
-    )
+    # With TOMBSTONE_TTL, past_retention() waits for the tombstone's time
+    # too; before that the record is kept_as_tombstone(), and a retry is
+    # refused as idempotency_key_expired: expired as well.
+    expired = store.kept_as_tombstone(record) or store.past_retention(record)
     if expired or not record.is_resolved:
         return status_of(record, expired=expired, stored=None)
     try:

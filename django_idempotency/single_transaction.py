@@ -218,7 +218,11 @@ def _leave_uncertain_afresh(
     if again is None:
         signals.notify(signals.claim_released, request, scope, reason=run.response.status_code)
     else:
-        # The new claim's own context: the view's wrote to the rolled-back
-        # record (and, in this mode, began no external call to carry over).
-        leave_uncertain(request, again, IdempotencyContext(again), reason=run.response.status_code)
+        # A context of its own: the request's holds the claim that rolled
+        # back with the view, a row that never committed (fenced writes on
+        # it match nothing). begin_external() is refused in this mode, so
+        # the request began no step to carry over.
+        context = IdempotencyContext(again)
+        request.idempotency = context  # type: ignore[attr-defined]
+        leave_uncertain(request, again, context, reason=run.response.status_code)
     return run.response

@@ -89,6 +89,7 @@ def test_a_failed_request_is_answered_with_its_stored_refusal(
     alice: TokenClient, new_key: Callable[[], str]
 ) -> None:
     key = new_key()
+    # A stored refusal: a raised ValidationError is not stored (refused input).
     first = post(alice, "/api-view/charges", {"amount": 7, "forbidden": True}, key)
     assert first.status_code == 403
 

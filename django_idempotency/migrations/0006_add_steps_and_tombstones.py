@@ -47,6 +47,28 @@ def add_cascade(apps: Any, schema_editor: Any) -> None:
     )
 
 
+def binary_step_names_on_mysql(apps: Any, schema_editor: Any) -> None:
+    """Compare step names byte for byte on MySQL/MariaDB, as 0001 does the scope.
+
+    Their default collations ignore case, accents and trailing spaces:
+    ``"capture"`` and ``"Capture"`` (two steps, two provider keys) would
+    collide on the unique (record, name) constraint, and the lookup of one
+    would find the other. PostgreSQL and SQLite compare exactly already.
+    """
+    if schema_editor.connection.vendor != "mysql":
+        return
+    collation = (
+        "utf8mb4_nopad_bin"
+        if getattr(schema_editor.connection, "mysql_is_mariadb", False)
+        else "utf8mb4_0900_bin"
+    )
+    quote = schema_editor.quote_name
+    schema_editor.execute(
+        f"ALTER TABLE {quote(_STEPS)} MODIFY {quote('name')} VARCHAR(64) "
+        f"CHARACTER SET utf8mb4 COLLATE {collation} NOT NULL"
+    )
+
+
 def drop_cascade(apps: Any, schema_editor: Any) -> None:
     quote = schema_editor.quote_name
     vendor = schema_editor.connection.vendor
@@ -121,4 +143,7 @@ class Migration(migrations.Migration):
         # would drop a trigger created before it. Not atomic: MySQL and
         # MariaDB cannot run DDL inside a transaction.
         migrations.RunPython(add_cascade, drop_cascade, atomic=False, elidable=False),
+        migrations.RunPython(
+            binary_step_names_on_mysql, migrations.RunPython.noop, atomic=False, elidable=False
+        ),
     ]

@@ -13,7 +13,7 @@ from datetime import UTC, datetime, timedelta
 
 from django.db import OperationalError, connections, transaction
 from django.db.backends.base.base import BaseDatabaseWrapper
-from django.db.models import F, Q
+from django.db.models import Case, F, Q, Value, When
 
 from django_idempotency.database_errors import is_serialization_failure
 from django_idempotency.models import RESOLVED_STATES, UNRESOLVED_STATES, IdempotencyRecord
@@ -229,11 +229,29 @@ def take_over_for_operator(
 
 
 def extend_retention(record_ids: list[int], *, until: datetime, using: str) -> int:
-    """Keep records recognisable until at least ``until``; never shortens."""
+    """Keep records recognisable until at least ``until``; never shortens.
+
+    A record handed back to the client's retry (``claims.handed_back``: its
+    lease ends with its retention) keeps its lease ending with it, or it
+    would no longer be recognised as handed back and its retry refused 409.
+    """
+    handed_back = Q(
+        state=IdempotencyRecord.State.CLAIMED,
+        lease_owner="",
+        lease_expires_at__gte=F("expires_at"),
+    )
     return (
         IdempotencyRecord.objects.using(using)
         .filter(pk__in=record_ids, expires_at__lt=until)
-        .update(expires_at=until, updated_at=DatabaseNow())
+        .update(
+            # Before expires_at: MySQL and MariaDB assign left to right, and
+            # the condition reads the expires_at the record had.
+            lease_expires_at=Case(
+                When(handed_back, then=Value(until)), default=F("lease_expires_at")
+            ),
+            expires_at=until,
+            updated_at=DatabaseNow(),
+        )
     )
 
 

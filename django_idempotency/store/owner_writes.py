@@ -99,12 +99,32 @@ def release(held: Claim, *, states: tuple[str, ...] = (State.CLAIMED,)) -> bool:
     records = IdempotencyRecord.objects.filter(
         pk=held.record_id, fencing_token=held.fencing_token, state__in=states
     )
+    with_steps = Exists(IdempotencyStep.objects.filter(record=OuterRef("pk")))
     if states == (State.CLAIMED,):
-        records = records.filter(~Exists(IdempotencyStep.objects.filter(record=OuterRef("pk"))))
+        records = records.filter(~with_steps)
     deleted = delete_where(records, using=held.database)
-    if not deleted:
-        _log_stale(held, "release")
-    return bool(deleted)
+    if deleted:
+        return True
+    if states == (State.CLAIMED,) and _hand_back_again(held, with_steps):
+        return False
+    _log_stale(held, "release")
+    return False
+
+
+def _hand_back_again(held: Claim, with_steps: Exists) -> int:
+    """A kept record (it has steps) goes back to the client's retry, as ``hand_back`` left it.
+
+    Its owner gave up before its first ``begin_external()``: held under the
+    owner's lease, the client's next retry would be refused 409 until the
+    lease ran out, and recovery, not the client, would get it next. Only on
+    the failure path, after a DELETE that matched nothing.
+    """
+    return (
+        IdempotencyRecord.objects.using(held.database)
+        .filter(pk=held.record_id, fencing_token=held.fencing_token, state=State.CLAIMED)
+        .filter(with_steps)
+        .update(lease_owner="", lease_expires_at=F("expires_at"), updated_at=DatabaseNow())
+    )
 
 
 def _log_stale(held: Claim, write: str) -> None:
