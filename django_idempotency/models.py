@@ -171,7 +171,7 @@ class IdempotencyStep(models.Model):
     A row of its own per (record, step), committed before the call like the
     record's intent, and deleted with its record by the database itself
     (``ON DELETE CASCADE``, or a trigger on SQLite: migration 0006), so that
-    the store's one-statement DELETEs need no second statement.
+    the store's one-statement DELETE statements need no second statement.
 
     Attributes:
         record (IdempotencyRecord): The operation the step belongs to.

@@ -16,7 +16,7 @@ so the model's reference has no constraint and this migration adds one:
 
 ``tombstone`` marks a resolved record whose response the purge dropped,
 with a database default so that a release without the column in its
-INSERTs (a rolling upgrade) still writes valid rows.
+INSERT statements (a rolling upgrade) still writes valid rows.
 """
 
 from __future__ import annotations
