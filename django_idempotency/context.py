@@ -59,10 +59,17 @@ def derive_provider_key(scope: Scope, *, step: str | None = None) -> str:
 
 
 def _checked_step_name(step: str) -> str:
-    if not isinstance(step, str) or not step or len(step) > STEP_NAME_MAX_LENGTH:
+    # Printable only: PostgreSQL refuses a NUL in text (a DataError in the
+    # middle of the view), and control characters garble the admin and logs.
+    if (
+        not isinstance(step, str)
+        or not step
+        or len(step) > STEP_NAME_MAX_LENGTH
+        or not step.isprintable()
+    ):
         raise ValueError(
             f"A step's name is a non-empty string of at most {STEP_NAME_MAX_LENGTH} "
-            f"characters, not {step!r}."
+            f"printable characters, not {step!r}."
         )
     return step
 

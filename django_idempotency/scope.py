@@ -287,8 +287,10 @@ def resolve_operation(request: HttpRequest, spec: OperationSpec) -> str:
 def resolve_tenant(request: HttpRequest, resolver: Callable[[HttpRequest], str]) -> str:
     tenant = resolver(request)
     if not isinstance(tenant, str):
+        name = getattr(resolver, "__qualname__", repr(resolver))
         raise ImproperlyConfigured(
-            f"IDEMPOTENCY['TENANT'] returned {tenant!r}; it must return a string."
+            f"The tenant resolver {name} (IDEMPOTENCY['TENANT'], or a view's tenant=) "
+            f"returned {tenant!r}; it must return a string."
         )
     if len(tenant) > TENANT_MAX_LENGTH or tenant.startswith(DIGEST_PREFIX):
         # Tenants may come from the client (a header, a subdomain): a long

@@ -263,3 +263,19 @@ def test_a_body_too_large_is_refused_before_it_is_parsed_for_its_key(
     assert response.status_code == 413
     assert response.json()["code"] == "idempotency_body_too_large"
     assert Charge.objects.count() == 0
+
+
+def test_a_views_tenant_that_returns_no_string_is_named_in_the_error() -> None:
+    from django.http import HttpRequest, HttpResponse
+    from django.test import RequestFactory
+
+    def account_of(request: Any) -> Any:
+        return 42  # an account's pk, not its name
+
+    @idempotent(key="header:X-Delivery", tenant=account_of, operation="tenant-error")
+    def hook(request: HttpRequest) -> HttpResponse:
+        return HttpResponse("ok")
+
+    request = RequestFactory().post("/hook", HTTP_X_DELIVERY="d-1")
+    with pytest.raises(ImproperlyConfigured, match=r"account_of .*tenant=.* returned 42"):
+        hook(request)
