@@ -48,6 +48,7 @@ import pytest
 from payments.crash_hooks import POINTS
 from payments.demo_data import DEMO_TOKENS
 
+from tests.live.crash_trials import SETTLE_DEADLINE, recover_then_retry
 from tests.live.processes import PaymentsStack, summary_lines
 from tests.live.server import Lazy, Result, post
 
@@ -68,10 +69,6 @@ TRIALS = int(os.environ.get("CRASH_TRIALS", "20"))
 PAYMENTS = "/v1/payments"
 OPERATION = "POST v1/payments"
 IN_PROGRESS = "idempotency_request_in_progress"
-#: How long a trial may take to get a non-409 answer after its crash.
-SETTLE_DEADLINE = 60.0
-#: Beyond the lease, before recovery is sent: clocks and scheduling.
-LEASE_MARGIN = 0.3
 
 ROWS: list[dict[str, Any]] = []
 #: Points before any charge: once released, a retry runs the view afresh.
@@ -176,25 +173,14 @@ def run_trial(stack: PaymentsStack, point: str, number: int, run: str) -> Trial:
         trial.crash = post(url, trial.body, {**headers, "X-Crash-At": point})
         crashed_at = time.monotonic()
         trial.early_retry = post(url, trial.body, headers)
-
-        time.sleep(max(0.0, crashed_at + stack.lease + LEASE_MARGIN - time.monotonic()))
-        wait_for_lease_expiry(stack, trial.key)
-        trial.recoveries.append(stack.recover())
-        last_recovery = time.monotonic()
-
-        deadline = time.monotonic() + SETTLE_DEADLINE
-        while time.monotonic() < deadline:
-            answer = post(url, trial.body, headers)
-            trial.retries.append(answer)
-            if answer.status != 409:
-                trial.final = answer
-                break
-            time.sleep(0.2)
-            if time.monotonic() - last_recovery > stack.lease + LEASE_MARGIN:
-                # Another trial's recovery may have run just before this
-                # record's lease ran out: run one more, as beat would.
-                trial.recoveries.append(stack.recover())
-                last_recovery = time.monotonic()
+        recover_then_retry(
+            stack,
+            trial,
+            url,
+            headers,
+            crashed_at=crashed_at,
+            lease_over=lambda: lease_expired(stack, trial.key),
+        )
     except Exception as exc:  # reported with the trial, never lost in a thread
         trial.error = f"{type(exc).__name__}: {exc}"
     return trial

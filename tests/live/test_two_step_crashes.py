@@ -44,6 +44,7 @@ import pytest
 from payments.crash_hooks import STEP_POINTS
 from payments.demo_data import DEMO_TOKENS
 
+from tests.live.crash_trials import recover_then_retry
 from tests.live.processes import PaymentsStack, summary_lines
 from tests.live.server import Lazy, Result, post
 
@@ -61,8 +62,6 @@ pytestmark = [
 
 TRIALS = int(os.environ.get("STEP_CRASH_TRIALS", "3"))
 URL = "/v1/payments/two-step"
-SETTLE_DEADLINE = 60.0
-LEASE_MARGIN = 0.3
 
 #: What recovery must do after a kill at each point, and whether the client's
 #: final 201 is the stored one (replayed) or the re-run view's.
@@ -161,26 +160,14 @@ def run_trial(stack: PaymentsStack, point: str, number: int) -> Trial:
             f"{name} ({'id' if pid else 'no id'})" for name, _, pid in steps_of(stack, trial.key)
         )
         trial.early_retry = post(url, trial.body, headers)
-
-        time.sleep(max(0.0, crashed_at + stack.lease + LEASE_MARGIN - time.monotonic()))
-        deadline = time.monotonic() + 30
-        while not lease_expired(stack, trial.key):
-            assert time.monotonic() < deadline, "the lease never ran out"
-            time.sleep(0.1)
-        trial.recoveries.append(stack.recover())
-        last_recovery = time.monotonic()
-
-        deadline = time.monotonic() + SETTLE_DEADLINE
-        while time.monotonic() < deadline:
-            answer = post(url, trial.body, headers)
-            trial.retries.append(answer)
-            if answer.status != 409:
-                trial.final = answer
-                break
-            time.sleep(0.2)
-            if time.monotonic() - last_recovery > stack.lease + LEASE_MARGIN:
-                trial.recoveries.append(stack.recover())
-                last_recovery = time.monotonic()
+        recover_then_retry(
+            stack,
+            trial,
+            url,
+            headers,
+            crashed_at=crashed_at,
+            lease_over=lambda: lease_expired(stack, trial.key),
+        )
     except Exception as exc:  # reported with the trial, never lost in a thread
         trial.error = f"{type(exc).__name__}: {exc}"
     return trial
