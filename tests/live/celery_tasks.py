@@ -47,15 +47,24 @@ def _mark_start(event_id: str) -> int:
     return len(body_starts(marker_dir, event_id))
 
 
+#: The options of every task here: redelivered when its worker dies
+#: (acks_late, reject_on_worker_lost), retried every half second while
+#: another worker holds its key. (celery-types take default_retry_delay as
+#: whole seconds, hence the countdown.)
+REDELIVERED: dict[str, Any] = {
+    "acks_late": True,
+    "reject_on_worker_lost": True,
+    "autoretry_for": (TaskInProgress,),
+    "retry_backoff": False,
+    "retry_kwargs": {"countdown": 0.5},
+    "max_retries": 240,
+}
+
+
 @shared_task(
     bind=True,
     name="tests.live.celery_tasks.charge_once",
-    acks_late=True,
-    reject_on_worker_lost=True,
-    autoretry_for=(TaskInProgress,),
-    retry_backoff=False,
-    retry_kwargs={"countdown": 0.5},  # celery-types take default_retry_delay as whole seconds
-    max_retries=240,
+    **REDELIVERED,
 )
 @idempotent_task(key="event_id")
 def charge_once(self: Any, event_id: str, amount: int) -> dict[str, Any]:
@@ -68,12 +77,7 @@ def charge_once(self: Any, event_id: str, amount: int) -> dict[str, Any]:
 @shared_task(
     bind=True,
     name="tests.live.celery_tasks.charge_per_message",
-    acks_late=True,
-    reject_on_worker_lost=True,
-    autoretry_for=(TaskInProgress,),
-    retry_backoff=False,
-    retry_kwargs={"countdown": 0.5},
-    max_retries=240,
+    **REDELIVERED,
 )
 @idempotent_task(key=message_id)
 def charge_per_message(self: Any, note: str, amount: int) -> dict[str, Any]:
@@ -146,12 +150,7 @@ def _pause_at(point: str, payout_id: str) -> None:
 @shared_task(
     bind=True,
     name="tests.live.celery_tasks.send_payout",
-    acks_late=True,
-    reject_on_worker_lost=True,
-    autoretry_for=(TaskInProgress,),
-    retry_backoff=False,
-    retry_kwargs={"countdown": 0.5},
-    max_retries=240,
+    **REDELIVERED,
 )
 @idempotent_task(key="payout_id")
 def send_payout(self: Any, payout_id: str, amount: int) -> dict[str, Any]:
