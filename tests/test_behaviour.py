@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import sys
 from datetime import timedelta
 
 import pytest
@@ -18,6 +19,16 @@ pytestmark = [pytest.mark.django_db(transaction=True), pytest.mark.guarantees]
 
 URL = "/api-view/charges"
 State = IdempotencyRecord.State
+
+
+@pytest.fixture(autouse=True, params=["default", "optimistic"])
+def mode(request: pytest.FixtureRequest, monkeypatch: pytest.MonkeyPatch) -> str:
+    """Every row of the table, in the default mode and in the optimistic one."""
+    if request.param == "optimistic":
+        if request.node.get_closest_marker("default_mode_only"):
+            pytest.skip("a property of the default mode's view only")
+        monkeypatch.setattr(sys.modules[__name__], "URL", "/api-view/optimistic")
+    return str(request.param)
 
 
 @pytest.mark.not_under(

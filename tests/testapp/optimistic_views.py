@@ -21,7 +21,7 @@ from rest_framework.views import APIView
 
 from django_idempotency import idempotent
 from django_idempotency.drf import IdempotentMixin
-from tests.testapp.models import Order
+from tests.testapp.models import Charge, Order
 from tests.testapp.views import charge_response, perform
 from tests.utils import data_of, idempotency_of
 
@@ -43,12 +43,15 @@ def _charge_and_order(request: Request) -> Response:
         idempotency_of(request).begin_external()
     if data.get("provider_operation"):
         idempotency_of(request).set_provider_operation("op_1")
-    return charge_response(charge, code)
+    return charge_response(charge, code, ETag=f'"{charge.pk}"')
 
 
-@api_view(["POST"])
+@api_view(["GET", "POST"])
 @idempotent(optimistic=True)
 def api_view_optimistic(request: Request) -> Response:
+    """``api_view_charges`` under optimistic=True: the behaviour table runs on both."""
+    if request.method == "GET":
+        return Response({"count": Charge.objects.count()})
     return _charge_and_order(request)
 
 
