@@ -26,11 +26,20 @@ from django_idempotency import idempotent, signals
 from django_idempotency.models import IdempotencyRecord
 from django_idempotency.outcomes import Verdict, by_status
 from django_idempotency.protection import Options
+from tests import configurations
 from tests.test_store_unavailable import unreachable_store  # noqa: F401 (a fixture)
 from tests.testapp.models import Charge, Order
 from tests.utils import post, signals_sent
 
 pytestmark = [pytest.mark.django_db(transaction=True), pytest.mark.guarantees]
+
+
+@pytest.fixture(autouse=True)
+def _where_a_configuration_can_change_it() -> None:
+    if configurations.active() not in configurations.OPTIMISTIC_MODE:
+        pytest.skip("runs where a configuration can change the optimistic mode")
+
+
 URL = "/api-view/optimistic"
 MIXIN_URL = "/mixin/optimistic"
 State = IdempotencyRecord.State

@@ -31,6 +31,7 @@ Settings = MutableMapping[str, Any]
 #: The guarantee tests that run in the test process (pytest-django's database).
 IN_PROCESS = (
     "tests/test_behaviour.py",
+    "tests/test_optimistic.py",
     "tests/test_transactions.py",
     "tests/test_single_transaction.py",
     "tests/test_external.py",
@@ -350,6 +351,15 @@ CONFIGURATIONS: dict[str, Configuration] = {
         ),
     )
 }
+
+
+#: The configurations that can change what the optimistic mode does (its
+#: transaction's isolation, the request's transaction, the clock it writes
+#: expiry with, a receiver on its DELETE): its guarantee tests run there,
+#: and in the baseline; elsewhere they would repeat the default mode's.
+OPTIMISTIC_MODE = frozenset(
+    {"baseline", "repeatable-read", "atomic-requests", "naive-new-york", "delete-signals"}
+)
 
 
 def active() -> str:
