@@ -17,9 +17,11 @@ from typing import Any
 import pytest
 from django.core.exceptions import ImproperlyConfigured
 from django.db import connection, connections
+from django.db.models import F
 from django.http import JsonResponse
 from django.test import RequestFactory, override_settings
 from django.test.utils import CaptureQueriesContext
+from django.utils import timezone
 from rest_framework.test import APIClient
 
 from django_idempotency import idempotent, signals
@@ -164,20 +166,27 @@ def test_optimistic_and_single_transaction_are_refused_together() -> None:
 @not_in_a_request_transaction
 def test_an_expired_record_is_replaced_under_its_own_condition(api: APIClient) -> None:
     assert post(api, URL, {"amount": 1}, "k").status_code == 201
-    IdempotencyRecord.objects.update(expires_at="2000-01-01T00:00:00Z")
+    _expire_every_record()
+    expired = IdempotencyRecord.objects.get()
     again = post(api, URL, {"amount": 1}, "k")
     assert again.status_code == 201 and "Idempotent-Replayed" not in again
     assert Charge.objects.count() == 2
     record = IdempotencyRecord.objects.get()
-    assert record.state == State.COMPLETED and record.expires_at.year > 2000
+    assert record.state == State.COMPLETED and record.expires_at > expired.expires_at
 
 
 @not_in_a_request_transaction
 def test_an_expired_record_stays_when_the_new_run_rolls_back(api: APIClient) -> None:
     assert post(api, URL, {"amount": 1}, "k").status_code == 201
-    IdempotencyRecord.objects.update(expires_at="2000-01-01T00:00:00Z")
+    _expire_every_record()
+    expired = IdempotencyRecord.objects.get()
     assert post(api, URL, {"amount": 1, "status": 503}, "k").status_code == 503
-    assert IdempotencyRecord.objects.get().expires_at.year == 2000  # its DELETE rolled back
+    kept = IdempotencyRecord.objects.get()  # its DELETE rolled back with the view
+    assert (kept.pk, kept.expires_at) == (expired.pk, expired.expires_at)
+
+
+def _expire_every_record() -> None:
+    IdempotencyRecord.objects.update(expires_at=F("created_at") - timedelta(days=1))
 
 
 @not_in_a_request_transaction
@@ -194,10 +203,10 @@ def test_a_key_held_by_a_two_commit_claim_is_answered_by_the_general_path(
         fingerprint="x",
         state=State.CLAIMED,
         lease_owner="elsewhere",
-        lease_expires_at="2999-01-01T00:00:00Z",
-        created_at="2026-01-01T00:00:00Z",
-        updated_at="2026-01-01T00:00:00Z",
-        expires_at="2999-01-01T00:00:00Z",
+        lease_expires_at=timezone.now() + timedelta(hours=1),
+        created_at=timezone.now(),
+        updated_at=timezone.now(),
+        expires_at=timezone.now() + timedelta(days=1),
     )
     response = post(api, URL, {"amount": 1}, "k")
     assert response.status_code in (409, 422)
