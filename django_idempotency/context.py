@@ -112,9 +112,12 @@ class IdempotencyContext:
     ends with 409.
     """
 
-    def __init__(self, held: store.Claim, *, single_transaction: bool = False) -> None:
+    def __init__(
+        self, held: store.Claim, *, single_transaction: bool = False, optimistic: bool = False
+    ) -> None:
         self._held = held
         self._single_transaction = single_transaction
+        self._optimistic = optimistic
         self.external_begun = False
         self.provider_operation_id = ""
         self._isolation_checked = False
@@ -128,6 +131,17 @@ class IdempotencyContext:
         # ``leave_uncertain()`` writes again after a rollback.
         self._steps: dict[str, IdempotencyStep] | None = None
         self._begun_steps: dict[str, IdempotencyStep] = {}
+
+    @classmethod
+    def optimistic(cls, scope: Scope, database: str) -> IdempotencyContext:
+        """The context of a view run by ``optimistic=True``: no record exists while it runs.
+
+        Its record is inserted, finished, after the view returns: there is
+        nothing to fence (``fencing_token`` is 0), no lease to renew and no
+        intent to commit before an external call.
+        """
+        unclaimed = store.Claim(record_id=0, fencing_token=0, scope=scope, database=database)
+        return cls(unclaimed, optimistic=True)
 
     @property
     def scope(self) -> Scope:
@@ -217,7 +231,7 @@ class IdempotencyContext:
             # Fencing token 1: claimed by this very request and never taken
             # over, so every step of the record is one this request wrote.
             # (A released or purged record took its steps with it.)
-            if held.fencing_token == 1:
+            if held.fencing_token <= 1:  # 0: optimistic, no record yet
                 self._steps = {}
             else:
                 stored = steps_of(held.record_id, using=held.database)
@@ -257,7 +271,8 @@ class IdempotencyContext:
         Raises:
             ImproperlyConfigured: The view claims with
                 ``single_transaction=True``, so the intent cannot commit
-                before the call.
+                before the call; or it runs with ``optimistic=True``, where
+                duplicates may each run it.
             IsolationNotSupported: The records' database runs the view's
                 transaction above READ COMMITTED.
             ValueError: ``step`` is empty or longer than 64 characters.
@@ -268,6 +283,7 @@ class IdempotencyContext:
                 "begin_external() cannot be used with single_transaction=True: the claim "
                 "commits only with the view, so the intent could not commit before the call."
             )
+        self._refuse_optimistic("begin_external()")
         if step is not None:
             _checked_step_name(step)
         self._refuse_snapshot_isolation()
@@ -300,6 +316,15 @@ class IdempotencyContext:
         self._begun_steps[name] = stored
         return provider_key
 
+    def _refuse_optimistic(self, what: str) -> None:
+        if self._optimistic:
+            raise ImproperlyConfigured(
+                f"{what} cannot be used with optimistic=True: concurrent duplicates may each "
+                "run the view, so a call outside the records' database would be made once "
+                "per duplicate, and no record exists to hold its intent before the call. "
+                "Use the default mode for views that call out."
+            )
+
     def _refuse_snapshot_isolation(self) -> None:
         """Refuse before the call, not after it: see ``IsolationNotSupported``."""
         held = self._held
@@ -331,7 +356,9 @@ class IdempotencyContext:
         Raises:
             ValueError: This request did not begin ``step``.
             StaleOwner: The record was taken over meanwhile.
+            ImproperlyConfigured: The view runs with ``optimistic=True``.
         """
+        self._refuse_optimistic("set_provider_operation()")
         if step is None:
             self.provider_operation_id = str(operation_id)
             store.set_provider_operation(
@@ -354,9 +381,14 @@ class IdempotencyContext:
 
         Never shortens a longer lease asked for with ``begin_external(lease=...)``.
 
+        With ``optimistic=True`` there is no lease: nothing is claimed while
+        the view runs, so this does nothing.
+
         Raises:
             StaleOwner: The record was taken over meanwhile.
         """
+        if self._optimistic:
+            return
         store.renew_lease(self._held, lease=idempotency_settings.LEASE)
 
     def leave_uncertain(self, *, with_provider_key: bool = False) -> None:

@@ -1,7 +1,7 @@
 """The optimistic mode (``@idempotent(optimistic=True)``) with real processes.
 
 gunicorn (4 workers, as for the default mode's race in test_concurrency.py)
-serves tests/testapp/optimistic_views.py on a fresh database, once on
+serves tests/testapp/optimistic_live_views.py on a fresh database, once on
 PostgreSQL and once on MariaDB. In this mode concurrent duplicates may each
 run the view's body; exactly one commits, and the others roll back and
 answer with the winner's replay, or 409 when they gave up waiting. Every
@@ -10,9 +10,8 @@ rolled back are counted too.
 
 The race: rounds of 50 simultaneous POSTs with one key, against
 
-* ``orders`` (``sleep``): the bodies overlap, then collide on the order
-  number, the business table's primary key: losers fail inside the view
-  with an IntegrityError;
+* ``orders`` (``sleep``): the bodies overlap, then collide on the Order's
+  unique number: losers fail inside the view with an IntegrityError;
 * ``orders-hold`` (``hold``): the winner holds its order row for a while,
   losers wait on it inside the view;
 * ``notes``: no business unique key; losers get as far as the record's
@@ -63,12 +62,11 @@ from tests.live.server import (
 )
 from tests.live.services import require_postgres, unavailable
 from tests.live.test_concurrency import Round, explainer
-from tests.testapp.optimistic_views import (
+from tests.testapp.optimistic_live_views import (
     ALLOW_SIGKILL_ENV,
     BODIES_RUN_LOG_ENV,
     CRASH_HEADER,
     CRASH_POINTS,
-    ORDER_TABLE,
 )
 
 pytestmark = [pytest.mark.postgres, pytest.mark.live, pytest.mark.guarantees]
@@ -124,21 +122,17 @@ class Deployment:
             return Counter()
         return Counter(line.split(" ", 1)[0] for line in lines if line)
 
-    def execute(self, statement: str) -> None:
-        database = self.server.database
-        if isinstance(database, MariaDBLiveDatabase):
-            with database.connection.cursor() as cursor:
-                cursor.execute(statement)
-        else:
-            database.connection.execute(statement)
-
     def order_runs(self, number: str) -> list[str]:
-        """The committed ``live_order`` rows' runs for an order number."""
-        rows = self.server.database.query("SELECT run FROM live_order WHERE number = %s", [number])
-        return [str(row[0]) for row in rows]
+        """The committed orders' runs: one Order per number, one Charge per Order."""
+        orders = self.server.database.query(
+            "SELECT count(*) FROM testapp_order WHERE number = %s", [number]
+        )
+        runs = self.note_runs(number)
+        assert int(orders[0][0]) == len(runs), f"{orders[0][0]} orders, charges of runs {runs}"
+        return runs
 
     def note_runs(self, note: str) -> list[str]:
-        """The committed Charges' runs (held in ``tenant``) for a note."""
+        """The committed Charges' runs (held in ``tenant``) for a note (an order number)."""
         rows = self.server.database.query(
             "SELECT tenant FROM testapp_charge WHERE note = %s", [note]
         )
@@ -151,9 +145,7 @@ def deployment(vendor: str, server_url: str, log_dir: Path) -> Iterator[Deployme
     bodies_log.touch()
     environment = {BODIES_RUN_LOG_ENV: str(bodies_log), ALLOW_SIGKILL_ENV: "1"}
     with live_server(server_url, extra_env=environment) as server:
-        running = Deployment(vendor, server, bodies_log)
-        running.execute(ORDER_TABLE)
-        yield running
+        yield Deployment(vendor, server, bodies_log)
 
 
 @pytest.fixture(scope="module", params=VENDORS)
@@ -213,7 +205,7 @@ VARIANTS = (
     Variant(
         "notes",
         "/optimistic/notes",
-        lambda ident: {"note": ident, "amount": 100, "sleep": SLEEP},
+        lambda ident: {"order": ident, "amount": 100, "sleep": SLEEP},
         Deployment.note_runs,
     ),
 )

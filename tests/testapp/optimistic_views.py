@@ -1,161 +1,59 @@
-"""Views in the optimistic mode (``@idempotent(optimistic=True)``) for the live races.
+"""Views under ``@idempotent(optimistic=True)``, steered by the body like views.py's.
 
-Concurrent duplicates may each run an optimistic view's body; only one
-commits. The live tests and benchmarks/contention.py count the bodies run,
-including those whose transaction rolled back, so every run appends a line
-(``<key> <run> <pid>``) to the file ``TESTAPP_BODIES_RUN_LOG`` names, outside
-any transaction: one ``write()`` on an ``O_APPEND`` file, whole even when
-processes write at once.
-
-``/optimistic/orders`` writes a row of ``live_order``, whose primary key is
-the ``order`` number taken from the body: a business unique key, on which
-losers fail inside the view (IntegrityError). ``/optimistic/notes`` writes a
-Charge, which has none: losers get as far as the record's INSERT.
-``/optimistic/orders-default`` is the orders view in the default (two-commit)
-mode, for the benchmark's side by side. ``live_order`` has no model and no
-migration: the live tests and the benchmark create it (``ORDER_TABLE``).
-
-The body steers the view: ``sleep`` (seconds, inside the transaction before
-the business write: the duplicates overlap), ``hold`` (seconds after it: the
-duplicates wait on the row the winner wrote), and, where the live server
-allows it (``TESTAPP_ALLOW_SIGKILL=1``), the ``X-Crash-At`` header (not
-the body, which the fingerprint covers: a retry without it is the same
-request): SIGKILL the worker
-``in-view`` (after the business write), ``after-record-insert`` (after the
-INSERT of the finished record, before the COMMIT; tests/live/hooks.py) or
-``after-commit`` (before the response is sent).
+Besides ``perform()``'s switches: ``order`` (also write an ``Order`` with
+this number, a business unique key that concurrent duplicates collide on
+in the view body), ``swallow_order_conflict`` (catch that collision's
+IntegrityError without a savepoint and answer 409 "order exists", a common
+habit), ``hold`` (seconds to sleep after writing, inside the transaction,
+to widen a race) and ``begin_external`` (which this mode refuses).
 """
 
 from __future__ import annotations
 
-import os
-import signal
 import time
-import uuid
+from typing import Any
 
-from django.db import connection, transaction
+from django.db import IntegrityError
 from rest_framework.decorators import api_view
 from rest_framework.request import Request
 from rest_framework.response import Response
+from rest_framework.views import APIView
 
 from django_idempotency import idempotent
-from tests.testapp.models import Charge
-from tests.utils import data_of
-
-BODIES_RUN_LOG_ENV = "TESTAPP_BODIES_RUN_LOG"
-ALLOW_SIGKILL_ENV = "TESTAPP_ALLOW_SIGKILL"
-CRASH_HEADER = "X-Crash-At"
-CRASH_POINTS = ("in-view", "after-record-insert", "after-commit")
-
-#: The business table: portable DDL (PostgreSQL and MariaDB), its key unique.
-ORDER_TABLE = (
-    "CREATE TABLE live_order ("
-    "number varchar(100) PRIMARY KEY, amount integer NOT NULL, run varchar(32) NOT NULL)"
-)
+from django_idempotency.drf import IdempotentMixin
+from tests.testapp.models import Order
+from tests.testapp.views import charge_response, perform
+from tests.utils import data_of, idempotency_of
 
 
-def count_body_run(request: Request, run: str) -> None:
-    path = os.environ.get(BODIES_RUN_LOG_ENV)
-    if not path:
-        return
-    key = request.headers.get("Idempotency-Key", "-")
-    line = f"{key} {run} {os.getpid()}\n".encode()
-    descriptor = os.open(path, os.O_WRONLY | os.O_APPEND | os.O_CREAT, 0o644)
-    try:
-        os.write(descriptor, line)
-    finally:
-        os.close(descriptor)
-
-
-def kill_this_process() -> None:
-    os.kill(os.getpid(), signal.SIGKILL)
-    time.sleep(10)  # never reached: SIGKILL cannot be caught
-
-
-def crash_point(request: Request) -> str | None:
-    if os.environ.get(ALLOW_SIGKILL_ENV) != "1":
-        return None
-    point = request.headers.get(CRASH_HEADER)
-    if point is not None and point not in CRASH_POINTS:
-        raise ValueError(f"unknown crash point {point!r}")
-    return point
-
-
-def prepare_crash(request: Request) -> None:
-    """Arm the crash points that fire after the body returns."""
-    point = crash_point(request)
-    if point == "after-record-insert":
-        from tests.live import hooks
-
-        hooks.crash_after_record_insert()
-    elif point == "after-commit":
-        # In autocommit on_commit runs at once: a crash in the view, not
-        # after a commit.
-        if not connection.in_atomic_block:
-            raise RuntimeError("an optimistic view runs inside a transaction")
-        transaction.on_commit(kill_this_process)
-
-
-def crash_in_view(request: Request) -> None:
-    if crash_point(request) == "in-view":
-        kill_this_process()
-
-
-def place_order(request: Request) -> Response:
-    """The orders views' body: one ``live_order`` row keyed by the order number."""
+def _charge_and_order(request: Request) -> Response:
     data = data_of(request)
-    run = uuid.uuid4().hex
-    count_body_run(request, run)
-    with transaction.atomic():  # the same body in both modes: its own transaction
-        if data.get("sleep"):
-            time.sleep(float(data["sleep"]))
-        number, amount = str(data["order"]), int(data.get("amount", 0))
-        with connection.cursor() as cursor:
-            cursor.execute(
-                "INSERT INTO live_order (number, amount, run) VALUES (%s, %s, %s)",
-                [number, amount, run],
-            )
-        if data.get("hold"):
-            time.sleep(float(data["hold"]))
-        crash_in_view(request)
-    prepare_crash(request)
-    return Response(
-        {"order": number, "amount": amount, "run": run},
-        status=201,
-        headers={"Location": f"/orders/{number}"},
-    )
-
-
-@api_view(["POST"])
-@idempotent(optimistic=True)
-def optimistic_orders(request: Request) -> Response:
-    return place_order(request)
-
-
-@api_view(["POST"])
-@idempotent
-def default_mode_orders(request: Request) -> Response:
-    return place_order(request)
-
-
-@api_view(["POST"])
-@idempotent(optimistic=True)
-def optimistic_notes(request: Request) -> Response:
-    """A Charge per run: no business unique key, losers reach the record's INSERT."""
-    data = data_of(request)
-    run = uuid.uuid4().hex
-    count_body_run(request, run)
-    if data.get("sleep"):
-        time.sleep(float(data["sleep"]))
-    charge = Charge.objects.create(
-        tenant=run, amount=int(data.get("amount", 0)), note=str(data.get("note", ""))
-    )
+    charge, code = perform(request, data)
+    if data.get("order"):
+        try:
+            Order.objects.create(number=str(data["order"]), amount=charge.amount)
+        except IntegrityError:
+            if not data.get("swallow_order_conflict"):
+                raise
+            # The habit: no savepoint, so the transaction is doomed.
+            return Response({"detail": "order exists"}, status=409)
     if data.get("hold"):
         time.sleep(float(data["hold"]))
-    crash_in_view(request)
-    prepare_crash(request)
-    return Response(
-        {"id": charge.pk, "amount": charge.amount, "run": run},
-        status=201,
-        headers={"Location": f"/charges/{charge.pk}"},
-    )
+    if data.get("begin_external"):
+        idempotency_of(request).begin_external()
+    if data.get("provider_operation"):
+        idempotency_of(request).set_provider_operation("op_1")
+    return charge_response(charge, code)
+
+
+@api_view(["POST"])
+@idempotent(optimistic=True)
+def api_view_optimistic(request: Request) -> Response:
+    return _charge_and_order(request)
+
+
+class OptimisticMixinView(IdempotentMixin, APIView):
+    idempotency_optimistic = True
+
+    def post(self, request: Request, *args: Any, **kwargs: Any) -> Response:
+        return _charge_and_order(request)
