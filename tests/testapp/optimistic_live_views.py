@@ -5,9 +5,9 @@
 Concurrent duplicates may each run an optimistic view's body; only one
 commits. The live tests and benchmarks/contention.py count the bodies run,
 including those whose transaction rolled back, so every run appends a line
-(``<key> <run> <pid>``) to the file ``TESTAPP_BODIES_RUN_LOG`` names, outside
-any transaction: one ``write()`` on an ``O_APPEND`` file, whole even when
-processes write at once.
+(``<key> <run> <pid> <time.time()>``) to the file ``TESTAPP_BODIES_RUN_LOG``
+names, outside any transaction: one ``write()`` on an ``O_APPEND`` file,
+whole even when processes write at once.
 
 Every run writes a Charge whose ``tenant`` is the run's id, so that the
 committed row tells which run won. ``/optimistic/orders`` also writes an
@@ -55,7 +55,7 @@ def count_body_run(request: Request, run: str) -> None:
     if not path:
         return
     key = request.headers.get("Idempotency-Key", "-")
-    line = f"{key} {run} {os.getpid()}\n".encode()
+    line = f"{key} {run} {os.getpid()} {time.time():.6f}\n".encode()
     descriptor = os.open(path, os.O_WRONLY | os.O_APPEND | os.O_CREAT, 0o644)
     try:
         os.write(descriptor, line)
