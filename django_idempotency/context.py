@@ -132,17 +132,6 @@ class IdempotencyContext:
         self._steps: dict[str, IdempotencyStep] | None = None
         self._begun_steps: dict[str, IdempotencyStep] = {}
 
-    @classmethod
-    def optimistic(cls, scope: Scope, database: str) -> IdempotencyContext:
-        """The context of a view run by ``optimistic=True``: no record exists while it runs.
-
-        Its record is inserted, finished, after the view returns: there is
-        nothing to fence (``fencing_token`` is 0), no lease to renew and no
-        intent to commit before an external call.
-        """
-        unclaimed = store.Claim(record_id=0, fencing_token=0, scope=scope, database=database)
-        return cls(unclaimed, optimistic=True)
-
     @property
     def scope(self) -> Scope:
         """The (tenant, operation, key) triple naming the record."""
@@ -177,7 +166,10 @@ class IdempotencyContext:
 
     @property
     def fencing_token(self) -> int:
-        """The token every write of this owner is conditional on; a takeover moves it on."""
+        """The token every write of this owner is conditional on; a takeover moves it on.
+
+        0 under ``optimistic=True``: no record exists while the view runs.
+        """
         return self._held.fencing_token
 
     @property

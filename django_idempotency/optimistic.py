@@ -157,7 +157,10 @@ def _view_then_record(
 ) -> _Run:
     """In the lookup's transaction: the view, then its finished record, or the rollback."""
     conf = idempotency_settings
-    request.idempotency = IdempotencyContext.optimistic(scope, database)  # type: ignore[attr-defined]
+    # No record exists while the view runs: nothing to fence (token 0), no
+    # lease to renew, no intent to commit before a call.
+    unclaimed = store.Claim(record_id=0, fencing_token=0, scope=scope, database=database)
+    request.idempotency = IdempotencyContext(unclaimed, optimistic=True)  # type: ignore[attr-defined]
     with view_transactions() as opened:  # other ATOMIC_REQUESTS databases
         response = view()
         verdict = outcome(response)
