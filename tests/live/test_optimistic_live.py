@@ -22,6 +22,10 @@ domain error; one 201 without ``Idempotent-Replayed``, the others its replay
 (same bytes, Content-Type, Location) or 409 with Retry-After; one record,
 COMPLETED, holding those bytes; a retry replays and runs no body.
 
+Losers that give up: on PostgreSQL, a server whose IN_FLIGHT_WAIT (the
+transaction-local ``lock_timeout``) is shorter than the winner holds its
+Order row: the duplicates waiting on it answer 409, never 500.
+
 The crash points (``X-Crash-At``): the worker SIGKILLed in the view, after
 the record's INSERT before the COMMIT (a statement wrapper in
 tests/live/hooks.py), or after the COMMIT before the response. Before the
@@ -50,11 +54,14 @@ import pytest
 
 from tests.live.processes import summary_lines
 from tests.live.server import (
+    DEFAULT_APP,
     LIVE_MARIADB_URL_ENV,
+    TESTS_PROJECT,
     Call,
     Lazy,
     LiveServer,
     MariaDBLiveDatabase,
+    Project,
     Result,
     fire_together,
     live_server,
@@ -79,6 +86,18 @@ SLEEP = 0.2
 IN_PROGRESS = "idempotency_request_in_progress"
 DEFAULT_MARIADB_URL = "mysql://root@127.0.0.1:3306/test"
 VENDORS = ("postgres", "mariadb")
+#: Seconds the losers wait for the winner's rows before they give up (409).
+GIVE_UP_WAIT = 0.2
+#: Seconds the winner holds its Order row in the give-up test.
+GIVE_UP_HOLD = 2.0
+GIVE_UP_ROUNDS = 3
+#: The test project with IN_FLIGHT_WAIT from the environment.
+SHORT_WAIT_PROJECT = Project(
+    settings="tests.live.optimistic_settings",
+    app=DEFAULT_APP,
+    ready_path=TESTS_PROJECT.ready_path,
+    ready_statuses=TESTS_PROJECT.ready_statuses,
+)
 
 #: bodies run per key, per (vendor, variant): printed at the end.
 BODIES: dict[str, list[int]] = defaultdict(list)
@@ -140,11 +159,17 @@ class Deployment:
 
 
 @contextlib.contextmanager
-def deployment(vendor: str, server_url: str, log_dir: Path) -> Iterator[Deployment]:
+def deployment(
+    vendor: str,
+    server_url: str,
+    log_dir: Path,
+    project: Project = TESTS_PROJECT,
+    extra_env: dict[str, str] | None = None,
+) -> Iterator[Deployment]:
     bodies_log = log_dir / "bodies-run.log"
     bodies_log.touch()
-    environment = {BODIES_RUN_LOG_ENV: str(bodies_log), ALLOW_SIGKILL_ENV: "1"}
-    with live_server(server_url, extra_env=environment) as server:
+    environment = {BODIES_RUN_LOG_ENV: str(bodies_log), ALLOW_SIGKILL_ENV: "1", **(extra_env or {})}
+    with live_server(server_url, extra_env=environment, project=project) as server:
         yield Deployment(vendor, server, bodies_log)
 
 
@@ -157,6 +182,23 @@ def optimistic(
     require = require_postgres if vendor == "postgres" else require_mariadb
     log_dir = tmp_path_factory.mktemp(f"optimistic-{vendor}")
     lazy = Lazy(lambda: deployment(vendor, require(), log_dir), require)
+    try:
+        yield lazy
+    finally:
+        lazy.close()
+
+
+@pytest.fixture(scope="module")
+def short_wait(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Lazy[Deployment]]:
+    """PostgreSQL, IN_FLIGHT_WAIT = GIVE_UP_WAIT: the lock_timeout losers wait under."""
+    log_dir = tmp_path_factory.mktemp("optimistic-short-wait")
+    environment = {"IDEMPOTENCY_IN_FLIGHT_WAIT": str(GIVE_UP_WAIT)}
+    lazy = Lazy(
+        lambda: deployment(
+            "postgres", require_postgres(), log_dir, SHORT_WAIT_PROJECT, environment
+        ),
+        require_postgres,
+    )
     try:
         yield lazy
     finally:
@@ -211,8 +253,8 @@ VARIANTS = (
 )
 
 
-def storm_round(running: Deployment, variant: Variant, number: int) -> int:
-    """One round of THREADS simultaneous duplicates; returns the bodies run."""
+def storm_round(running: Deployment, variant: Variant, number: int) -> tuple[Round, int]:
+    """One round of THREADS simultaneous duplicates; its answers and the bodies run."""
     server = running.server
     tag = f"{variant.label}-{server.run_id}-{number}-{uuid.uuid4().hex[:8]}"
     key, ident = f"opt-{tag}", f"ident-{tag}"
@@ -277,7 +319,7 @@ def storm_round(running: Deployment, variant: Variant, number: int) -> int:
     assert variant.rows(running, ident) == committed, explain("the retry wrote")
     assert running.bodies_run()[key] == bodies, explain("the retry ran the body")
     assert not server.problems_since(log_offset), explain("the server logged errors this round")
-    return bodies
+    return storm, bodies
 
 
 @pytest.mark.parametrize("variant", VARIANTS, ids=[variant.label for variant in VARIANTS])
@@ -287,7 +329,26 @@ def test_fifty_simultaneous_duplicates_commit_once(
     """Rounds of 50 same-key POSTs: one commit, the winner's answer for all (or 409)."""
     running = optimistic.get()
     for number in range(1, ROUNDS + 1):
-        BODIES[f"{running.vendor} {variant.label}"].append(storm_round(running, variant, number))
+        _, bodies = storm_round(running, variant, number)
+        BODIES[f"{running.vendor} {variant.label}"].append(bodies)
+
+
+def test_losers_that_give_up_waiting_answer_409(short_wait: Lazy[Deployment]) -> None:
+    """The winner holds its Order row past IN_FLIGHT_WAIT: the waiting duplicates get 409."""
+    running = short_wait.get()
+    variant = Variant(
+        "orders-give-up",
+        "/optimistic/orders",
+        lambda ident: {"order": ident, "amount": 100, "hold": GIVE_UP_HOLD},
+        Deployment.order_runs,
+    )
+    conflicts = 0
+    for number in range(1, GIVE_UP_ROUNDS + 1):
+        storm, bodies = storm_round(running, variant, number)
+        BODIES[f"{running.vendor} {variant.label}"].append(bodies)
+        conflicts += len(storm.conflicts)
+    # Every round, the other workers' duplicates wait on the held row meanwhile.
+    assert conflicts > 0, "no duplicate gave up waiting: the lock_timeout is not in force"
 
 
 # -- the crash points -----------------------------------------------------------------------
