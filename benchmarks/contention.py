@@ -13,16 +13,21 @@ replay (or 409 when it gave up waiting, after ``IN_FLIGHT_WAIT``).
 
 1. creates a fresh PostgreSQL database (``idem_bench_contention_<random>``)
    on the server ``IDEMPOTENCY_BENCH_POSTGRES_URL`` names (default: the local
-   server) and migrates the test project into it (tests/settings.py: its
-   views tests/testapp/optimistic_live_views.py are the ones measured);
-2. starts gunicorn with gthread workers (``--workers`` x ``--threads``,
-   default 4 x 16 = 64 request threads, each with its own database
-   connection) so that all 50 duplicates are served at the same time;
+   server) and migrates the test project into it (tests/settings.py, with
+   IN_FLIGHT from the environment: tests/live/optimistic_settings.py; the
+   views measured are tests/testapp/optimistic_live_views.py);
+2. starts gunicorn, one server per IN_FLIGHT setting, one after the other,
+   with gthread workers (``--workers`` x ``--threads``, default 4 x 16 = 64
+   request threads, each with its own database connection) so that all 50
+   duplicates are served at the same time;
 3. per key, sends ``--duplicates`` POSTs with one Idempotency-Key and body
    at once (one thread and one TCP connection each, released by a barrier),
-   to each case in turn (interleaved, the order rotating from key to key):
+   to each case the server serves in turn (interleaved, the order rotating
+   from key to key):
 
-   * ``default``: the orders view, ``@idempotent``;
+   * ``default``: the orders view, ``@idempotent``, once with ``IN_FLIGHT =
+     "conflict"`` (the default: duplicates answered 409 at once) and once
+     with ``"wait"`` (they wait for the outcome and replay it);
    * ``optimistic``: the same view, ``@idempotent(optimistic=True)``: the
      duplicates collide on the Order's unique number in the view body;
    * ``optimistic, no business key``: a Charge only, so the duplicates get
@@ -81,7 +86,8 @@ from benchmarks.benchlib import (  # noqa: E402
     server_facts,
 )
 
-SETTINGS = "tests.settings"
+#: tests.settings, with IN_FLIGHT from the environment (IDEMPOTENCY_IN_FLIGHT).
+SETTINGS = "tests.live.optimistic_settings"
 APP = "tests.live.wsgi:application"
 READY_PATH = "/api-view/charges"  # a GET the test project answers 200
 #: optimistic_live_views.BODIES_RUN_LOG_ENV (importing it would need Django set up).
@@ -94,22 +100,38 @@ class Case:
     path: str
     #: Where the body's work goes: "sleep" before the business write, "hold" after it.
     work_field: str
+    #: The server's IN_FLIGHT (the default mode's duplicates: 409 at once, or wait).
+    in_flight: str
 
     @property
     def label(self) -> str:
         where = "before" if self.work_field == "sleep" else "after"
-        return f"{self.name}, work {where} the write"
+        name = f"{self.name} ({self.in_flight})" if self.name == "default" else self.name
+        return f"{name}, work {where} the write"
 
 
-CASES = tuple(
-    Case(name, path, work_field)
-    for work_field in ("sleep", "hold")
-    for name, path in (
-        ("default", "/optimistic/orders-default"),
-        ("optimistic", "/optimistic/orders"),
-        ("optimistic, no business key", "/optimistic/notes"),
+def cases(in_flight: str) -> tuple[Case, ...]:
+    """What a server with this IN_FLIGHT serves: the optimistic cases once, on "wait"."""
+    views = [("default", "/optimistic/orders-default")]
+    if in_flight == "wait":  # the optimistic mode does not read IN_FLIGHT
+        views += [
+            ("optimistic", "/optimistic/orders"),
+            ("optimistic, no business key", "/optimistic/notes"),
+        ]
+    return tuple(
+        Case(name, path, work_field, in_flight)
+        for work_field in ("sleep", "hold")
+        for name, path in views
     )
-)
+
+
+IN_FLIGHT_MODES = ("conflict", "wait")
+
+
+def table_order(case: Case) -> tuple[bool, bool, bool, str]:
+    """Work before the write first; then default (conflict, wait), optimistic."""
+    default = case.name == "default"
+    return (case.work_field != "sleep", not default, case.in_flight != "conflict", case.name)
 
 
 @dataclass
@@ -145,10 +167,13 @@ class Tally:
 class GthreadServer(Gunicorn):
     """benchlib's Gunicorn, serving the test project with gthread workers."""
 
-    def __init__(self, database: Database, workers: int, threads: int, bodies_log: Path) -> None:
+    def __init__(
+        self, database: Database, workers: int, threads: int, bodies_log: Path, in_flight: str
+    ) -> None:
         super().__init__(database, workers)
         self.threads = threads
         self.bodies_log = bodies_log
+        self.in_flight = in_flight
 
     def __enter__(self) -> GthreadServer:
         command = [
@@ -161,6 +186,7 @@ class GthreadServer(Gunicorn):
         ]  # fmt: skip
         env = django_env(self.database, SETTINGS)
         env[BODIES_RUN_LOG_ENV] = str(self.bodies_log)
+        env["IDEMPOTENCY_IN_FLIGHT"] = self.in_flight
         self._log_file = self.log_path.open("ab")
         self.process = subprocess.Popen(
             command,
@@ -322,19 +348,29 @@ def report(tallies: dict[Case, Tally], duplicates: int) -> None:
 
 
 @contextlib.contextmanager
-def deployment(args: argparse.Namespace) -> Iterator[GthreadServer]:
-    with Database(postgres_url(), "idem_bench_contention", keep=args.keep) as database:
-        migrate(database, SETTINGS)
-        log_dir = Path(tempfile.mkdtemp(prefix="idem-contention-"))
-        bodies_log = log_dir / "bodies-run.log"
-        bodies_log.touch()
-        with GthreadServer(database, args.workers, args.threads, bodies_log) as server:
-            yield server
-            problems = server.problems()
-            if problems:
-                print(f"\nserver log problems ({len(problems)}), first 10:")
-                for line in problems[:10]:
-                    print(f"  {line}")
+def serving(
+    database: Database, args: argparse.Namespace, bodies_log: Path, in_flight: str
+) -> Iterator[GthreadServer]:
+    with GthreadServer(database, args.workers, args.threads, bodies_log, in_flight) as server:
+        yield server
+        problems = server.problems()
+        if problems:
+            print(f"\nserver log problems ({len(problems)}), first 10:")
+            for line in problems[:10]:
+                print(f"  {line}")
+
+
+def measure(server: GthreadServer, args: argparse.Namespace) -> dict[Case, Tally]:
+    """Every case this server serves, ``args.keys`` storms each, interleaved."""
+    served = cases(server.in_flight)
+    for case in served:  # warm every worker's imports and each path
+        storm(server, case, args.work, args.duplicates, None)
+    tallies: dict[Case, Tally] = {case: Tally() for case in served}
+    for index in range(args.keys):
+        shift = index % len(served)
+        for case in served[shift:] + served[:shift]:
+            storm(server, case, args.work, args.duplicates, tallies[case])
+    return tallies
 
 
 def main() -> None:
@@ -356,25 +392,25 @@ def main() -> None:
         f"Python {facts['python']}, commit {facts['commit']}, load {load_average()}"
     )
     started = time.monotonic()
-    with deployment(args) as server:
-        with server.database.connect() as connection:
+    tallies: dict[Case, Tally] = {}
+    with Database(postgres_url(), "idem_bench_contention", keep=args.keep) as database:
+        migrate(database, SETTINGS)
+        with database.connect() as connection:
             print(f"PostgreSQL: {server_facts(connection)}")
         print(
             f"gunicorn: {args.workers} gthread workers x {args.threads} threads = {slots} "
             f"requests served at once (CONN_MAX_AGE=0: a connection per request); "
             f"{args.duplicates} duplicates per key, {args.keys} keys per case, "
-            f"body work {args.work * 1000:.0f} ms inside the transaction; "
-            f"IN_FLIGHT='conflict', IN_FLIGHT_WAIT=10 s (the defaults)"
+            f"body work {args.work * 1000:.0f} ms inside the transaction; IN_FLIGHT_WAIT=10 s; "
+            f"one server with IN_FLIGHT='conflict' (the default), then one with 'wait'"
         )
-        for case in CASES:  # warm every worker's imports and each path
-            storm(server, case, args.work, args.duplicates, None)
-        tallies: dict[Case, Tally] = {case: Tally() for case in CASES}
-        for index in range(args.keys):
-            shift = index % len(CASES)
-            for case in CASES[shift:] + CASES[:shift]:
-                storm(server, case, args.work, args.duplicates, tallies[case])
-        print()
-        report(tallies, args.duplicates)
+        bodies_log = Path(tempfile.mkdtemp(prefix="idem-contention-")) / "bodies-run.log"
+        bodies_log.touch()
+        for in_flight in IN_FLIGHT_MODES:
+            with serving(database, args, bodies_log, in_flight) as server:
+                tallies.update(measure(server, args))
+    print()
+    report(dict(sorted(tallies.items(), key=lambda item: table_order(item[0]))), args.duplicates)
     print(f"\nran in {time.monotonic() - started:.0f} s")
 
 
