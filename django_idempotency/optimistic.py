@@ -136,6 +136,7 @@ def run_optimistically(
         except StoreUnavailable:
             answer = None  # the view's error tells more than this one
         if answer is None:
+            signals.notify(signals.claim_released, request, scope, reason="exception")
             raise exc
         return answer
     if run is None:
@@ -266,7 +267,9 @@ def _after_a_database_error(
         # A busy database, a duplicate still running most likely: never an
         # outage, never the view's error. The retry finds the winner's record.
         in_flight(request, scope, state="contended", cause=exc)
-    raise exc  # the view's own error (a rule of its own, a bug): as in any mode
+    # The view's own error (a rule of its own, a bug): as in any mode.
+    signals.notify(signals.claim_released, request, scope, reason="exception")
+    raise exc
 
 
 def _the_winners_answer(
