@@ -404,11 +404,12 @@ def main() -> None:
             f"body work {args.work * 1000:.0f} ms inside the transaction; IN_FLIGHT_WAIT=10 s; "
             f"one server with IN_FLIGHT='conflict' (the default), then one with 'wait'"
         )
-        bodies_log = Path(tempfile.mkdtemp(prefix="idem-contention-")) / "bodies-run.log"
-        bodies_log.touch()
-        for in_flight in IN_FLIGHT_MODES:
-            with serving(database, args, bodies_log, in_flight) as server:
-                tallies.update(measure(server, args))
+        with tempfile.TemporaryDirectory(prefix="idem-contention-") as log_dir:
+            bodies_log = Path(log_dir) / "bodies-run.log"
+            bodies_log.touch()
+            for in_flight in IN_FLIGHT_MODES:
+                with serving(database, args, bodies_log, in_flight) as server:
+                    tallies.update(measure(server, args))
     print()
     report(dict(sorted(tallies.items(), key=lambda item: table_order(item[0]))), args.duplicates)
     print(f"\nran in {time.monotonic() - started:.0f} s")
