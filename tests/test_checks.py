@@ -133,6 +133,9 @@ def test_api_view_under_atomic_requests_is_warned_about(atomic_requests: None) -
         "keyed/body-field",
         "keyed/body-field-standard",
         "keyed/delivery-header",
+        "optimistic/notes",
+        "optimistic/orders",
+        "optimistic/orders-default",
         "policy/by-status",
         "policy/single",
     ]

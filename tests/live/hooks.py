@@ -9,6 +9,12 @@ same, a Charge whose note contains ``[sleep=<seconds>]`` makes its save wait
 that long: inside the view, after the claim, while the claim is held, exactly
 where the ``sleep`` of the other views waits. One whose note contains
 ``[crash]`` SIGKILLs the worker process instead.
+
+``crash_after_record_insert()``, called by a view, kills the worker right
+after the next INSERT into the records' table on this thread has run: in the
+optimistic mode, the finished record's INSERT, before the COMMIT
+(tests/testapp/optimistic_views.py). A wrapper on every connection watches
+the statements (``connection.execute_wrapper``), so the library needs no hook.
 """
 
 from __future__ import annotations
@@ -18,7 +24,9 @@ import os
 import re
 import signal
 import sys
+import threading
 import time
+from collections.abc import Callable
 from typing import Any
 
 SLOW_NOTE = re.compile(r"\[sleep=(\d+(?:\.\d+)?)\]")
@@ -42,6 +50,34 @@ def _slow_charge(sender: Any, instance: Any, **kwargs: Any) -> None:
         time.sleep(min(float(match.group(1)), 5.0))
 
 
+RECORD_INSERT = re.compile(r"\bINSERT\s+INTO\s+[\"`]?django_idempotency_record\b", re.IGNORECASE)
+_armed = threading.local()
+
+
+def crash_after_record_insert() -> None:
+    """Kill this process after the next INSERT into the records' table on this thread."""
+    _armed.record_insert = True
+
+
+def _disarm(**kwargs: Any) -> None:
+    _armed.record_insert = False
+
+
+def _crash_after_record_insert(
+    execute: Callable[..., Any], sql: str, params: Any, many: bool, context: Any
+) -> Any:
+    result = execute(sql, params, many, context)
+    if getattr(_armed, "record_insert", False) and RECORD_INSERT.search(sql):
+        os.kill(os.getpid(), signal.SIGKILL)
+        time.sleep(10)  # never reached: SIGKILL cannot be caught
+    return result
+
+
+def _watch_statements(sender: Any, connection: Any, **kwargs: Any) -> None:
+    if _crash_after_record_insert not in connection.execute_wrappers:
+        connection.execute_wrappers.append(_crash_after_record_insert)
+
+
 def _log_server_errors() -> None:
     """Send ``django.request`` errors (500s, with their traceback) to the server log.
 
@@ -59,9 +95,13 @@ def _log_server_errors() -> None:
 
 
 def install() -> None:
+    from django.core.signals import request_started
+    from django.db.backends.signals import connection_created
     from django.db.models.signals import pre_save
 
     from tests.testapp.models import Charge
 
     pre_save.connect(_slow_charge, sender=Charge, dispatch_uid="tests.live.hooks.slow_charge")
+    connection_created.connect(_watch_statements, dispatch_uid="tests.live.hooks.watch_statements")
+    request_started.connect(_disarm, dispatch_uid="tests.live.hooks.disarm")
     _log_server_errors()

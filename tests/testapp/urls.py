@@ -2,7 +2,7 @@ from django.contrib import admin
 from django.urls import include, path
 from rest_framework.routers import DefaultRouter
 
-from tests.testapp import keyed_views, optimistic_views, views
+from tests.testapp import keyed_views, optimistic_live_views, optimistic_views, views
 
 router = DefaultRouter()
 router.register("viewset/charges", views.ChargeViewSet, basename="viewset-charge")
@@ -32,6 +32,9 @@ urlpatterns = [
     path("mixin/optimistic", optimistic_views.OptimisticMixinView.as_view()),
     path("api-view/probe", views.api_view_probe),
     path("api-view/probe-exempt", views.api_view_probe_exempt),
+    path("optimistic/orders", optimistic_live_views.optimistic_orders),
+    path("optimistic/orders-default", optimistic_live_views.default_mode_orders),
+    path("optimistic/notes", optimistic_live_views.optimistic_notes),
     path("idempotency/", include("django_idempotency.urls")),
     path("keyed/delivery-header", keyed_views.delivery_header),
     path("keyed/body-field", keyed_views.body_field),
