@@ -33,7 +33,9 @@ commit nothing stays: the retry runs the view, once. After it, the retry
 replays. Either way one business row, one record, one more retry replays.
 
 Run with ``-s`` to see a line per round and the bodies run per key.
-``OPTIMISTIC_ROUNDS`` (20) and ``OPTIMISTIC_CRASH_TRIALS`` (3) set the sizes.
+``OPTIMISTIC_ROUNDS`` (20: the first variant on PostgreSQL),
+``OPTIMISTIC_SHORT_ROUNDS`` (5: the others) and ``OPTIMISTIC_CRASH_TRIALS``
+(2) set the sizes.
 """
 
 from __future__ import annotations
@@ -79,8 +81,12 @@ from tests.testapp.optimistic_live_views import (
 pytestmark = [pytest.mark.postgres, pytest.mark.live, pytest.mark.guarantees]
 
 THREADS = 50
+#: The race of the issue, 50 x 20, for the first variant on PostgreSQL;
+#: the other variants and MariaDB's runs (2 to 5 s a round there) fewer,
+#: to keep the CI run bounded.
 ROUNDS = int(os.environ.get("OPTIMISTIC_ROUNDS", "20"))
-CRASH_TRIALS = int(os.environ.get("OPTIMISTIC_CRASH_TRIALS", "3"))
+SHORT_ROUNDS = int(os.environ.get("OPTIMISTIC_SHORT_ROUNDS", "5"))
+CRASH_TRIALS = int(os.environ.get("OPTIMISTIC_CRASH_TRIALS", "2"))
 #: Seconds the body waits inside its transaction, widening the race window.
 SLEEP = 0.2
 IN_PROGRESS = "idempotency_request_in_progress"
@@ -328,7 +334,8 @@ def test_fifty_simultaneous_duplicates_commit_once(
 ) -> None:
     """Rounds of 50 same-key POSTs: one commit, the winner's answer for all (or 409)."""
     running = optimistic.get()
-    for number in range(1, ROUNDS + 1):
+    full = running.vendor == "postgres" and variant is VARIANTS[0]
+    for number in range(1, (ROUNDS if full else SHORT_ROUNDS) + 1):
         _, bodies = storm_round(running, variant, number)
         BODIES[f"{running.vendor} {variant.label}"].append(bodies)
 
