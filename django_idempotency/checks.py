@@ -5,8 +5,11 @@ Ids are never reused. Retired ids stay listed here as comments.
 
 from __future__ import annotations
 
+import ast
 import difflib
+import inspect
 import re
+import textwrap
 from collections.abc import Callable, Iterator, Mapping
 from datetime import timedelta
 from typing import TYPE_CHECKING, Any
@@ -30,6 +33,7 @@ __all__ = [
     "check_celery_timeouts",
     "check_intent_databases_reach_the_records",
     "check_operations",
+    "check_optimistic_views",
     "check_settings",
 ]
 
@@ -501,6 +505,79 @@ def check_atomic_requests(app_configs: Any = None, **kwargs: Any) -> list[CheckM
             )
         )
     return messages
+
+
+#: What an optimistic view must not call: duplicates may each run it.
+_CALLS_OUT = frozenset(
+    {"begin_external", "abegin_external", "set_provider_operation", "aset_provider_operation"}
+)
+
+
+@register(Tags.urls)
+def check_optimistic_views(app_configs: Any = None, **kwargs: Any) -> list[CheckMessage]:
+    """An ``optimistic=True`` handler whose own code calls ``begin_external()`` (E036).
+
+    A look at the handler's source, not at what it calls: the refusal at run
+    time (``ImproperlyConfigured``) covers the rest, but only once a request
+    gets there.
+    """
+    if not getattr(settings, "ROOT_URLCONF", None):
+        return []
+    from django_idempotency.routes import protected_urls
+
+    messages: list[CheckMessage] = []
+    for url in protected_urls():
+        for handler in url.handlers:
+            if not handler.options.optimistic:
+                continue
+            calls = sorted(_calls_out(_handler_function(url, handler.handler)))
+            if calls:
+                messages.append(
+                    _error(
+                        36,
+                        f"The view {url.view} ({handler.handler}) at {url.route!r} runs with "
+                        f"optimistic=True but calls {', '.join(calls)}: concurrent duplicates "
+                        "may each run an optimistic view, so a call outside the records' "
+                        "database would be made once per duplicate (and the call is refused "
+                        "at run time).",
+                        "Drop optimistic=True from this view (the default mode commits the "
+                        "intent before the call and runs the view once), or keep the view's "
+                        "effects inside the records' database.",
+                    )
+                )
+    return messages
+
+
+def _handler_function(url: ProtectedURL, handler: str) -> Any:
+    view_class = getattr(url.callback, "cls", getattr(url.callback, "view_class", None))
+    function = getattr(view_class, handler, None) if isinstance(view_class, type) else None
+    if function is None:
+        function = url.callback
+    # Under @api_view's closure, @idempotent (IdempotentView.view) and any
+    # decorators (__wrapped__).
+    for _ in range(50):
+        inner = getattr(function, "view", None) or getattr(function, "__wrapped__", None)
+        closure = getattr(function, "__closure__", None) or ()
+        for cell in closure if inner is None else ():
+            if callable(cell.cell_contents):
+                inner = cell.cell_contents
+        if inner is None or inner is function:
+            break
+        function = inner
+    return function
+
+
+def _calls_out(function: Any) -> set[str]:
+    try:
+        source = textwrap.dedent(inspect.getsource(function))
+        tree = ast.parse(source)
+    except (OSError, TypeError, SyntaxError):
+        return set()  # no source to read (a builtin, a generated function)
+    return {
+        node.attr
+        for node in ast.walk(tree)
+        if isinstance(node, ast.Attribute) and node.attr in _CALLS_OUT
+    }
 
 
 @register(Tags.urls)

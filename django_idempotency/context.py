@@ -112,9 +112,12 @@ class IdempotencyContext:
     ends with 409.
     """
 
-    def __init__(self, held: store.Claim, *, single_transaction: bool = False) -> None:
+    def __init__(
+        self, held: store.Claim, *, single_transaction: bool = False, optimistic: bool = False
+    ) -> None:
         self._held = held
         self._single_transaction = single_transaction
+        self._optimistic = optimistic
         self.external_begun = False
         self.provider_operation_id = ""
         self._isolation_checked = False
@@ -163,7 +166,10 @@ class IdempotencyContext:
 
     @property
     def fencing_token(self) -> int:
-        """The token every write of this owner is conditional on; a takeover moves it on."""
+        """The token every write of this owner is conditional on; a takeover moves it on.
+
+        0 under ``optimistic=True``: no record exists while the view runs.
+        """
         return self._held.fencing_token
 
     @property
@@ -217,7 +223,7 @@ class IdempotencyContext:
             # Fencing token 1: claimed by this very request and never taken
             # over, so every step of the record is one this request wrote.
             # (A released or purged record took its steps with it.)
-            if held.fencing_token == 1:
+            if held.fencing_token <= 1:  # 0: optimistic, no record yet
                 self._steps = {}
             else:
                 stored = steps_of(held.record_id, using=held.database)
@@ -257,7 +263,8 @@ class IdempotencyContext:
         Raises:
             ImproperlyConfigured: The view claims with
                 ``single_transaction=True``, so the intent cannot commit
-                before the call.
+                before the call; or it runs with ``optimistic=True``, where
+                duplicates may each run it.
             IsolationNotSupported: The records' database runs the view's
                 transaction above READ COMMITTED.
             ValueError: ``step`` is empty or longer than 64 characters.
@@ -268,6 +275,7 @@ class IdempotencyContext:
                 "begin_external() cannot be used with single_transaction=True: the claim "
                 "commits only with the view, so the intent could not commit before the call."
             )
+        self._refuse_optimistic("begin_external()")
         if step is not None:
             _checked_step_name(step)
         self._refuse_snapshot_isolation()
@@ -300,6 +308,15 @@ class IdempotencyContext:
         self._begun_steps[name] = stored
         return provider_key
 
+    def _refuse_optimistic(self, what: str) -> None:
+        if self._optimistic:
+            raise ImproperlyConfigured(
+                f"{what} cannot be used with optimistic=True: concurrent duplicates may each "
+                "run the view, so a call outside the records' database would be made once "
+                "per duplicate, and no record exists to hold its intent before the call. "
+                "Use the default mode for views that call out."
+            )
+
     def _refuse_snapshot_isolation(self) -> None:
         """Refuse before the call, not after it: see ``IsolationNotSupported``."""
         held = self._held
@@ -331,7 +348,9 @@ class IdempotencyContext:
         Raises:
             ValueError: This request did not begin ``step``.
             StaleOwner: The record was taken over meanwhile.
+            ImproperlyConfigured: The view runs with ``optimistic=True``.
         """
+        self._refuse_optimistic("set_provider_operation()")
         if step is None:
             self.provider_operation_id = str(operation_id)
             store.set_provider_operation(
@@ -354,9 +373,14 @@ class IdempotencyContext:
 
         Never shortens a longer lease asked for with ``begin_external(lease=...)``.
 
+        With ``optimistic=True`` there is no lease: nothing is claimed while
+        the view runs, so this does nothing.
+
         Raises:
             StaleOwner: The record was taken over meanwhile.
         """
+        if self._optimistic:
+            return
         store.renew_lease(self._held, lease=idempotency_settings.LEASE)
 
     def leave_uncertain(self, *, with_provider_key: bool = False) -> None:

@@ -193,6 +193,7 @@ def idempotent(
     required: bool | None = None,
     ttl: timedelta | float | None = None,
     single_transaction: bool | None = None,
+    optimistic: bool = False,
     key: KeySpec = None,
     outcome: Outcome | None = None,
     tenant: Callable[[Any], str] | None = None,
@@ -208,6 +209,7 @@ def idempotent(
     required: bool | None = None,
     ttl: timedelta | float | None = None,
     single_transaction: bool | None = None,
+    optimistic: bool = False,
     key: KeySpec = None,
     outcome: Outcome | None = None,
     tenant: Callable[[Any], str] | None = None,
@@ -243,6 +245,14 @@ def idempotent(
             transaction: one commit instead of two, for views that make no
             external call (``begin_external()`` is then refused). ``None``:
             ``IDEMPOTENCY["SINGLE_TRANSACTION"]``.
+        optimistic: Run the view first and write its record once, finished,
+            with one conditional INSERT before the view's transaction
+            commits: one commit, no UPDATE. For views whose effects all
+            live in the records' database: concurrent duplicates may each
+            run the view body; exactly one commits, and the others roll
+            back and answer with its replay (or 422; 409 when they gave up
+            waiting). ``begin_external()`` is refused. See
+            docs/transactions.md, "Optimistic mode".
         key: Where the key comes from. ``None``: the ``IDEMPOTENCY["HEADER"]``
             header, echoed in the response. ``"header:<Name>"`` (a webhook's
             delivery id, ``"header:X-GitHub-Delivery"``), ``"body:<field>"``
@@ -270,7 +280,8 @@ def idempotent(
     Raises:
         ImproperlyConfigured: ``fingerprint`` is a string (a list of names
             was meant), ``ttl`` is not positive, ``key`` is no key source,
-            or ``outcome``, ``tenant`` or ``verify`` is not callable.
+            or ``outcome``, ``tenant`` or ``verify`` is not callable, or
+            ``optimistic`` and ``single_transaction`` are both true.
     """
     for name, value in (("outcome", outcome), ("tenant", tenant), ("verify", verify)):
         if value is not None and not callable(value):
@@ -281,6 +292,7 @@ def idempotent(
         required=required,
         ttl=ttl,
         single_transaction=single_transaction,
+        optimistic=optimistic,
         key=KeySource.of(key),
         outcome=outcome,
         tenant=tenant,

@@ -38,6 +38,7 @@ class IdempotentMixin:
         idempotency_required: As ``idempotent(required=...)``.
         idempotency_ttl: As ``idempotent(ttl=...)``: seconds or a ``timedelta``.
         idempotency_single_transaction: As ``idempotent(single_transaction=...)``.
+        idempotency_optimistic: As ``idempotent(optimistic=...)``.
         idempotency_key: As ``idempotent(key=...)``: ``"header:<Name>"``,
             ``"body:<field>"`` or a callable; checked when the class is made.
         idempotency_outcome: As ``idempotent(outcome=...)``.
@@ -53,6 +54,7 @@ class IdempotentMixin:
     idempotency_required: ClassVar[bool | None] = None
     idempotency_ttl: ClassVar[timedelta | float | None] = None
     idempotency_single_transaction: ClassVar[bool | None] = None
+    idempotency_optimistic: ClassVar[bool] = False
     idempotency_key: ClassVar[KeySpec] = None
     idempotency_outcome: ClassVar[Outcome | None] = None
     idempotency_tenant: ClassVar[Callable[[Any], str] | None] = None
@@ -60,7 +62,7 @@ class IdempotentMixin:
 
     def __init_subclass__(cls, **kwargs: Any) -> None:
         super().__init_subclass__(**kwargs)
-        KeySource.of(cls.idempotency_key)  # a typo fails at import, as with @idempotent
+        cls.idempotency_options()  # a typo fails at import, as with @idempotent
         mark_views_non_atomic(cls)
 
     @classmethod
@@ -74,6 +76,7 @@ class IdempotentMixin:
             required=cls.idempotency_required,
             ttl=cls.idempotency_ttl,
             single_transaction=cls.idempotency_single_transaction,
+            optimistic=cls.idempotency_optimistic,
             key=KeySource.of(cls.idempotency_key),
             outcome=cls.idempotency_outcome,
             tenant=cls.idempotency_tenant,

@@ -25,6 +25,7 @@ from django_idempotency.answers import (
 from django_idempotency.conf import idempotency_settings
 from django_idempotency.context import IdempotencyContext
 from django_idempotency.database_errors import is_connection_lost
+from django_idempotency.digests import Fingerprint
 from django_idempotency.exceptions import (
     OutcomeUncertain,
     RequestInProgress,
@@ -34,6 +35,7 @@ from django_idempotency.exceptions import (
 )
 from django_idempotency.outcomes import Outcome, standard
 from django_idempotency.responses import StoredResponse, Verdict, capture
+from django_idempotency.scope import Scope
 from django_idempotency.simulated_crash import SimulatedCrash
 from django_idempotency.store.connections import close_independent_connections
 from django_idempotency.view_transactions import (
@@ -46,6 +48,7 @@ if TYPE_CHECKING:
 
 __all__ = [
     "leave_uncertain",
+    "leave_uncertain_afresh",
     "log_unsettled",
     "rolled_back_success",
     "run_owned",
@@ -91,7 +94,7 @@ def run_owned(
                 for alias in opened:
                     transaction.set_rollback(True, using=alias)
             elif verdict is Verdict.COMPLETED and writes_discarded():
-                raise rolled_back_success(held, response)
+                raise rolled_back_success(held.scope, response)
             else:
                 stored = capture(response, conf.STORED_HEADERS, conf.MAX_STORED_BODY)
                 if transaction.get_rollback(using=held.database):
@@ -228,11 +231,44 @@ def _release(request: HttpRequest, held: store.Claim, *, reason: object) -> bool
     return released
 
 
-def rolled_back_success(held: store.Claim, response: HttpResponseBase) -> RolledBackResponse:
+def rolled_back_success(scope: Scope, response: HttpResponseBase) -> RolledBackResponse:
     return RolledBackResponse(
-        f"The view answered {response.status_code} for {held.scope}, but its transaction "
+        f"The view answered {response.status_code} for {scope}, but its transaction "
         "(on one of its databases) was marked for rollback (a database error caught "
         "without a savepoint?), so its writes are discarded. Not stored; the claim is "
         "released and the retry runs. Wrap the statement that may fail in its own "
         "transaction.atomic() block."
     )
+
+
+def leave_uncertain_afresh(
+    request: HttpRequest,
+    scope: Scope,
+    fingerprint: Fingerprint,
+    response: HttpResponseBase,
+    ttl: timedelta,
+    database: str,
+) -> HttpResponseBase:
+    """The outcome policy called the answer uncertain after the view's writes rolled back.
+
+    For the modes whose record commits only with the view (single
+    transaction, optimistic): claim the key again and leave it UNCERTAIN,
+    for a reconciler. A duplicate may have claimed it first: then it is
+    that one's.
+    """
+    conf = idempotency_settings
+    try:
+        again = store.claim(scope, fingerprint, ttl=ttl, lease=conf.LEASE, using=database)
+    except DatabaseError as exc:
+        log_unsettled(exc, f"claim {scope} to mark it uncertain", "its retry runs again")
+        again = None
+    if again is None:
+        signals.notify(signals.claim_released, request, scope, reason=response.status_code)
+    else:
+        # A context of its own: the request's held no committed record
+        # (fenced writes on it would match nothing). begin_external() is
+        # refused in these modes, so the request began no step to carry over.
+        context = IdempotencyContext(again)
+        request.idempotency = context  # type: ignore[attr-defined]
+        leave_uncertain(request, again, context, reason=response.status_code)
+    return response

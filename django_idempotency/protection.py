@@ -3,7 +3,8 @@
 HTTP glue (``decorators.py``, ``drf.py``) adapts the kinds of views to
 ``protect()``; the store is the only thing that touches records. The
 owner's run is in ``owned_run``, the one-transaction variant in
-``single_transaction``, the answers to everybody else in ``answers``.
+``single_transaction``, the write-once variant in ``optimistic``, the
+answers to everybody else in ``answers``.
 """
 
 from __future__ import annotations
@@ -14,6 +15,7 @@ from dataclasses import dataclass, field
 from datetime import timedelta
 from typing import TYPE_CHECKING, Any
 
+from django.core.exceptions import ImproperlyConfigured
 from django.db import connections
 
 from django_idempotency import store
@@ -38,6 +40,7 @@ from django_idempotency.fingerprint import (
     request_fingerprint,
 )
 from django_idempotency.key_sources import KeySource
+from django_idempotency.optimistic import run_optimistically
 from django_idempotency.outcomes import Outcome, standard, webhook
 from django_idempotency.owned_run import run_owned
 from django_idempotency.retention_header import advertise_first_execution
@@ -71,10 +74,20 @@ class Options:
     required: bool | None = None
     ttl: timedelta | float | None = None
     single_transaction: bool | None = None
+    optimistic: bool = False
     key: KeySource = field(default_factory=KeySource)
     outcome: Outcome | None = None
     tenant: Callable[[Any], str] | None = None
     verify: Callable[[Any], HttpResponseBase | None] | None = None
+
+    def __post_init__(self) -> None:
+        if self.optimistic and self.single_transaction:
+            # Two different answers to "when is the record written": pick one.
+            raise ImproperlyConfigured(
+                "optimistic=True and single_transaction=True cannot be combined: the "
+                "optimistic mode claims nothing before the view and writes the record once, "
+                "at the end of the same single transaction."
+            )
 
     @property
     def retention(self) -> timedelta:
@@ -139,7 +152,17 @@ def protect(
     database = database_for(scope, request=request)
     connection = connections[database]
     response = None
-    if single and connection.vendor == "postgresql" and not connection.in_atomic_block:
+    if options.optimistic and not connection.in_atomic_block:
+        response = run_optimistically(
+            request,
+            scope,
+            fingerprint,
+            view,
+            options.retention,
+            database=database,
+            outcome=options.outcome_policy,
+        )
+    elif single and connection.vendor == "postgresql" and not connection.in_atomic_block:
         response = claim_in_one_transaction(
             request,
             scope,

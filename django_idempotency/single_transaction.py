@@ -39,7 +39,7 @@ from django_idempotency.exceptions import (
 )
 from django_idempotency.outcomes import Outcome, standard
 from django_idempotency.owned_run import (
-    leave_uncertain,
+    leave_uncertain_afresh,
     log_unsettled,
     rolled_back_success,
     signal_stored,
@@ -161,7 +161,7 @@ def _view_in_the_claims_transaction(
         verdict = outcome(response)
         rolled_back = transaction.get_rollback(using=held.database)
         if verdict is Verdict.COMPLETED and writes_discarded():
-            raise rolled_back_success(held, response)
+            raise rolled_back_success(held.scope, response)
         if verdict in (Verdict.RELEASE, Verdict.UNCERTAIN) or rolled_back:
             # Roll everything back, the claim included: the retry runs (an
             # uncertain record is claimed afresh after, by _settle_single_run).
@@ -185,7 +185,9 @@ def _settle_single_run(
     status = run.response.status_code
     stored = run.stored
     if run.uncertain:
-        return _leave_uncertain_afresh(request, fingerprint, run, ttl)
+        return leave_uncertain_afresh(
+            request, run.held.scope, fingerprint, run.response, ttl, run.held.database
+        )
     if run.store_after is not None:
         conf = idempotency_settings
         try:
@@ -201,28 +203,4 @@ def _settle_single_run(
         signal_stored(request, run.held, run.verdict, status)
     else:
         signals.notify(signals.claim_released, request, run.held.scope, reason=status)
-    return run.response
-
-
-def _leave_uncertain_afresh(
-    request: HttpRequest, fingerprint: Fingerprint, run: _SingleRun, ttl: timedelta
-) -> HttpResponseBase:
-    """Claim the key again and leave it UNCERTAIN (a duplicate may have claimed it first)."""
-    conf = idempotency_settings
-    scope = run.held.scope
-    try:
-        again = store.claim(scope, fingerprint, ttl=ttl, lease=conf.LEASE, using=run.held.database)
-    except DatabaseError as exc:
-        log_unsettled(exc, f"claim {scope} to mark it uncertain", "its retry runs again")
-        again = None
-    if again is None:
-        signals.notify(signals.claim_released, request, scope, reason=run.response.status_code)
-    else:
-        # A context of its own: the request's holds the claim that rolled
-        # back with the view, a row that never committed (fenced writes on
-        # it match nothing). begin_external() is refused in this mode, so
-        # the request began no step to carry over.
-        context = IdempotencyContext(again)
-        request.idempotency = context  # type: ignore[attr-defined]
-        leave_uncertain(request, again, context, reason=run.response.status_code)
     return run.response

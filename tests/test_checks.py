@@ -124,6 +124,7 @@ def test_api_view_under_atomic_requests_is_warned_about(atomic_requests: None) -
         "api-view/charges",
         "api-view/external",
         "api-view/fields",
+        "api-view/optimistic",
         "api-view/optional",
         "api-view/probe",
         "api-view/single",

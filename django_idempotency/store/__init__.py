@@ -8,6 +8,8 @@ changes them only by calling the functions exported here:
   over, finding the record that holds it;
 - ``owner_writes``: what the owner of a claim writes, each write
   conditional on its fencing token;
+- ``finished``: the optimistic mode's one INSERT of a finished record,
+  and the lookup that opens its transaction;
 - ``steps``: the rows of a multi-step operation's steps, written only
   alongside their record's fenced write;
 - ``maintenance``: recovery's and operators' takeovers, retention, key
@@ -48,6 +50,7 @@ from django_idempotency.store.connections import (
     commit_now_alias,
     snapshot_isolated,
 )
+from django_idempotency.store.finished import lookup_waiting_at_most, record_finished
 from django_idempotency.store.maintenance import (
     PurgedBatch,
     ResealBatch,
@@ -103,12 +106,14 @@ __all__ = [
     "kept_as_tombstone",
     "lease_owner",
     "lookup",
+    "lookup_waiting_at_most",
     "mark_uncertain",
     "note_provider_operation",
     "past_retention",
     "postpone",
     "purge_expired_batch",
     "purge_to_tombstones_batch",
+    "record_finished",
     "release",
     "renew_lease",
     "reseal_batch",

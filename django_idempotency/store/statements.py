@@ -52,6 +52,26 @@ _CLAIM_COLUMNS = (
     "response_headers",
 )
 _CLAIM_TIMES = ("lease_expires_at", "expires_at", "created_at", "updated_at")
+#: Written by the optimistic mode's one INSERT of a finished record; the
+#: constants and times spelled in its SQL follow.
+_FINISHED_COLUMNS = (
+    "tenant",
+    "operation",
+    "key",
+    "fingerprint",
+    "state",
+    "response_status",
+    "response_headers",
+    "response_body",
+    "response_sealed",
+    "lease_owner",
+    "lease_expires_at",
+    "fencing_token",
+    "provider_key",
+    "provider_operation_id",
+    "tombstone",
+)
+_FINISHED_TIMES = ("expires_at", "created_at", "updated_at")
 
 
 @dataclass(frozen=True)
@@ -81,6 +101,18 @@ class Statements:
     purge_to_tombstones: str
     #: The clock the statements read the time from.
     clock: DatabaseClock
+    #: ``find``, first setting ``lock_timeout`` for the rest of the
+    #: transaction (one more parameter, first: milliseconds, as text).
+    #: Always one row: the record's columns are NULL when there is none.
+    #: PostgreSQL only (``optimistic=True``).
+    find_waiting_at_most: str = ""
+    #: A finished record, as the optimistic mode writes it at the end of the
+    #: view's transaction: tenant, operation, key, fingerprint, state,
+    #: status, headers, body, sealed, then the clock's parameters for the
+    #: retention's end and the current time (twice) -> rowcount 1, or 0 when
+    #: the scope is taken (PostgreSQL: ``ON CONFLICT DO NOTHING``; elsewhere
+    #: the caller reads the IntegrityError).
+    insert_finished: str = ""
 
     @property
     def find_reads_time(self) -> bool:
@@ -190,8 +222,34 @@ def _build(connection: BaseDatabaseWrapper, clock: DatabaseClock) -> Statements:
         "SELECT (SELECT count(*) FROM purged), (SELECT count(*) FROM buried), "
         f"GREATEST((SELECT max({expires_at}) FROM purged), (SELECT max({expires_at}) FROM buried))"
     )
+    # The timeout is set by a one-row subquery that the LEFT JOIN always
+    # reads, record or not: one round trip, and the lock_timeout is in force
+    # for everything the view's transaction does after it.
+    scoped = " AND ".join(f"{table}.{quote(name)} = %s" for name in ("tenant", "operation", "key"))
+    qualified_columns = ", ".join(f"{table}.{quote(column)}" for column in _COLUMNS)
+    find_waiting_at_most = (
+        f"SELECT {qualified_columns}{read_time} "
+        "FROM (SELECT set_config('lock_timeout', %s, true)) AS waiting "
+        f"LEFT JOIN {table} ON {scoped}"
+    )
+    finished_columns = ", ".join(quote(name) for name in (*_FINISHED_COLUMNS, *_FINISHED_TIMES))
+    insert_finished = (
+        f"INSERT INTO {table} ({finished_columns}) VALUES ("
+        "%s, %s, %s, %s, %s, %s, %s, %s, %s, '', NULL, 1, '', '', false, "
+        f"{clock.later}, {clock.now}, {clock.now})"
+    )
+    if connection.vendor == "postgresql":
+        insert_finished += f" ON CONFLICT ({scope}) DO NOTHING"
     return Statements(
-        claim, claim_waiting_at_most, find, complete, purge, purge_to_tombstones, clock
+        claim,
+        claim_waiting_at_most,
+        find,
+        complete,
+        purge,
+        purge_to_tombstones,
+        clock,
+        find_waiting_at_most=find_waiting_at_most,
+        insert_finished=insert_finished,
     )
 
 

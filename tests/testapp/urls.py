@@ -2,7 +2,7 @@ from django.contrib import admin
 from django.urls import include, path
 from rest_framework.routers import DefaultRouter
 
-from tests.testapp import keyed_views, views
+from tests.testapp import keyed_views, optimistic_views, views
 
 router = DefaultRouter()
 router.register("viewset/charges", views.ChargeViewSet, basename="viewset-charge")
@@ -28,6 +28,8 @@ urlpatterns = [
     path("api-view/steps", views.api_view_steps),
     path("api-view/unprotected", views.api_view_unprotected),
     path("api-view/single", views.api_view_single_transaction),
+    path("api-view/optimistic", optimistic_views.api_view_optimistic),
+    path("mixin/optimistic", optimistic_views.OptimisticMixinView.as_view()),
     path("api-view/probe", views.api_view_probe),
     path("api-view/probe-exempt", views.api_view_probe_exempt),
     path("idempotency/", include("django_idempotency.urls")),

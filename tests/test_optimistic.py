@@ -1,0 +1,343 @@
+"""optimistic=True: the view first, then its record, written once, finished, before the commit.
+
+Concurrent duplicates may each run the view body; exactly one commits, and
+every other one answers with the winner's replay (or 422), or 409 when it
+gave up waiting: never the domain error it met, never an outage. The
+losers' races are real: threads, each with its own database connection.
+"""
+
+from __future__ import annotations
+
+import json
+import threading
+from collections.abc import Callable
+from datetime import timedelta
+from typing import Any
+
+import pytest
+from django.core.exceptions import ImproperlyConfigured
+from django.db import connection, connections
+from django.http import JsonResponse
+from django.test import RequestFactory, override_settings
+from django.test.utils import CaptureQueriesContext
+from rest_framework.test import APIClient
+
+from django_idempotency import idempotent, signals
+from django_idempotency.models import IdempotencyRecord
+from django_idempotency.outcomes import Verdict, by_status
+from django_idempotency.protection import Options
+from tests.test_store_unavailable import unreachable_store  # noqa: F401 (a fixture)
+from tests.testapp.models import Charge, Order
+from tests.utils import post, signals_sent
+
+pytestmark = [pytest.mark.django_db(transaction=True), pytest.mark.guarantees]
+URL = "/api-view/optimistic"
+MIXIN_URL = "/mixin/optimistic"
+State = IdempotencyRecord.State
+
+not_in_a_request_transaction = pytest.mark.not_under(
+    "atomic-requests",
+    reason="a non-exempt @api_view runs in the request's transaction (W002): "
+    "the optimistic mode falls back to the default one there",
+)
+
+
+def _statements(captured: CaptureQueriesContext) -> list[str]:
+    return [query["sql"] for query in captured.captured_queries]
+
+
+@not_in_a_request_transaction
+@pytest.mark.parametrize("url", [URL, MIXIN_URL])
+def test_first_execution_writes_the_record_once_and_replays(api: APIClient, url: str) -> None:
+    with CaptureQueriesContext(connection) as captured:
+        first = post(api, url, {"amount": 1}, "k")
+    sql = _statements(captured)
+    retry = post(api, url, {"amount": 1}, "k")
+    mismatch = post(api, url, {"amount": 2}, "k")
+    assert first.status_code == 201
+    assert "Idempotent-Replayed" not in first
+    # Never an UPDATE of the record: it is inserted once, finished.
+    record_writes = [s for s in sql if "django_idempotency_record" in s and "SELECT" not in s[:7]]
+    assert len(record_writes) == 1 and record_writes[0].startswith("INSERT INTO")
+    assert retry.status_code == 201 and retry["Idempotent-Replayed"] == "true"
+    assert retry.content == first.content
+    assert mismatch.status_code == 422
+    assert Charge.objects.count() == 1
+    record = IdempotencyRecord.objects.get()
+    assert record.state == State.COMPLETED and record.fencing_token == 1
+    assert record.lease_expires_at is None and record.lease_owner == ""
+    retention = record.expires_at - record.created_at
+    assert abs(retention - timedelta(hours=24)) < timedelta(seconds=1)
+
+
+@not_in_a_request_transaction
+@pytest.mark.postgres
+def test_postgresql_statements_are_the_views_plus_two(api: APIClient) -> None:
+    """One statement opens the transaction (lookup + lock_timeout), one closes it (INSERT)."""
+    if connection.vendor != "postgresql":
+        pytest.skip("PostgreSQL's statements")
+    with CaptureQueriesContext(connection) as captured:
+        assert post(api, URL, {"amount": 1}, "k").status_code == 201
+    sql = _statements(captured)
+    with CaptureQueriesContext(connection) as replayed:
+        assert post(api, URL, {"amount": 1}, "k")["Idempotent-Replayed"] == "true"
+    assert sql.count("COMMIT") == 1  # one transaction, one commit
+    sql = [statement for statement in sql if statement not in ("BEGIN", "COMMIT")]
+    assert len(sql) == 1 + 1 + 1, sql  # lookup, the view's INSERT, the record's INSERT
+    assert "set_config('lock_timeout', '10000', true)" in sql[0]
+    assert sql[1].startswith('INSERT INTO "testapp_charge"')
+    assert sql[2].startswith('INSERT INTO "django_idempotency_record"')
+    assert "ON CONFLICT" in sql[2]
+    # A replay: the lookup alone, in the transaction it opened.
+    assert _statements(replayed)[1:] == [_statements(replayed)[1], "COMMIT"]
+    assert _statements(replayed)[0] == "BEGIN" and len(_statements(replayed)) == 3
+    with connection.cursor() as cursor:  # the timeout was the transaction's only
+        cursor.execute("SHOW lock_timeout")
+        assert cursor.fetchone()[0] == "0"
+
+
+@not_in_a_request_transaction
+@pytest.mark.parametrize("status", [500, 503, 429])
+def test_a_retryable_outcome_rolls_everything_back(api: APIClient, status: int) -> None:
+    with signals_sent({"released": signals.claim_released}) as sent:
+        assert post(api, URL, {"amount": 1, "status": status}, "k").status_code == status
+    released = [kwargs["reason"] for _, kwargs in sent]
+    assert released == [status]
+    assert not IdempotencyRecord.objects.exists() and not Charge.objects.exists()
+    assert post(api, URL, {"amount": 1}, "k").status_code == 201
+    assert Charge.objects.count() == 1
+
+
+@not_in_a_request_transaction
+def test_an_exception_rolls_everything_back(api: APIClient) -> None:
+    api.raise_request_exception = False
+    assert post(api, URL, {"amount": 1, "raise": True}, "k").status_code == 500
+    assert not IdempotencyRecord.objects.exists() and not Charge.objects.exists()
+    assert post(api, URL, {"amount": 1}, "k").status_code == 201
+
+
+@not_in_a_request_transaction
+def test_a_definitive_refusal_is_stored_and_replayed(api: APIClient) -> None:
+    first = post(api, URL, {"amount": 1, "status": 402}, "k")
+    again = post(api, URL, {"amount": 1, "status": 402}, "k")
+    assert first.status_code == again.status_code == 402
+    assert again["Idempotent-Replayed"] == "true"
+    assert IdempotencyRecord.objects.get().state == State.FAILED
+
+
+@not_in_a_request_transaction
+def test_a_swallowed_database_error_discards_the_writes_and_stores_nothing(
+    api: APIClient,
+) -> None:
+    """The view caught an IntegrityError without a savepoint and answered 201 anyway."""
+    api.raise_request_exception = False
+    response = post(api, URL, {"amount": 1, "swallow_integrity_error": True}, "k")
+    assert response.status_code == 500  # RolledBackResponse: never a 201 whose writes are gone
+    assert not IdempotencyRecord.objects.exists() and not Charge.objects.exists()
+    assert post(api, URL, {"amount": 1}, "k").status_code == 201
+
+
+@not_in_a_request_transaction
+def test_begin_external_and_provider_ids_are_refused(api: APIClient) -> None:
+    for switch in ("begin_external", "provider_operation"):
+        with pytest.raises(ImproperlyConfigured, match="optimistic=True"):
+            post(api, URL, {"amount": 1, switch: True}, f"k-{switch}")
+    assert not IdempotencyRecord.objects.exists() and not Charge.objects.exists()
+
+
+def test_optimistic_and_single_transaction_are_refused_together() -> None:
+    with pytest.raises(ImproperlyConfigured, match="cannot be combined"):
+        idempotent(optimistic=True, single_transaction=True)
+    with pytest.raises(ImproperlyConfigured, match="cannot be combined"):
+        Options(optimistic=True, single_transaction=True)
+
+
+@not_in_a_request_transaction
+def test_an_expired_record_is_replaced_under_its_own_condition(api: APIClient) -> None:
+    assert post(api, URL, {"amount": 1}, "k").status_code == 201
+    IdempotencyRecord.objects.update(expires_at="2000-01-01T00:00:00Z")
+    again = post(api, URL, {"amount": 1}, "k")
+    assert again.status_code == 201 and "Idempotent-Replayed" not in again
+    assert Charge.objects.count() == 2
+    record = IdempotencyRecord.objects.get()
+    assert record.state == State.COMPLETED and record.expires_at.year > 2000
+
+
+@not_in_a_request_transaction
+def test_an_expired_record_stays_when_the_new_run_rolls_back(api: APIClient) -> None:
+    assert post(api, URL, {"amount": 1}, "k").status_code == 201
+    IdempotencyRecord.objects.update(expires_at="2000-01-01T00:00:00Z")
+    assert post(api, URL, {"amount": 1, "status": 503}, "k").status_code == 503
+    assert IdempotencyRecord.objects.get().expires_at.year == 2000  # its DELETE rolled back
+
+
+@not_in_a_request_transaction
+def test_a_key_held_by_a_two_commit_claim_is_answered_by_the_general_path(
+    api: APIClient,
+) -> None:
+    # A request of the default mode holds the key (a deploy switching modes,
+    # say): the optimistic one neither runs nor waits past the usual 409.
+    assert post(api, "/api-view/charges", {"amount": 1, "status": 503}, "k").status_code == 503
+    IdempotencyRecord.objects.create(
+        tenant="anonymous",
+        operation="POST api-view/optimistic",
+        key="k",
+        fingerprint="x",
+        state=State.CLAIMED,
+        lease_owner="elsewhere",
+        lease_expires_at="2999-01-01T00:00:00Z",
+        created_at="2026-01-01T00:00:00Z",
+        updated_at="2026-01-01T00:00:00Z",
+        expires_at="2999-01-01T00:00:00Z",
+    )
+    response = post(api, URL, {"amount": 1}, "k")
+    assert response.status_code in (409, 422)
+    assert not Charge.objects.exists()
+
+
+@not_in_a_request_transaction
+def test_an_uncertain_verdict_leaves_the_record_uncertain(api: APIClient) -> None:
+    policy = by_status({502: Verdict.UNCERTAIN})
+    view = idempotent(optimistic=True, outcome=policy)(_answer_with_status)
+    response = _call_plain(view, {"status": 502}, "k")
+    assert response.status_code == 502
+    record = IdempotencyRecord.objects.get()
+    assert record.state == State.UNCERTAIN and record.provider_key
+    assert not Charge.objects.exists()  # the view's writes rolled back
+
+
+def _answer_with_status(request: Any) -> Any:
+    data = json.loads(request.body)
+    Charge.objects.create(tenant="plain", amount=1)
+    return JsonResponse({"status": data["status"]}, status=data["status"])
+
+
+def _call_plain(view: Callable[..., Any], data: dict[str, Any], key: str) -> Any:
+    request = RequestFactory().post(
+        "/plain/optimistic",
+        data=json.dumps(data),
+        content_type="application/json",
+        HTTP_IDEMPOTENCY_KEY=key,
+    )
+    return view(request)
+
+
+# -- losers: concurrent duplicates, each on its own connection ------------------------
+
+
+def _concurrently(requests: list[dict[str, Any]], key: str, url: str = URL) -> list[Any]:
+    """POST each body at once from its own thread (and database connection)."""
+    responses: list[Any] = [None] * len(requests)
+    barrier = threading.Barrier(len(requests))
+
+    def send(index: int) -> None:
+        try:
+            client = APIClient()
+            client.raise_request_exception = False
+            barrier.wait()
+            responses[index] = post(client, url, requests[index], key)
+        finally:
+            connections.close_all()
+
+    threads = [threading.Thread(target=send, args=(i,)) for i in range(len(requests))]
+    for thread in threads:
+        thread.start()
+    for thread in threads:
+        thread.join(timeout=60)
+    return responses
+
+
+def _one_winner_the_rest_replay(responses: list[Any]) -> None:
+    statuses = sorted(response.status_code for response in responses)
+    assert statuses == [201] * len(responses), [(r.status_code, r.content) for r in responses]
+    firsts = [r for r in responses if "Idempotent-Replayed" not in r]
+    assert len(firsts) == 1
+    assert all(r.content == firsts[0].content for r in responses)
+    assert Charge.objects.count() == 1
+    assert IdempotencyRecord.objects.get().state == State.COMPLETED
+
+
+@not_in_a_request_transaction
+def test_losers_at_the_records_insert_replay_the_winner() -> None:
+    """No business key: every duplicate runs the view; the unique index picks one."""
+    responses = _concurrently([{"amount": 1, "hold": 0.3}] * 4, "race")
+    _one_winner_the_rest_replay(responses)
+
+
+@not_in_a_request_transaction
+def test_losers_on_a_business_unique_key_replay_the_winner() -> None:
+    """The duplicates fail in the view body, on the order's number: never a 500."""
+    responses = _concurrently([{"amount": 1, "order": "A-1", "hold": 0.3}] * 4, "race")
+    _one_winner_the_rest_replay(responses)
+    assert Order.objects.count() == 1
+
+
+@not_in_a_request_transaction
+def test_losers_that_swallowed_the_conflict_replay_the_winner() -> None:
+    """The view made its own 409 "order exists" of the collision: the winner answers instead."""
+    body = {"amount": 1, "order": "A-1", "hold": 0.3, "swallow_order_conflict": True}
+    responses = _concurrently([body] * 4, "race")
+    _one_winner_the_rest_replay(responses)
+
+
+@not_in_a_request_transaction
+def test_a_loser_with_other_input_gets_422() -> None:
+    responses = _concurrently(
+        [{"amount": 1, "order": "A-1", "hold": 0.5}, {"amount": 2, "order": "A-1", "hold": 0.5}],
+        "race",
+    )
+    assert sorted(r.status_code for r in responses) == [201, 422]
+    assert Charge.objects.count() == 1
+
+
+@not_in_a_request_transaction
+@pytest.mark.postgres
+def test_a_loser_that_gives_up_waiting_gets_409_not_an_outage() -> None:
+    if connection.vendor != "postgresql":
+        pytest.skip("a transaction-local lock_timeout is PostgreSQL's")
+    with override_settings(IDEMPOTENCY={"IN_FLIGHT_WAIT": timedelta(milliseconds=200)}):
+        responses = _concurrently([{"amount": 1, "order": "A-1", "hold": 1.5}] * 2, "race")
+    assert sorted(r.status_code for r in responses) == [201, 409]
+    conflict = next(r for r in responses if r.status_code == 409)
+    assert conflict.json()["code"] == "idempotency_request_in_progress"
+    assert conflict["Retry-After"]
+    assert Charge.objects.count() == 1
+
+
+@not_in_a_request_transaction
+def test_an_unrelated_business_conflict_is_the_views_own_error(api: APIClient) -> None:
+    """Another key's order with the same number: no record answers, so the view's error stands."""
+    api.raise_request_exception = False
+    assert post(api, URL, {"amount": 1, "order": "A-1"}, "first").status_code == 201
+    response = post(api, URL, {"amount": 1, "order": "A-1"}, "second")
+    assert response.status_code == 500  # the IntegrityError, as without protection
+    assert IdempotencyRecord.objects.count() == 1
+
+
+@pytest.mark.postgres
+@pytest.mark.usefixtures("unreachable_store")
+def test_the_store_unreachable_at_the_lookup_is_503(api: APIClient) -> None:
+    response = post(api, URL, {"amount": 1}, "k")
+    assert response.status_code == 503
+    assert response.json()["code"] == "idempotency_store_unavailable"
+    assert not Charge.objects.exists()
+
+
+@pytest.mark.urls("tests.testapp.optimistic_check_urls")
+def test_e036_names_optimistic_views_that_call_out() -> None:
+    from django_idempotency.checks import check_optimistic_views
+
+    messages = check_optimistic_views()
+    assert {message.id for message in messages} == {"django_idempotency.E036"}
+    named = sorted(message.msg.split(" at ")[0] for message in messages)
+    assert named == [
+        "The view tests.testapp.optimistic_check_urls.RecordsTheProvidersId (post)",
+        "The view tests.testapp.optimistic_check_urls.charges_the_provider (post)",
+    ]
+    assert "set_provider_operation" in " ".join(message.msg for message in messages)
+
+
+def test_e036_is_quiet_for_the_test_projects_views() -> None:
+    from django_idempotency.checks import check_optimistic_views
+
+    assert check_optimistic_views() == []
