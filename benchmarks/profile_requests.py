@@ -7,18 +7,22 @@ Runs the benchmark project (benchmarks/benchproject) in this process on a
 fresh PostgreSQL database, through Django's WSGI handler (no web server, no
 network hop to a client), one request at a time:
 
-1. for each endpoint of benchmarks/http.py (unprotected, protected first
-   execution, protected replay, floor, floor replay, and the first execution
-   under ``single_transaction=True`` and its hand-written floor): ``--requests``
+1. for each endpoint of benchmarks/http.py (no write, unprotected, the first
+   executions and replays of ``@idempotent``, ``@idempotent(optimistic=True)``
+   and the hand-written floors: claim first, lookup first, optimistic; the
+   first execution under ``single_transaction=True`` and its floor): ``--requests``
    requests after a warm-up, reporting the median wall time per request,
    how much of it was spent inside database calls (``execute`` and the
    commits, measured with an execute wrapper and a commit hook), the
    statements per request, the Python time that remains, the CPU time of
    this process and that of the PostgreSQL backend serving it (read from
    /proc when the server is local; both sides share the machine's cores);
-2. profiles ``--requests`` protected first executions and as many replays
-   with pyinstrument (``pip install pyinstrument``) and prints the call trees
-   (and writes HTML reports to ``--html``);
+   checking that each first execution wrote one payment row and no replay
+   any (``--table-only`` stops here);
+2. profiles ``--requests`` protected first executions, as many replays and
+   as many optimistic first executions with pyinstrument (``pip install
+   pyinstrument``) and prints the call trees (and writes HTML reports to
+   ``--html``);
 3. counts the calls of a few functions per request (settings reads,
    fingerprints, JSON encodes, savepoints) with a deterministic tracer;
 4. drops the database.
@@ -54,6 +58,8 @@ from benchmarks.benchlib import (  # noqa: E402
 )
 
 BODY = b'{"amount": 1250, "currency": "EUR"}'
+#: The endpoints profiled by function after the per-request table.
+PROFILED = ("protected", "protected replay", "optimistic")
 
 
 class DatabaseTimer:
@@ -117,6 +123,9 @@ def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--requests", type=int, default=2000)
     parser.add_argument("--html", type=Path, help="write pyinstrument HTML reports here")
+    parser.add_argument(
+        "--table-only", action="store_true", help="print the per-request table, no profiles"
+    )
     args = parser.parse_args(argv)
 
     with Database(postgres_url(), "idem_bench_profile") as database:
@@ -161,32 +170,55 @@ def run(args: argparse.Namespace) -> None:
         result.close()
         return int(captured[0].split()[0])
 
+    def first(path: str) -> Callable[[], int]:
+        """A new key per request: first executions."""
+        return lambda: call(path, f"{run_id}-{path.strip('/')}-{next(counter)}")
+
+    def replay(path: str) -> Callable[[], int]:
+        """One key per path: its first request executes, the others replay."""
+        return lambda: call(path, f"{run_id}-replay")
+
     endpoints: list[tuple[str, Callable[[], int]]] = [
+        ("no write", lambda: call("/no-write", None)),
         ("unprotected", lambda: call("/unprotected", None)),
-        ("protected", lambda: call("/protected", f"{run_id}-p-{next(counter)}")),
-        ("protected replay", lambda: call("/protected", f"{run_id}-replay")),
-        ("floor", lambda: call("/floor", f"{run_id}-f-{next(counter)}")),
-        ("floor replay", lambda: call("/floor", f"{run_id}-replay")),
-        ("single transaction", lambda: call("/protected-single", f"{run_id}-s-{next(counter)}")),
-        ("floor single", lambda: call("/floor-single", f"{run_id}-fs-{next(counter)}")),
+        ("protected", first("/protected")),
+        ("protected replay", replay("/protected")),
+        ("optimistic", first("/protected-optimistic")),
+        ("optimistic replay", replay("/protected-optimistic")),
+        ("floor", first("/floor")),
+        ("floor replay", replay("/floor")),
+        ("floor lookup-first", first("/floor-lookup-first")),
+        ("floor lookup-first replay", replay("/floor-lookup-first")),
+        ("floor optimistic", first("/floor-optimistic")),
+        ("floor optimistic replay", replay("/floor-optimistic")),
+        ("single transaction", first("/protected-single")),
+        ("floor single", first("/floor-single")),
     ]
+    profiled = [(name, send) for name, send in endpoints if name in PROFILED]
     info = machine()
     print(
         f"{info['cpus']} x {info['cpu']}, Python {info['python']}, commit {info['commit']}; "
         f"in-process WSGI, one request at a time, {args.requests} requests per endpoint\n"
     )
     print(
-        f"{'endpoint':<20}{'wall ms':>9}{'in database ms':>16}{'rest ms':>9}"
+        f"{'endpoint':<27}{'wall ms':>9}{'in database ms':>16}{'rest ms':>9}"
         f"{'CPU ms (this process)':>23}{'statements':>11}{'CPU ms (database)':>19}"
     )
     connection.ensure_connection()
     with connection.cursor() as cursor:
         cursor.execute("SELECT pg_backend_pid()")
         backend_pid = int(cursor.fetchone()[0])
+
+    def payments() -> int:
+        with connection.cursor() as cursor:
+            cursor.execute("SELECT count(*) FROM benchapp_payment")
+            return int(cursor.fetchone()[0])
+
     for name, send in endpoints:
         for _ in range(200):
             status = send()
             assert status == 201, (name, status)
+        rows_before = payments()
         backend_before = backend_cpu_seconds(backend_pid)
         walls: list[float] = []
         cpus: list[float] = []
@@ -204,6 +236,9 @@ def run(args: argparse.Namespace) -> None:
             in_db.append(timer.seconds)
             statements.append(timer.statements)
         backend_after = backend_cpu_seconds(backend_pid)
+        written = payments() - rows_before
+        expected = 0 if name == "no write" or name.endswith("replay") else args.requests
+        assert written == expected, f"{name}: {written} payment rows, expected {expected}"
         wall = statistics.median(walls) * 1000
         db = statistics.median(in_db) * 1000
         cpu = statistics.fmean(cpus) * 1000
@@ -212,13 +247,15 @@ def run(args: argparse.Namespace) -> None:
         else:
             backend = f"{(backend_after - backend_before) / args.requests * 1000:19.3f}"
         print(
-            f"{name:<20}{wall:9.3f}{db:16.3f}{wall - db:9.3f}{cpu:23.3f}"
+            f"{name:<27}{wall:9.3f}{db:16.3f}{wall - db:9.3f}{cpu:23.3f}"
             f"{statistics.median(statements):11.0f}{backend}"
         )
 
+    if args.table_only:
+        return
     from pyinstrument import Profiler
 
-    for name, send in endpoints[1:3]:
+    for name, send in profiled:
         profiler = Profiler(interval=0.0002)
         profiler.start()
         for _ in range(args.requests):
@@ -232,7 +269,7 @@ def run(args: argparse.Namespace) -> None:
 
     # CPU time by function (cProfile with a CPU clock: what other processes on
     # the machine do changes nothing), and how often the hot helpers run.
-    for name, send in endpoints[1:3]:
+    for name, send in profiled:
         profile = cProfile.Profile(time.process_time)
         n = args.requests
         profile.enable()

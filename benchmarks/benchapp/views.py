@@ -1,7 +1,13 @@
-"""Four ways to make the same business write (one Payment row).
+"""Ways to make the same business write (one Payment row), and the view without it.
 
+* ``no_write``: the unprotected view without its business INSERT (no
+  database at all): what Django, DRF, gunicorn and HTTP cost by themselves,
+  so that ratios against ``unprotected`` can be read (issue 15, item 6).
 * ``unprotected``: the bare view.
 * ``protected``: the same view under ``@idempotent`` (django-idempotency).
+* ``protected_optimistic``: the same under ``@idempotent(optimistic=True)``:
+  the view and one conditional INSERT of the finished record in one
+  transaction, after a lookup that sets a transaction-local lock_timeout.
 * ``protected_single``: the same under ``@idempotent(single_transaction=True)``
   (measured only with ``benchmarks/http.py --single-transaction``).
 * ``floor_single``: the single-transaction design written by hand the same
@@ -18,6 +24,16 @@
   fencing, external-call states, signals, configurable scope or stored
   headers beyond Location: what the package adds on top is what the ratio
   "protected / floor" prices.
+* ``floor_lookup_first``: the same two-commit floor, but a SELECT of the key
+  first and the claim only on a miss: a replay is one statement, a first
+  execution one more. With ``floor`` it measures the order "claim first" vs
+  "lookup first" apart from the package (issue 15, item 2).
+* ``floor_optimistic``: the optimistic design written by hand: in one
+  transaction, the lookup (which also sets lock_timeout), the business
+  INSERT, then ``INSERT ... ON CONFLICT DO NOTHING RETURNING`` of the
+  finished record; a duplicate that lost (nothing inserted, or an error
+  such as a lock timeout) rolls back and answers from the winner's record.
+  The ceiling for ``protected_optimistic``.
 
 ``_charge`` is shared, so the business part is identical byte for byte.
 """
@@ -28,7 +44,7 @@ import hashlib
 import json
 from typing import Any
 
-from django.db import connection, transaction
+from django.db import DatabaseError, connection, transaction
 from django.http import HttpRequest, HttpResponse
 from rest_framework.decorators import api_view
 from rest_framework.renderers import JSONRenderer
@@ -43,12 +59,23 @@ def health(request: HttpRequest) -> HttpResponse:
     return HttpResponse(b"ok", content_type="text/plain")
 
 
+def _payment(payment_id: int, amount: int, currency: str) -> tuple[dict[str, Any], str]:
+    body = {"id": payment_id, "amount": amount, "currency": currency, "status": "created"}
+    return body, f"/payments/{payment_id}"
+
+
 def _charge(data: Any) -> tuple[dict[str, Any], str]:
     amount = int(data["amount"])
     currency = str(data["currency"])
     payment = Payment.objects.create(amount=amount, currency=currency)
-    body = {"id": payment.pk, "amount": amount, "currency": currency, "status": "created"}
-    return body, f"/payments/{payment.pk}"
+    return _payment(payment.pk, amount, currency)
+
+
+@api_view(["POST"])
+def no_write(request: Request) -> Response:
+    """``unprotected`` without the INSERT: the same parsing, rendering and answer."""
+    body, location = _payment(0, int(request.data["amount"]), str(request.data["currency"]))
+    return Response(body, status=201, headers={"Location": location})
 
 
 @api_view(["POST"])
@@ -60,6 +87,14 @@ def unprotected(request: Request) -> Response:
 @api_view(["POST"])
 @idempotent
 def protected(request: Request) -> Response:
+    body, location = _charge(request.data)
+    return Response(body, status=201, headers={"Location": location})
+
+
+@api_view(["POST"])
+@idempotent(optimistic=True)
+def protected_optimistic(request: Request) -> Response:
+    """Issue 15 item 1's mode: the view, then the finished record, one commit."""
     body, location = _charge(request.data)
     return Response(body, status=201, headers={"Location": location})
 
@@ -88,6 +123,20 @@ _LOOKUP = (
 _COMPLETE = (
     f"UPDATE {_TABLE} SET state = 'COMPLETED', response_status = %s, "
     "response_location = %s, response_body = %s WHERE id = %s AND state = 'CLAIMED'"
+)
+_LOOKUP_WAITING = (
+    # One row on a hit and on a miss (the LEFT JOIN), so that set_config runs
+    # either way: a set_config in a WHERE clause would never run on a miss.
+    "SELECT set_config('lock_timeout', '10000', true), r.fingerprint, r.state, "
+    "r.response_status, r.response_location, r.response_body "
+    f"FROM (VALUES (1)) AS one LEFT JOIN {_TABLE} AS r "
+    "ON r.tenant = %s AND r.operation = %s AND r.key = %s"
+)
+_INSERT_FINISHED = (
+    f"INSERT INTO {_TABLE} (tenant, operation, key, fingerprint, state, response_status, "
+    "response_location, response_body, created_at, expires_at) "
+    "VALUES (%s, %s, %s, %s, 'COMPLETED', %s, %s, %s, now(), now() + interval '24 hours') "
+    "ON CONFLICT (tenant, operation, key) DO NOTHING RETURNING id"
 )
 _RELEASE = f"DELETE FROM {_TABLE} WHERE id = %s AND state = 'CLAIMED'"
 _CLAIM_WAITING = (
@@ -141,6 +190,18 @@ def _charge_and_complete(request: Request, record_id: int) -> tuple[bytes, str]:
     return content, location
 
 
+def _run_claimed(request: Request, record_id: int) -> HttpResponse:
+    """The two-commit floors' second transaction: the business write and the completion."""
+    try:
+        with transaction.atomic():
+            content, location = _charge_and_complete(request, record_id)
+    except BaseException:
+        with connection.cursor() as cursor:  # the retry must run: release the claim
+            cursor.execute(_RELEASE, [record_id])
+        raise
+    return _floor_created(content, location)
+
+
 @api_view(["POST"])
 def floor(request: Request) -> HttpResponse | Response:
     checked = _floor_input(request)
@@ -155,13 +216,63 @@ def floor(request: Request) -> HttpResponse | Response:
             found = cursor.fetchone()
     if claimed is None:
         return _floor_answer(found, fingerprint)
+    return _run_claimed(request, claimed[0])
+
+
+@api_view(["POST"])
+def floor_lookup_first(request: Request) -> HttpResponse | Response:
+    checked = _floor_input(request)
+    if isinstance(checked, Response):
+        return checked
+    scope, fingerprint = checked
+    claimed = None
+    with connection.cursor() as cursor:  # autocommit, as in floor
+        cursor.execute(_LOOKUP, scope)
+        found = cursor.fetchone()
+        if found is None:
+            cursor.execute(_CLAIM, [*scope, fingerprint])
+            claimed = cursor.fetchone()
+            if claimed is None:  # a duplicate claimed between the two statements
+                cursor.execute(_LOOKUP, scope)
+                found = cursor.fetchone()
+    if claimed is None:
+        return _floor_answer(found, fingerprint)
+    return _run_claimed(request, claimed[0])
+
+
+class _LostTheRace(Exception):
+    """A duplicate's finished record was committed first: roll this one back."""
+
+
+@api_view(["POST"])
+def floor_optimistic(request: Request) -> HttpResponse | Response:
+    checked = _floor_input(request)
+    if isinstance(checked, Response):
+        return checked
+    scope, fingerprint = checked
     try:
         with transaction.atomic():
-            content, location = _charge_and_complete(request, claimed[0])
-    except BaseException:
-        with connection.cursor() as cursor:  # the retry must run: release the claim
-            cursor.execute(_RELEASE, [claimed[0]])
-        raise
+            with connection.cursor() as cursor:
+                cursor.execute(_LOOKUP_WAITING, scope)
+                found = cursor.fetchone()[1:]
+            if found[0] is not None:
+                return _floor_answer(found, fingerprint)  # commits a read-only transaction
+            body, location = _charge(request.data)
+            content = JSONRenderer().render(body)
+            with connection.cursor() as cursor:
+                cursor.execute(_INSERT_FINISHED, [*scope, fingerprint, 201, location, content])
+                if cursor.fetchone() is None:
+                    raise _LostTheRace
+    except (_LostTheRace, DatabaseError) as lost:
+        # Rolled back, the payment with it. A duplicate running at the same time
+        # can also make this one fail before its record's INSERT (a lock timeout,
+        # a deadlock): answer as the winner did; with no winner, the error stands.
+        with connection.cursor() as cursor:
+            cursor.execute(_LOOKUP, scope)
+            winner = cursor.fetchone()
+        if winner is None and isinstance(lost, DatabaseError):
+            raise
+        return _floor_answer(winner, fingerprint)
     return _floor_created(content, location)
 
 

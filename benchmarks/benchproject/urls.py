@@ -6,9 +6,13 @@ from benchmarks.benchapp import views
 
 urlpatterns = [
     path("health", views.health),
+    path("no-write", views.no_write),
     path("unprotected", views.unprotected),
     path("protected", views.protected),
+    path("protected-optimistic", views.protected_optimistic),
     path("protected-single", views.protected_single),
     path("floor", views.floor),
+    path("floor-lookup-first", views.floor_lookup_first),
+    path("floor-optimistic", views.floor_optimistic),
     path("floor-single", views.floor_single),
 ]
