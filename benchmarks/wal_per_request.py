@@ -1,0 +1,223 @@
+#!/usr/bin/env python3
+"""What each design writes per request: WAL bytes, commits, row versions, index entries.
+
+    .venv/bin/python benchmarks/wal_per_request.py [--requests 2000]
+
+Runs the benchmark project (benchmarks/benchproject) in this process on a
+fresh PostgreSQL database, through Django's WSGI handler, one request at a
+time, and for each endpoint of benchmarks/http.py measures over
+``--requests`` requests (after a warm-up):
+
+* WAL bytes per request, records and full-page images apart, of this
+  database's transactions only (``pg_walinspect`` between the WAL
+  positions before and after; full-page images depend on when the last
+  checkpoint ran, the records do not);
+* commits per request (``xact_commit`` of ``pg_stat_database``);
+* per table (the business table, the records table, the floors' table):
+  rows inserted, updated (and how many of those were HOT: no index
+  entries), dead row versions left for VACUUM, from
+  ``pg_stat_user_tables``; and the index entries added, computed from
+  those (each inserted or non-HOT updated row version adds one entry to
+  every index of its table; the partial indexes on provider ids are left
+  out, since these rows never match them) and the tables' index counts;
+* statements per request, round trips counted by Django's query log
+  (BEGIN and COMMIT included).
+
+The backend under test is asked to flush its statistics
+(``pg_stat_force_next_flush()``, PostgreSQL 15+) before the counters are
+read from a second connection.
+Deterministic enough to compare designs, not a throughput figure.
+"""
+
+from __future__ import annotations
+
+import sys
+from pathlib import Path
+
+_HERE = Path(__file__).resolve().parent
+sys.path[:] = [entry for entry in sys.path if Path(entry or ".").resolve() != _HERE]
+sys.path.insert(0, str(_HERE.parent))
+
+import argparse  # noqa: E402
+import os  # noqa: E402
+import time  # noqa: E402
+import uuid  # noqa: E402
+from collections.abc import Callable  # noqa: E402
+from dataclasses import dataclass  # noqa: E402
+from typing import Any  # noqa: E402
+
+from benchmarks.benchlib import BENCH_SETTINGS, Database, migrate, postgres_url  # noqa: E402
+
+BODY = b'{"amount": 1250, "currency": "EUR"}'
+TABLES = ("benchapp_payment", "django_idempotency_record", "benchapp_floorrecord")
+SHORT = {
+    "benchapp_payment": "payment",
+    "django_idempotency_record": "record",
+    "benchapp_floorrecord": "floor",
+}
+
+
+@dataclass
+class Counters:
+    lsn: str
+    commits: int
+    tables: dict[str, tuple[int, int, int, int]]  # inserted, updated, hot, dead
+
+
+def counters(admin: Any, tested: Any) -> Counters:
+    """The server's counters, once the backend under test has flushed its own."""
+    with tested.cursor() as cursor:  # flushed when that backend next goes idle
+        cursor.execute("SELECT pg_stat_force_next_flush()")
+    time.sleep(0.2)
+    lsn = admin.execute("SELECT pg_current_wal_insert_lsn()::text").fetchone()[0]
+    commits = admin.execute(
+        "SELECT xact_commit FROM pg_stat_database WHERE datname = current_database()"
+    ).fetchone()[0]
+    rows = admin.execute(
+        "SELECT relname, n_tup_ins, n_tup_upd, n_tup_hot_upd, n_dead_tup "
+        "FROM pg_stat_user_tables WHERE relname = ANY(%s)",
+        [list(TABLES)],
+    ).fetchall()
+    return Counters(str(lsn), int(commits), {row[0]: tuple(row[1:]) for row in rows})
+
+
+def wal_of_this_database(admin: Any, start: str, end: str) -> tuple[int, int]:
+    """(record bytes, full-page image bytes) of the transactions that touched this database.
+
+    Read with pg_walinspect, so that another database's activity on the same
+    server (a test suite, say) is not counted: the records whose blocks
+    belong to this database give the transactions' ids, and every record of
+    those transactions (their commit records included) is summed.
+    """
+    oid = admin.execute(
+        "SELECT oid FROM pg_database WHERE datname = current_database()"
+    ).fetchone()[0]
+    row = admin.execute(
+        "WITH records AS (SELECT xid, record_length, fpi_length, block_ref "
+        "FROM pg_get_wal_records_info(%s::pg_lsn, %s::pg_lsn)), "
+        "ours AS (SELECT DISTINCT xid FROM records WHERE block_ref LIKE %s AND xid <> '0') "
+        "SELECT coalesce(sum(record_length - fpi_length), 0), coalesce(sum(fpi_length), 0) "
+        "FROM records WHERE xid IN (SELECT xid FROM ours)",
+        [start, end, f"%/{oid}/%"],
+    ).fetchone()
+    return int(row[0]), int(row[1])
+
+
+def index_counts(admin: Any) -> dict[str, int]:
+    rows = admin.execute(
+        # Partial indexes (the provider ids') take no entry for these rows.
+        "SELECT tablename, count(*) FROM pg_indexes WHERE tablename = ANY(%s) "
+        "AND indexdef NOT LIKE '%% WHERE %%' GROUP BY 1",
+        [list(TABLES)],
+    ).fetchall()
+    return {row[0]: int(row[1]) for row in rows}
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--requests", type=int, default=2000)
+    args = parser.parse_args(argv)
+    with Database(postgres_url(), "idem_bench_wal") as database:
+        migrate(database)
+        os.environ["DATABASE_URL"] = database.url
+        os.environ["DJANGO_SETTINGS_MODULE"] = BENCH_SETTINGS
+        try:
+            with database.connect() as admin:
+                run(args, admin)
+        finally:
+            from django.db import connections
+
+            connections.close_all()
+    return 0
+
+
+def run(args: argparse.Namespace, admin: Any) -> None:
+    import django
+
+    django.setup()
+    from django.core.handlers.wsgi import WSGIHandler
+    from django.db import connection
+    from django.test.client import RequestFactory
+    from django.test.utils import CaptureQueriesContext
+
+    handler = WSGIHandler()
+    factory = RequestFactory()
+    run_id = uuid.uuid4().hex[:8]
+    counter = iter(range(10**9))
+
+    def call(path: str, key: str | None) -> int:
+        extra = {} if key is None else {"HTTP_IDEMPOTENCY_KEY": key}
+        environ = dict(factory.post(path, BODY, content_type="application/json", **extra).environ)
+        statuses: list[str] = []
+        result = handler(environ, lambda status, headers, exc_info=None: statuses.append(status))
+        b"".join(result)
+        result.close()
+        return int(statuses[0].split()[0])
+
+    def first(path: str) -> Callable[[], int]:
+        return lambda: call(path, f"{run_id}-{path.strip('/')}-{next(counter)}")
+
+    def replay(path: str) -> Callable[[], int]:
+        return lambda: call(path, f"{run_id}-replay")
+
+    endpoints: list[tuple[str, Callable[[], int]]] = [
+        ("unprotected", lambda: call("/unprotected", None)),
+        ("protected (two commits)", first("/protected")),
+        ("protected replay", replay("/protected")),
+        ("optimistic", first("/protected-optimistic")),
+        ("optimistic replay", replay("/protected-optimistic")),
+        ("single transaction", first("/protected-single")),
+        ("floor (two commits)", first("/floor")),
+        ("floor replay", replay("/floor")),
+        ("floor optimistic", first("/floor-optimistic")),
+        ("floor single", first("/floor-single")),
+    ]
+    admin.execute("CREATE EXTENSION IF NOT EXISTS pg_walinspect")
+    indexes = index_counts(admin)
+    print(
+        f"per request: totals over {args.requests} requests, divided; indexes per table: "
+        + ", ".join(f"{SHORT[table]} {count}" for table, count in sorted(indexes.items()))
+        + "\n"
+    )
+    header = (
+        f"{'endpoint':<26}{'WAL bytes':>10}{'FPI bytes':>10}{'commits':>8}"
+        f"{'round trips':>12}{'statements':>11}"
+        f"{'rows ins':>9}{'rows upd':>9}{'HOT':>5}{'dead':>6}{'index entries':>14}"
+    )
+    print(header)
+    print("-" * len(header))
+    for name, send in endpoints:
+        for _ in range(50):
+            assert send() == 201, name
+        before = counters(admin, connection)
+        with CaptureQueriesContext(connection) as captured:
+            for _ in range(args.requests):
+                assert send() == 201, name
+        after = counters(admin, connection)
+        sql = [query["sql"] for query in captured.captured_queries]
+        n = args.requests
+        inserted = updated = hot = dead = entries = 0
+        for table in TABLES:
+            was = before.tables.get(table, (0, 0, 0, 0))
+            now = after.tables.get(table, (0, 0, 0, 0))
+            ins, upd, hot_upd, dead_now = (now[i] - was[i] for i in range(4))
+            inserted, updated, hot, dead = (
+                inserted + ins,
+                updated + upd,
+                hot + hot_upd,
+                dead + dead_now,
+            )
+            entries += (ins + upd - hot_upd) * indexes.get(table, 0)
+        statements = sum(1 for s in sql if s not in ("BEGIN", "COMMIT", "ROLLBACK"))
+        wal, images = wal_of_this_database(admin, before.lsn, after.lsn)
+        print(
+            f"{name:<26}{wal / n:>10.0f}{images / n:>10.0f}"
+            f"{(after.commits - before.commits) / n:>8.2f}{len(sql) / n:>12.2f}"
+            f"{statements / n:>11.2f}{inserted / n:>9.2f}{updated / n:>9.2f}{hot / n:>5.2f}"
+            f"{dead / n:>6.2f}{entries / n:>14.2f}"
+        )
+        admin.execute("VACUUM ANALYZE benchapp_payment, django_idempotency_record")
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
