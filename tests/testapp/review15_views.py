@@ -112,3 +112,26 @@ shared_operation_optimistic = idempotent(optimistic=True, operation="review15-tr
     _charge_and_hold
 )
 shared_operation_default = idempotent(operation="review15-transfer")(_charge_and_hold)
+
+
+@idempotent(optimistic=True)
+def writes_to_a_second_alias(request: HttpRequest) -> JsonResponse:
+    """A charge in the records' database, and a copy on ``shard_a`` (ATOMIC_REQUESTS there)."""
+    data = _body(request)
+    charge = Charge.objects.create(tenant="review15", amount=int(data["amount"]))
+    Charge.objects.using("shard_a").create(tenant="review15", amount=int(data["amount"]))
+    time.sleep(float(data.get("hold", 0)))
+    return JsonResponse({"charge": charge.pk}, status=201)
+
+
+@idempotent(optimistic=True)
+def loses_its_connection(request: HttpRequest) -> JsonResponse:
+    """Writes, then its session is terminated by the server (PostgreSQL) mid-view."""
+    from django.db import connection
+
+    data = _body(request)
+    charge = Charge.objects.create(tenant="review15", amount=int(data["amount"]))
+    if data.get("terminate"):
+        with connection.cursor() as cursor:
+            cursor.execute("SELECT pg_terminate_backend(pg_backend_pid())")
+    return JsonResponse({"charge": charge.pk}, status=201)

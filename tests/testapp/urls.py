@@ -60,5 +60,7 @@ urlpatterns = [
     path("review15/async", review15_views.async_charge),
     path("review15/shared-optimistic", review15_views.shared_operation_optimistic),
     path("review15/shared-default", review15_views.shared_operation_default),
+    path("review15/second-alias", review15_views.writes_to_a_second_alias),
+    path("review15/loses-connection", review15_views.loses_its_connection),
     path("", include(router.urls)),
 ]
