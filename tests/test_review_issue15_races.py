@@ -154,18 +154,21 @@ def test_an_expired_record_replaced_by_concurrent_duplicates(isolation: str) -> 
 # -- losers that fail in other ways -----------------------------------------------------
 
 
-def test_deadlocked_duplicates_answer_the_winners_replay() -> None:
+@pytest.mark.parametrize("in_flight", ["conflict", "wait"])
+def test_deadlocked_duplicates_answer_the_winners_replay(in_flight: str) -> None:
     """Two duplicates write two business rows in opposite orders: the deadlock's victim replays.
 
     docs/transactions.md lists a deadlock among the failures a loser
     answers with the winner's replay; 409 only when its lock_timeout ran
-    out before the winner committed, which is not what happened here.
+    out before the winner committed, which is not what happened here. With
+    IN_FLIGHT "wait" a duplicate is promised a wait for the outcome, too.
     """
     body = {"amount": 1, "ref": "R", "hold": 0.5}
     url = "/review15/two-rows"
-    responses = _concurrently(
-        [(url, body, "race", {"X-First": "a"}, 0.0), (url, body, "race", {"X-First": "b"}, 0.0)]
-    )
+    with override_settings(IDEMPOTENCY={"IN_FLIGHT": in_flight}):
+        responses = _concurrently(
+            [(url, body, "race", {"X-First": "a"}, 0.0), (url, body, "race", {"X-First": "b"}, 0.0)]
+        )
     _one_winner_the_rest_replay(responses)
     assert Order.objects.count() == 2
 
@@ -215,19 +218,20 @@ def test_a_deploy_switching_modes_commits_once() -> None:
 
 
 @pytest.mark.parametrize("url", ["/review15/lock-account-default", "/review15/lock-account"])
-@pytest.mark.parametrize("wait", [timedelta(milliseconds=200), timedelta(0)])
-def test_a_different_key_waiting_on_a_hot_account_row_is_served(url: str, wait: Any) -> None:
+def test_a_different_key_waiting_on_a_hot_account_row_is_served(url: str) -> None:
     """Two transfers (different keys) on one account row: the second waits for the first's lock.
 
     Not duplicates: nobody's record can answer the second, and no request
     with its key is in progress. The default mode serves both; a 409
-    ``idempotency_request_in_progress`` for the second would tell its client
-    something false (and with IN_FLIGHT_WAIT = 0, which IN_FLIGHT "conflict"
-    never reads, every lock wait of the view fails).
+    ``idempotency_request_in_progress`` for the second tells its client
+    something false: the transaction-local lock_timeout (IN_FLIGHT_WAIT, here
+    a short one, as a project using IN_FLIGHT "conflict" may well set it)
+    also cuts the view's own waits on rows no duplicate holds.
     """
     if connection.vendor != "postgresql":
         pytest.skip("the transaction-local lock_timeout is PostgreSQL's")
     Order.objects.create(number="acct", amount=0)
+    wait = timedelta(milliseconds=200)
     with override_settings(IDEMPOTENCY={"IN_FLIGHT": "conflict", "IN_FLIGHT_WAIT": wait}):
         responses = _concurrently(
             [
@@ -237,3 +241,21 @@ def test_a_different_key_waiting_on_a_hot_account_row_is_served(url: str, wait: 
         )
     assert [r.status_code for r in responses] == [201, 201], _described(responses)
     assert Order.objects.get(number="acct").amount == 3
+
+
+def test_an_uncertain_deadlock_victim_does_not_take_the_key_from_the_winner() -> None:
+    """The victim of a deadlock answers 504, which its policy calls uncertain, at once.
+
+    Its writes rolled back, nothing of it remains. The other duplicate goes
+    on and must be the one that commits (exactly one commits); instead the
+    victim's ``leave_uncertain_afresh`` claims the key first, and the
+    winner's INSERT then loses to a record whose work never happened.
+    """
+    body = {"amount": 1, "ref": "R", "hold": 0.5, "hold_after": 0.5}
+    url = "/review15/two-rows-uncertain"
+    responses = _concurrently(
+        [(url, body, "race", {"X-First": "a"}, 0.0), (url, body, "race", {"X-First": "b"}, 0.0)]
+    )
+    assert Charge.objects.count() == 1, _described(responses)
+    assert IdempotencyRecord.objects.get().state == State.COMPLETED
+    assert 201 in [r.status_code for r in responses], _described(responses)

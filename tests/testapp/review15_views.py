@@ -135,3 +135,25 @@ def loses_its_connection(request: HttpRequest) -> JsonResponse:
         with connection.cursor() as cursor:
             cursor.execute("SELECT pg_terminate_backend(pg_backend_pid())")
     return JsonResponse({"charge": charge.pk}, status=201)
+
+
+@idempotent(optimistic=True, outcome=by_status({504: Verdict.UNCERTAIN}))
+def two_rows_uncertain(request: HttpRequest) -> JsonResponse:
+    """``two_rows``, answering 504 (uncertain, by its policy) when the second row fails.
+
+    ``hold_after``: seconds to sleep after both rows, before answering.
+    """
+    data = _body(request)
+    key = data["ref"]
+    first = request.headers.get("X-First", "a")
+    second = "b" if first == "a" else "a"
+    charge = Charge.objects.create(tenant="review15", amount=int(data["amount"]))
+    Order.objects.create(number=f"{key}-{first}", amount=1)
+    time.sleep(float(data.get("hold", 0)))
+    try:
+        with transaction.atomic():
+            Order.objects.create(number=f"{key}-{second}", amount=1)
+    except DatabaseError:
+        return JsonResponse({"detail": "try again later"}, status=504)
+    time.sleep(float(data.get("hold_after", 0)))
+    return JsonResponse({"charge": charge.pk}, status=201)

@@ -54,6 +54,7 @@ urlpatterns = [
     path("review15/lock-account", review15_views.lock_account_optimistic),
     path("review15/lock-account-default", review15_views.lock_account_default),
     path("review15/two-rows", review15_views.two_rows),
+    path("review15/two-rows-uncertain", review15_views.two_rows_uncertain),
     path("review15/uncertain", review15_views.uncertain_on_a_database_error),
     path("review15/get-or-create", review15_views.get_or_create_order),
     path("review15/own-error", review15_views.caught_then_own_error),
