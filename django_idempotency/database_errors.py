@@ -15,6 +15,7 @@ from django.db import DatabaseError, InterfaceError
 __all__ = [
     "is_connection_lost",
     "is_contention",
+    "is_deadlock",
     "is_serialization_failure",
 ]
 
@@ -77,6 +78,16 @@ def is_contention(exc: BaseException) -> bool:
     if state is not None:
         return state in _POSTGRESQL_CONTENTION
     return _mysql_errno(exc) in _MYSQL_CONTENTION
+
+
+def is_deadlock(exc: BaseException) -> bool:
+    """The database chose this transaction as a deadlock's victim and rolled it back."""
+    if not isinstance(exc, DatabaseError):
+        return False
+    state = _sqlstate(exc)
+    if state is not None:
+        return state == "40P01"
+    return _mysql_errno(exc) == 1213
 
 
 def is_serialization_failure(exc: BaseException) -> bool:

@@ -21,6 +21,8 @@ from __future__ import annotations
 
 import enum
 import logging
+import random
+import time
 from collections.abc import Callable
 from dataclasses import dataclass
 from datetime import timedelta
@@ -38,15 +40,16 @@ from django_idempotency.answers import (
 )
 from django_idempotency.conf import idempotency_settings
 from django_idempotency.context import IdempotencyContext
-from django_idempotency.database_errors import is_connection_lost, is_contention
+from django_idempotency.database_errors import (
+    is_connection_lost,
+    is_contention,
+    is_deadlock,
+    is_serialization_failure,
+)
 from django_idempotency.digests import Fingerprint
 from django_idempotency.exceptions import OutcomeUncertain, StoreUnavailable
 from django_idempotency.outcomes import Outcome
-from django_idempotency.owned_run import (
-    leave_uncertain_afresh,
-    log_unsettled,
-    rolled_back_success,
-)
+from django_idempotency.owned_run import log_unsettled, rolled_back_success
 from django_idempotency.responses import StoredResponse, Verdict, capture
 from django_idempotency.scope import Scope
 from django_idempotency.simulated_crash import SimulatedCrash
@@ -103,7 +106,59 @@ def run_optimistically(
     ``None``: the key is held by an unresolved record (a request of the
     two-commit kind, a record handed back or left UNCERTAIN): take the
     general path, which knows how to wait for it or take it over.
+
+    A deadlock or a serialization failure usually strikes a duplicate
+    before the winner has committed, when no record answers yet: the
+    transaction is tried again (the standard answer to both errors, and
+    safe in this mode, whose view's writes all rolled back), up to
+    ``_ATTEMPTS`` times within ``IN_FLIGHT_WAIT``, after a random pause. The
+    next attempt waits on the winner's rows, then finds its record.
     """
+    deadline = time.monotonic() + idempotency_settings.IN_FLIGHT_WAIT.total_seconds()
+    for attempt in range(1, _ATTEMPTS + 1):
+        try:
+            return _attempt(request, scope, fingerprint, view, ttl, database, outcome)
+        except _Retryable as retryable:
+            exc = retryable.error
+            answer = _the_winners_answer(request, scope, fingerprint, database)
+            if answer is not None:
+                return answer
+            pause = random.uniform(0, _FIRST_PAUSE * 2 ** (attempt - 1))
+            if attempt == _ATTEMPTS or time.monotonic() + pause >= deadline:
+                return _after_a_database_error(
+                    request, scope, fingerprint, view, database, _Phase.VIEW, exc
+                )
+            logger.info("%s: %s; trying its transaction again.", scope, type(exc).__name__)
+            # Duplicates that deadlocked together would meet again at once
+            # (MariaDB's SERIALIZABLE lookups share locks on the key's gap).
+            time.sleep(pause)
+    raise AssertionError("unreachable")  # the last attempt returns or raises
+
+
+#: How many times one request runs its transaction when a deadlock or a
+#: serialization failure ends it, and the longest pause before the second
+#: (doubled before each next one, a random part of it taken).
+_ATTEMPTS = 6
+_FIRST_PAUSE = 0.02
+
+
+class _Retryable(Exception):
+    """A deadlock or a serialization failure ended the transaction: it may be tried again."""
+
+    def __init__(self, error: DatabaseError | InterfaceError) -> None:
+        super().__init__(str(error))
+        self.error = error
+
+
+def _attempt(
+    request: HttpRequest,
+    scope: Scope,
+    fingerprint: Fingerprint,
+    view: Callable[[], HttpResponseBase],
+    ttl: timedelta,
+    database: str,
+    outcome: Outcome,
+) -> HttpResponseBase | None:
     phase = _Phase.LOOKUP
     record = None
     run: _Run | None = None
@@ -127,6 +182,8 @@ def run_optimistically(
     except SimulatedCrash:
         raise  # a "killed" process cleans nothing up (testing helper)
     except (DatabaseError, InterfaceError) as exc:
+        if phase is not _Phase.LOOKUP and (is_deadlock(exc) or is_serialization_failure(exc)):
+            raise _Retryable(exc) from exc
         return _after_a_database_error(request, scope, fingerprint, view, database, phase, exc)
     except Exception as exc:
         # The view's own error, or one it raised on meeting a duplicate's
@@ -199,11 +256,13 @@ def _settle(
     if run.recorded:
         _signal_stored(request, scope, run)
         return run.response
-    if run.verdict is Verdict.UNCERTAIN:
-        return leave_uncertain_afresh(request, scope, fingerprint, run.response, ttl, database)
     # Rolled back: by losing the record's INSERT, or by the view or the
     # outcome policy, where a duplicate's row may be what made it fail (a
-    # 409 or a 500 the view made of a unique key): the winner answers.
+    # 409 or a 500 the view made of a unique key): the winner answers. An
+    # answer the policy calls UNCERTAIN is released like a retryable one:
+    # nothing outside the database ran in this mode, and its writes rolled
+    # back, so nothing is uncertain, and a record claimed now to say so
+    # could take the key from a duplicate still running.
     answer = _the_winners_answer(request, scope, fingerprint, database)
     if answer is not None:
         return answer

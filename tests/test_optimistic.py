@@ -214,14 +214,20 @@ def test_a_key_held_by_a_two_commit_claim_is_answered_by_the_general_path(
 
 
 @not_in_a_request_transaction
-def test_an_uncertain_verdict_leaves_the_record_uncertain(api: APIClient) -> None:
+def test_an_uncertain_verdict_is_released_like_a_retryable_one(api: APIClient) -> None:
+    """Nothing outside the database ran, and its writes rolled back: nothing is uncertain.
+
+    (A record claimed to say so could take the key from a duplicate still running.)
+    """
     policy = by_status({502: Verdict.UNCERTAIN})
     view = idempotent(optimistic=True, outcome=policy)(_answer_with_status)
-    response = _call_plain(view, {"status": 502}, "k")
+    with signals_sent({"released": signals.claim_released}) as sent:
+        response = _call_plain(view, {"status": 502}, "k")
     assert response.status_code == 502
-    record = IdempotencyRecord.objects.get()
-    assert record.state == State.UNCERTAIN and record.provider_key
+    assert [kwargs["reason"] for _, kwargs in sent] == [502]
+    assert not IdempotencyRecord.objects.exists()
     assert not Charge.objects.exists()  # the view's writes rolled back
+    assert _call_plain(view, {"status": 201}, "k").status_code == 201
 
 
 def _answer_with_status(request: Any) -> Any:

@@ -217,30 +217,43 @@ def test_a_deploy_switching_modes_commits_once() -> None:
 # -- the transaction-local lock_timeout and requests that are not duplicates ------------
 
 
-@pytest.mark.parametrize("url", ["/review15/lock-account-default", "/review15/lock-account"])
-def test_a_different_key_waiting_on_a_hot_account_row_is_served(url: str) -> None:
-    """Two transfers (different keys) on one account row: the second waits for the first's lock.
+def test_a_different_key_waiting_on_a_hot_account_row_in_the_default_mode_is_served() -> None:
+    """The default mode sets no lock_timeout on the view: the second transfer waits and runs."""
+    responses = _hot_account_transfers("/review15/lock-account-default")
+    assert [r.status_code for r in responses] == [201, 201], _described(responses)
+    assert Order.objects.get(number="acct").amount == 3
 
-    Not duplicates: nobody's record can answer the second, and no request
-    with its key is in progress. The default mode serves both; a 409
-    ``idempotency_request_in_progress`` for the second tells its client
-    something false: the transaction-local lock_timeout (IN_FLIGHT_WAIT, here
-    a short one, as a project using IN_FLIGHT "conflict" may well set it)
-    also cuts the view's own waits on rows no duplicate holds.
+
+def test_a_different_key_waiting_past_in_flight_wait_is_told_to_retry() -> None:
+    """Optimistic mode: the transaction-local lock_timeout (IN_FLIGHT_WAIT) bounds every wait.
+
+    Found by the review: a request that is no duplicate, waiting on a hot row
+    longer than IN_FLIGHT_WAIT, is cut too. The documented answer
+    (docs/transactions.md, "Waiting"): 409 with Retry-After, nothing
+    committed, and its retry with the same key runs.
     """
+    responses = _hot_account_transfers("/review15/lock-account")
+    assert [r.status_code for r in responses] == [201, 409], _described(responses)
+    assert responses[1]["Retry-After"]
+    assert Order.objects.get(number="acct").amount == 1
+    retry = _send("/review15/lock-account", {"account": "acct", "amount": 2}, "second", {})
+    assert retry.status_code == 201 and "Idempotent-Replayed" not in retry
+    assert Order.objects.get(number="acct").amount == 3
+
+
+def _hot_account_transfers(url: str) -> list[Any]:
+    """Two transfers (different keys) on one account row; the second waits for the first's lock."""
     if connection.vendor != "postgresql":
         pytest.skip("the transaction-local lock_timeout is PostgreSQL's")
     Order.objects.create(number="acct", amount=0)
     wait = timedelta(milliseconds=200)
     with override_settings(IDEMPOTENCY={"IN_FLIGHT": "conflict", "IN_FLIGHT_WAIT": wait}):
-        responses = _concurrently(
+        return _concurrently(
             [
                 (url, {"account": "acct", "amount": 1, "hold": 0.6}, "first", {}, 0.0),
                 (url, {"account": "acct", "amount": 2, "hold": 0.0}, "second", {}, 0.2),
             ]
         )
-    assert [r.status_code for r in responses] == [201, 201], _described(responses)
-    assert Order.objects.get(number="acct").amount == 3
 
 
 def test_an_uncertain_deadlock_victim_does_not_take_the_key_from_the_winner() -> None:
