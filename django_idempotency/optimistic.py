@@ -51,6 +51,7 @@ from django_idempotency.exceptions import OutcomeUncertain, StoreUnavailable
 from django_idempotency.outcomes import Outcome
 from django_idempotency.owned_run import log_unsettled, rolled_back_success
 from django_idempotency.responses import StoredResponse, Verdict, capture
+from django_idempotency.retention_header import mark_stored
 from django_idempotency.scope import Scope
 from django_idempotency.simulated_crash import SimulatedCrash
 from django_idempotency.view_transactions import view_transactions, writes_discarded
@@ -282,6 +283,7 @@ def _settle(
 
 
 def _signal_stored(request: HttpRequest, scope: Scope, run: _Run) -> None:
+    mark_stored(request)  # for the retention header, when advertised
     status = run.response.status_code
     signals.notify(signals.response_stored, request, scope, state=run.verdict.value, status=status)
 

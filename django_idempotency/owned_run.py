@@ -35,6 +35,7 @@ from django_idempotency.exceptions import (
 )
 from django_idempotency.outcomes import Outcome, standard
 from django_idempotency.responses import StoredResponse, Verdict, capture
+from django_idempotency.retention_header import mark_stored
 from django_idempotency.scope import Scope
 from django_idempotency.simulated_crash import SimulatedCrash
 from django_idempotency.store.connections import close_independent_connections
@@ -164,6 +165,7 @@ def _answer_a_database_error(
 
 
 def signal_stored(request: HttpRequest, held: store.Claim, verdict: Verdict, status: int) -> None:
+    mark_stored(request)
     signals.notify(signals.response_stored, request, held.scope, state=verdict.value, status=status)
 
 

@@ -210,13 +210,13 @@ def _claim_or_answer(
 ) -> HttpResponseBase:
     conf = idempotency_settings
     ttl = options.retention
-    waiting = conf.IN_FLIGHT == "wait"
-    deadline = time.monotonic() + conf.IN_FLIGHT_WAIT.total_seconds()
+    lease = conf.LEASE
+    deadline: float | None = None  # "wait" mode: when to stop, once there is a wait
     poll = _FIRST_POLL
     while True:
         try:
             attempt = store.claim_or_take_over(
-                scope, fingerprint, ttl=ttl, lease=conf.LEASE, using=database
+                scope, fingerprint, ttl=ttl, lease=lease, using=database
             )
         except UNREACHABLE_ERRORS as exc:
             if is_contention(exc):  # a busy database, most likely this very key
@@ -229,7 +229,11 @@ def _claim_or_answer(
             not fingerprint.matches(record.fingerprint) or record.is_resolved
         ):
             return answer_settled(request, scope, fingerprint, record)
-        if record is not None and waiting and time.monotonic() < deadline:
+        if record is not None and conf.IN_FLIGHT == "wait":
+            if deadline is None:
+                deadline = time.monotonic() + conf.IN_FLIGHT_WAIT.total_seconds()
+            if time.monotonic() >= deadline:
+                in_flight(request, scope, state=record.state)
             time.sleep(min(poll, max(deadline - time.monotonic(), 0)))
             poll = min(poll * 2, _LAST_POLL)
             continue

@@ -101,11 +101,11 @@ def capture(
 
 
 def replay(status: int, headers: list[list[str]], body: bytes | None) -> HttpResponse:
-    response = HttpResponse(b"" if body is None else bytes(body), status=status)
-    # HttpResponse sets a default Content-Type; the stored one (or none) wins.
-    del response["Content-Type"]
-    for name, value in headers:
-        response[name] = value
+    # The stored headers given to the constructor: one pass over them, and
+    # no default Content-Type built to be replaced.
+    response = HttpResponse(b"" if body is None else bytes(body), status=status, headers=headers)
+    if not any(name.lower() == "content-type" for name, _ in headers):
+        del response["Content-Type"]  # the default HttpResponse added: none was stored
     response[REPLAYED_HEADER] = "true"
     if body is None:
         response[BODY_OMITTED_HEADER] = "true"

@@ -29,11 +29,10 @@ from __future__ import annotations
 
 import math
 from datetime import timedelta
-from typing import TYPE_CHECKING, Any, TypeVar
+from typing import TYPE_CHECKING, TypeVar
 
 from django.utils import timezone
 
-from django_idempotency import signals
 from django_idempotency.conf import idempotency_settings
 from django_idempotency.responses import REPLAYED_HEADER
 
@@ -48,16 +47,16 @@ __all__ = [
     "RETENTION_HEADER",
     "advertise_first_execution",
     "advertise_replay",
+    "mark_stored",
     "seconds_left",
 ]
 
 RETENTION_HEADER = "Idempotency-Key-Expires-In"
 """Seconds for which a retry with the same key still gets this outcome (``ADVERTISE_RETENTION``)."""
 
-#: Set on the request when its own outcome was stored (the ``response_stored``
-#: signal, sent by both the two-transaction and the single-transaction run,
-#: and only once the outcome is written): the one fact that says so, whatever
-#: decided which answers are stored.
+#: Set on the request when its own outcome was stored (``mark_stored``,
+#: called where ``response_stored`` is sent, once the outcome is written):
+#: the one fact that says so, whatever decided which answers are stored.
 _STORED_MARK = "_idempotency_outcome_stored"
 
 
@@ -92,9 +91,12 @@ def _whole_seconds(duration: timedelta) -> int:
     return max(0, math.floor(duration.total_seconds()))
 
 
-def _mark_stored(sender: Any, request: HttpRequest | None = None, **kwargs: Any) -> None:
+def mark_stored(request: HttpRequest | None) -> None:
+    """Note that ``request``'s own outcome was stored: its response may carry the header.
+
+    Called by the runs that store an outcome, beside ``response_stored``;
+    not a receiver of that signal, which would cost every stored first
+    execution a signal dispatch whether the header is wanted or not.
+    """
     if request is not None:
         setattr(request, _STORED_MARK, True)
-
-
-signals.response_stored.connect(_mark_stored, dispatch_uid="django_idempotency.retention_header")

@@ -78,6 +78,8 @@ def notify(signal: Signal, request: HttpRequest | None, scope: Scope, **kwargs: 
     Receivers count things. A metrics backend that is down must not turn a
     replay into a 500, nor leave a claim behind that nobody releases.
     """
+    if not signal.receivers:
+        return  # the common case, on every request: nothing to build or look up
     from django_idempotency.models import IdempotencyRecord
 
     for receiver, result in signal.send_robust(

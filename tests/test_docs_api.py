@@ -61,6 +61,7 @@ NOT_IN_THE_REFERENCE = {
     "django_idempotency.responses.verdict_of": "docs/responses.md has the table of statuses",
     "django_idempotency.retention_header.advertise_first_execution": "the protection's step",
     "django_idempotency.retention_header.advertise_replay": "the protection's step",
+    "django_idempotency.retention_header.mark_stored": "the runs' step, beside response_stored",
     "django_idempotency.retention_header.seconds_left": "advertise_replay's step",
     "django_idempotency.scope.DIGEST_PREFIX": "docs/settings.md#tenants says it",
     "django_idempotency.scope.credential_digest": "default_tenant's step",

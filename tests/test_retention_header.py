@@ -129,6 +129,19 @@ def test_the_single_transaction_mode_carries_it(
     assert 0 < int(replay[RETENTION_HEADER]) <= DAY
 
 
+def test_the_optimistic_mode_carries_it(
+    advertised: None, alice: TokenClient, new_key: Callable[[], str]
+) -> None:
+    key = new_key()
+    first = post(alice, "/api-view/optimistic", {"amount": 1}, key)
+    replay = post(alice, "/api-view/optimistic", {"amount": 1}, key)
+    released = post(alice, "/api-view/optimistic", {"amount": 1, "status": 503}, new_key())
+
+    assert first[RETENTION_HEADER] == str(DAY)
+    assert 0 < int(replay[RETENTION_HEADER]) <= DAY
+    assert RETENTION_HEADER not in released
+
+
 def test_a_stored_outcome_without_a_request_marks_nothing(caplog: pytest.LogCaptureFixture) -> None:
     # No sender does so today (tasks send no response_stored); one must not break.
     signals.notify(

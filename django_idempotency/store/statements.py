@@ -14,12 +14,15 @@ Nothing here writes: ``store`` executes these statements.
 from __future__ import annotations
 
 import weakref
+import zoneinfo
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
+from datetime import UTC, datetime, timedelta
 from typing import Any
 
 from django.conf import settings
 from django.db.backends.base.base import BaseDatabaseWrapper
+from django.db.models import DateTimeField
 
 from django_idempotency.models import RESOLVED_STATES, UNRESOLVED_STATES, IdempotencyRecord
 from django_idempotency.store.database_time import DatabaseClock, clock_of
@@ -37,6 +40,7 @@ _FIELDS = tuple(IdempotencyRecord._meta.concrete_fields)
 #: The attribute names of the columns every statement reading a record returns, in order.
 FIELD_NAMES = tuple(field.attname for field in _FIELDS)
 _COLUMNS = tuple(str(field.column) for field in _FIELDS)
+_TIME_COLUMNS = frozenset(str(f.column) for f in _FIELDS if isinstance(f, DateTimeField))
 
 #: Written by the claim; the times and constants spelled in its SQL follow.
 _CLAIM_COLUMNS = (
@@ -135,7 +139,10 @@ def statements_for(connection: BaseDatabaseWrapper) -> Statements:
 def _build(connection: BaseDatabaseWrapper, clock: DatabaseClock) -> Statements:
     quote = connection.ops.quote_name
     table = quote(IdempotencyRecord._meta.db_table)
-    columns = ", ".join(quote(column) for column in _COLUMNS)
+    read_as = _as_epoch_microseconds if connection.vendor == "postgresql" else _as_is
+    columns = ", ".join(
+        read_as(quote(column)) if column in _TIME_COLUMNS else quote(column) for column in _COLUMNS
+    )
     scope = ", ".join(quote(name) for name in ("tenant", "operation", "key"))
     where_scope = " AND ".join(f"{quote(name)} = %s" for name in ("tenant", "operation", "key"))
     claim_columns = ", ".join(quote(name) for name in (*_CLAIM_COLUMNS, *_CLAIM_TIMES))
@@ -157,7 +164,7 @@ def _build(connection: BaseDatabaseWrapper, clock: DatabaseClock) -> Statements:
     )
     # The database's time comes with the row, for the judgments Python makes
     # on it (expired? abandoned?), at no extra round trip.
-    read_time = "" if clock.host else f", {clock.now}"
+    read_time = "" if clock.host else f", {read_as(clock.now)}"
     find = f"SELECT {columns}{read_time} FROM {table} WHERE {where_scope}"
     unresolved = _sql_list(UNRESOLVED_STATES)
     expires_at = quote("expires_at")
@@ -253,6 +260,42 @@ def _build(connection: BaseDatabaseWrapper, clock: DatabaseClock) -> Statements:
     )
 
 
+def _as_is(sql: str) -> str:
+    return sql
+
+
+def _as_epoch_microseconds(sql: str) -> str:
+    """A timestamptz read as microseconds since the epoch (exact; PostgreSQL).
+
+    Django's loader for timestamptz values subclasses psycopg's pure-Python
+    one (to set the time zone): about 7 us of CPU per value on the benchmark
+    machine, 28 us for the four a replay reads. A bigint goes through
+    psycopg's C loader; ``_from_epoch_microseconds`` turns it into the
+    datetime that loader would have given.
+    """
+    return f"(EXTRACT(EPOCH FROM {sql}) * 1000000)::bigint"
+
+
+_EPOCH = datetime(1970, 1, 1, tzinfo=UTC)
+
+
+def _from_epoch_microseconds(value: Any, expression: Any, connection: BaseDatabaseWrapper) -> Any:
+    """The datetime Django reads for a time column (``_as_epoch_microseconds``).
+
+    Aware, in the connection's time zone (UTC) with ``USE_TZ``; else naive,
+    the wall time in the connection's zone, as Django's own loader gives it.
+    A datetime (a statement that reads the column as it is) passes unchanged.
+    """
+    if type(value) is not int:
+        return value
+    moment = _EPOCH + timedelta(microseconds=value)
+    zone = connection.timezone
+    if zone is None:  # USE_TZ = False
+        wall_zone = zoneinfo.ZoneInfo(connection.timezone_name)
+        return moment.astimezone(wall_zone).replace(tzinfo=None)
+    return moment if zone is UTC else moment.astimezone(zone)
+
+
 Converter = Callable[[Any, Any, BaseDatabaseWrapper], Any]
 Converters = list[tuple[int, list[Converter], Any]]
 #: Per connection, and per USE_TZ: some backends convert datetimes only with it.
@@ -301,6 +344,8 @@ def _converters_of(connection: BaseDatabaseWrapper) -> Converters:
         functions = connection.ops.get_db_converters(expression) + field.get_db_converters(
             connection
         )
+        if connection.vendor == "postgresql" and field.column in _TIME_COLUMNS:
+            functions = [_from_epoch_microseconds, *functions]
         if functions:
             found.append((index, functions, expression))
     return found
