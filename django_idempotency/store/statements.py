@@ -233,7 +233,12 @@ def _build(connection: BaseDatabaseWrapper, clock: DatabaseClock) -> Statements:
     # reads, record or not: one round trip, and the lock_timeout is in force
     # for everything the view's transaction does after it.
     scoped = " AND ".join(f"{table}.{quote(name)} = %s" for name in ("tenant", "operation", "key"))
-    qualified_columns = ", ".join(f"{table}.{quote(column)}" for column in _COLUMNS)
+    qualified_columns = ", ".join(
+        read_as(f"{table}.{quote(column)}")
+        if column in _TIME_COLUMNS
+        else f"{table}.{quote(column)}"
+        for column in _COLUMNS
+    )
     find_waiting_at_most = (
         f"SELECT {qualified_columns}{read_time} "
         "FROM (SELECT set_config('lock_timeout', %s, true)) AS waiting "
