@@ -526,10 +526,13 @@ def check_optimistic_views(app_configs: Any = None, **kwargs: Any) -> list[Check
     from django_idempotency.routes import protected_urls
 
     messages: list[CheckMessage] = []
+    seen: set[tuple[str, str]] = set()
     for url in protected_urls():
         for handler in url.handlers:
-            if not handler.options.optimistic:
+            # Once per handler: a router's format-suffix route repeats it.
+            if not handler.options.optimistic or (url.view, handler.handler) in seen:
                 continue
+            seen.add((url.view, handler.handler))
             calls = sorted(_calls_out(_handler_function(url, handler.handler)))
             if calls:
                 messages.append(
@@ -553,13 +556,18 @@ def _handler_function(url: ProtectedURL, handler: str) -> Any:
     function = getattr(view_class, handler, None) if isinstance(view_class, type) else None
     if function is None:
         function = url.callback
+    from django_idempotency.decorators import IdempotentView
+
     # Under @api_view's closure, @idempotent (IdempotentView.view) and any
-    # decorators (__wrapped__).
+    # decorators (__wrapped__). Only @api_view's closure cell is followed:
+    # a method calling super() has its class in one, and the class's source
+    # is not the handler's.
     for _ in range(50):
-        inner = getattr(function, "view", None) or getattr(function, "__wrapped__", None)
-        closure = getattr(function, "__closure__", None) or ()
-        for cell in closure if inner is None else ():
-            if callable(cell.cell_contents):
+        inner = getattr(function, "__wrapped__", None)
+        if isinstance(function, IdempotentView):
+            inner = function.view
+        for cell in getattr(function, "__closure__", None) or () if inner is None else ():
+            if isinstance(cell.cell_contents, IdempotentView):
                 inner = cell.cell_contents
         if inner is None or inner is function:
             break
