@@ -69,7 +69,7 @@ def counters(admin: Any, tested: Any) -> Counters:
     with tested.cursor() as cursor:  # flushed when that backend next goes idle
         cursor.execute("SELECT pg_stat_force_next_flush()")
     time.sleep(0.2)
-    lsn = admin.execute("SELECT pg_current_wal_insert_lsn()::text").fetchone()[0]
+    lsn = admin.execute("SELECT pg_current_wal_flush_lsn()::text").fetchone()[0]
     commits = admin.execute(
         "SELECT xact_commit FROM pg_stat_database WHERE datname = current_database()"
     ).fetchone()[0]
@@ -89,6 +89,8 @@ def wal_of_this_database(admin: Any, start: str, end: str) -> tuple[int, int]:
     belong to this database give the transactions' ids, and every record of
     those transactions (their commit records included) is summed.
     """
+    if start == end:
+        return 0, 0  # nothing written (pg_walinspect refuses an empty range)
     oid = admin.execute(
         "SELECT oid FROM pg_database WHERE datname = current_database()"
     ).fetchone()[0]
