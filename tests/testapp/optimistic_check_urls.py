@@ -6,10 +6,10 @@ from typing import Any
 
 from django.urls import path
 from rest_framework import serializers, viewsets
-from rest_framework.routers import DefaultRouter
 from rest_framework.decorators import api_view
 from rest_framework.request import Request
 from rest_framework.response import Response
+from rest_framework.routers import DefaultRouter
 from rest_framework.views import APIView
 
 from django_idempotency import idempotent
