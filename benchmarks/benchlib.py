@@ -103,11 +103,31 @@ def free_port() -> int:
 
 
 class Gunicorn:
-    """gunicorn serving the benchmark project on 127.0.0.1, sync workers, no access log."""
+    """gunicorn on 127.0.0.1, no access log: the benchmark project with sync workers by default.
 
-    def __init__(self, database: Database, workers: int) -> None:
+    ``threads`` above 1 runs gthread workers; ``app``, ``settings``, ``env``
+    and ``ready_path`` (a GET answering 200 once it serves) serve another
+    project, as benchmarks/contention.py serves the test project.
+    """
+
+    def __init__(
+        self,
+        database: Database,
+        workers: int,
+        *,
+        threads: int = 1,
+        app: str = BENCH_WSGI,
+        settings: str = BENCH_SETTINGS,
+        env: dict[str, str] | None = None,
+        ready_path: str = "/health",
+    ) -> None:
         self.database = database
         self.workers = workers
+        self.threads = threads
+        self.app = app
+        self.settings = settings
+        self.env = env or {}
+        self.ready_path = ready_path
         self.port = free_port()
         self.url = f"http://127.0.0.1:{self.port}"
         self.log_dir = Path(tempfile.mkdtemp(prefix="idem-bench-"))
@@ -117,8 +137,9 @@ class Gunicorn:
 
     def __enter__(self) -> Gunicorn:
         command = [
-            sys.executable, "-m", "gunicorn", BENCH_WSGI,
-            "-w", str(self.workers), "--threads", "1", "-k", "sync",
+            sys.executable, "-m", "gunicorn", self.app,
+            "-w", str(self.workers), "--threads", str(self.threads),
+            "-k", "sync" if self.threads == 1 else "gthread",
             "-b", f"127.0.0.1:{self.port}",
             "--timeout", "60", "--graceful-timeout", "5",
             "--no-control-socket",
@@ -129,7 +150,7 @@ class Gunicorn:
         self.process = subprocess.Popen(
             command,
             cwd=REPO_ROOT,
-            env=django_env(self.database),
+            env={**django_env(self.database, self.settings), **self.env},
             stdin=subprocess.DEVNULL,
             stdout=self._log_file,
             stderr=subprocess.STDOUT,
@@ -160,7 +181,7 @@ class Gunicorn:
             booted = len(re.findall(r"Booting worker with pid", self.log_text()))
             with (
                 contextlib.suppress(OSError, urllib.error.URLError),
-                urllib.request.urlopen(self.url + "/health", timeout=2) as response,
+                urllib.request.urlopen(self.url + self.ready_path, timeout=2) as response,
             ):
                 if response.status == 200 and booted >= self.workers:
                     return

@@ -59,8 +59,6 @@ sys.path.insert(0, str(_HERE.parent))
 
 import argparse  # noqa: E402
 import contextlib  # noqa: E402
-import re  # noqa: E402
-import subprocess  # noqa: E402
 import tempfile  # noqa: E402
 import threading  # noqa: E402
 import time  # noqa: E402
@@ -73,10 +71,8 @@ from typing import Any  # noqa: E402
 import requests  # noqa: E402
 
 from benchmarks.benchlib import (  # noqa: E402
-    REPO_ROOT,
     Database,
     Gunicorn,
-    django_env,
     load_average,
     machine,
     median,
@@ -164,59 +160,19 @@ class Tally:
     wrong: list[str] = field(default_factory=list)
 
 
-class GthreadServer(Gunicorn):
+def gthread_server(
+    database: Database, workers: int, threads: int, bodies_log: Path, in_flight: str
+) -> Gunicorn:
     """benchlib's Gunicorn, serving the test project with gthread workers."""
-
-    def __init__(
-        self, database: Database, workers: int, threads: int, bodies_log: Path, in_flight: str
-    ) -> None:
-        super().__init__(database, workers)
-        self.threads = threads
-        self.bodies_log = bodies_log
-        self.in_flight = in_flight
-
-    def __enter__(self) -> GthreadServer:
-        command = [
-            sys.executable, "-m", "gunicorn", APP,
-            "-w", str(self.workers), "-k", "gthread", "--threads", str(self.threads),
-            "-b", f"127.0.0.1:{self.port}",
-            "--timeout", "60", "--graceful-timeout", "5",
-            "--no-control-socket",
-            "--error-logfile", "-",
-        ]  # fmt: skip
-        env = django_env(self.database, SETTINGS)
-        env[BODIES_RUN_LOG_ENV] = str(self.bodies_log)
-        env["IDEMPOTENCY_IN_FLIGHT"] = self.in_flight
-        self._log_file = self.log_path.open("ab")
-        self.process = subprocess.Popen(
-            command,
-            cwd=REPO_ROOT,
-            env=env,
-            stdin=subprocess.DEVNULL,
-            stdout=self._log_file,
-            stderr=subprocess.STDOUT,
-            start_new_session=True,
-        )
-        try:
-            self._wait_until_ready()
-        except BaseException:
-            self.stop()
-            raise
-        return self
-
-    def _wait_until_ready(self, timeout: float = 60.0) -> None:
-        assert self.process is not None
-        deadline = time.monotonic() + timeout
-        while time.monotonic() < deadline:
-            if self.process.poll() is not None:
-                raise RuntimeError(f"gunicorn exited at startup:\n{self.log_text()[-3000:]}")
-            booted = len(re.findall(r"Booting worker with pid", self.log_text()))
-            with contextlib.suppress(requests.RequestException):
-                answered = requests.get(self.url + READY_PATH, timeout=2).status_code == 200
-                if answered and booted >= self.workers:
-                    return
-            time.sleep(0.1)
-        raise RuntimeError(f"gunicorn not ready after {timeout:.0f}s:\n{self.log_text()[-3000:]}")
+    return Gunicorn(
+        database,
+        workers,
+        threads=threads,
+        app=APP,
+        settings=SETTINGS,
+        env={BODIES_RUN_LOG_ENV: str(bodies_log), "IDEMPOTENCY_IN_FLIGHT": in_flight},
+        ready_path=READY_PATH,
+    )
 
 
 def fire_together(url: str, body: dict[str, Any], key: str, count: int) -> list[Answer]:
@@ -252,9 +208,7 @@ def body_starts(log: Path, key: str) -> list[float]:
     return [float(parts[3]) for parts in fields if parts[0] == key]
 
 
-def storm(
-    server: GthreadServer, case: Case, work: float, duplicates: int, tally: Tally | None
-) -> None:
+def storm(server: Gunicorn, case: Case, work: float, duplicates: int, tally: Tally | None) -> None:
     """One key's storm against one case; ``tally`` None: a warm-up, not counted."""
     tag = uuid.uuid4().hex[:12]
     key, number = f"contention-{tag}", f"ORD-{tag}"
@@ -262,7 +216,7 @@ def storm(
     answers = fire_together(server.url + case.path, body, key, duplicates)
     if tally is None:
         return
-    starts = body_starts(server.bodies_log, key)
+    starts = body_starts(Path(server.env[BODIES_RUN_LOG_ENV]), key)
     tally.bodies.append(len(starts))
     tally.spreads.append(max(starts) - min(starts) if starts else 0.0)
     for answer in answers:
@@ -350,8 +304,8 @@ def report(tallies: dict[Case, Tally], duplicates: int) -> None:
 @contextlib.contextmanager
 def serving(
     database: Database, args: argparse.Namespace, bodies_log: Path, in_flight: str
-) -> Iterator[GthreadServer]:
-    with GthreadServer(database, args.workers, args.threads, bodies_log, in_flight) as server:
+) -> Iterator[Gunicorn]:
+    with gthread_server(database, args.workers, args.threads, bodies_log, in_flight) as server:
         yield server
         problems = server.problems()
         if problems:
@@ -360,9 +314,9 @@ def serving(
                 print(f"  {line}")
 
 
-def measure(server: GthreadServer, args: argparse.Namespace) -> dict[Case, Tally]:
-    """Every case this server serves, ``args.keys`` storms each, interleaved."""
-    served = cases(server.in_flight)
+def measure(server: Gunicorn, in_flight: str, args: argparse.Namespace) -> dict[Case, Tally]:
+    """Every case a server with ``in_flight`` serves, ``args.keys`` storms each, interleaved."""
+    served = cases(in_flight)
     for case in served:  # warm every worker's imports and each path
         storm(server, case, args.work, args.duplicates, None)
     tallies: dict[Case, Tally] = {case: Tally() for case in served}
@@ -409,7 +363,7 @@ def main() -> None:
             bodies_log.touch()
             for in_flight in IN_FLIGHT_MODES:
                 with serving(database, args, bodies_log, in_flight) as server:
-                    tallies.update(measure(server, args))
+                    tallies.update(measure(server, in_flight, args))
     print()
     report(dict(sorted(tallies.items(), key=lambda item: table_order(item[0]))), args.duplicates)
     print(f"\nran in {time.monotonic() - started:.0f} s")
