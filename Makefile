@@ -3,7 +3,7 @@
 PYTHON ?= python3
 VENV ?= .venv
 
-.PHONY: demo test configurations lint precommit docs dist-check matrix matrix-ci clean
+.PHONY: demo test configurations fleet lint precommit docs dist-check matrix matrix-ci clean
 
 $(VENV)/.installed: pyproject.toml
 	$(PYTHON) -m venv $(VENV)
@@ -25,6 +25,13 @@ test: $(VENV)/.installed
 # pick some; the dst-naive cell needs Debian's `faketime`.
 configurations: $(VENV)/.installed
 	$(VENV)/bin/python runtests.py --configurations $(CONFIGURATIONS) $(PYTEST_ARGS)
+
+# The fleet (tests/fleet/): hosts in network namespaces behind a resending
+# load balancer, a partition, a failover to a promoted standby. Needs root
+# (namespaces), iproute2, nginx and PostgreSQL's server binaries; bounded to
+# a few minutes. Not part of `make test`: each pass would repeat it.
+fleet: $(VENV)/.installed
+	$(VENV)/bin/python -m pytest -m fleet tests/fleet $(PYTEST_ARGS)
 
 # mypy checks the tests and the demo project as strictly as the package.
 lint: $(VENV)/.installed
