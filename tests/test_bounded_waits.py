@@ -14,16 +14,21 @@ answers 409 with Retry-After, the answer of a key in flight; the claim of a
 from __future__ import annotations
 
 import threading
+import time
 from datetime import timedelta
 from typing import Any
 
 import pytest
-from django.db import connection, connections
+from django.db import DatabaseError, connection, connections
 from django.utils import timezone
 from rest_framework.test import APIClient
 
 from django_idempotency.models import IdempotencyRecord
+from django_idempotency.recovery import recover_stale_records
+from django_idempotency.store import maintenance
+from django_idempotency.store.conditional import take_over_where
 from django_idempotency.tasks import TaskInProgress, idempotent_task
+from tests.factories import RecordFactory
 from tests.sessions import row_locked_by_an_open_transaction
 from tests.testapp.models import Charge
 from tests.utils import post
@@ -34,6 +39,9 @@ URL = "/api-view/charges"
 #: How long the test waits for a request that should have given up at
 #: IN_FLIGHT_WAIT (0.5 s): only a hang, the bug, gets anywhere near it.
 HANG = 60.0
+#: How long the cut-off recovery worker stays silent: far past the server's
+#: bound (IN_FLIGHT_WAIT, at least 1 s) for the order of events to tell.
+CUT_OFF = 8.0
 
 
 def _abandoned_claim(api: APIClient) -> IdempotencyRecord:
@@ -148,3 +156,54 @@ def test_a_redelivered_task_waits_at_most_in_flight_wait_then_is_in_progress(
     assert runs == ["evt-1"]
     assert settle("evt-1") == "evt-1"  # the lock gone: taken over, run once more
     assert runs == ["evt-1", "evt-1"]
+
+
+def test_a_recovery_worker_cut_off_mid_takeover_holds_the_row_no_longer_than_in_flight_wait(
+    settings: Any, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The owner's own write is not kept waiting by a recovery session nobody will finish.
+
+    Recovery locks the stale record (SELECT ... FOR UPDATE) and then takes
+    it over (UPDATE). Here its worker stops talking between the two, as one
+    cut off from the database would: the server ends that session after
+    IN_FLIGHT_WAIT (at least a second) and the late owner's write, waiting
+    on the row meanwhile, goes through long before the worker wakes up.
+    """
+    settings.IDEMPOTENCY = {**getattr(settings, "IDEMPOTENCY", {}), "IN_FLIGHT_WAIT": 0.5}
+    record = RecordFactory.create(
+        state=State.CLAIMED,
+        lease_owner="late-owner:1:1",
+        lease_expires_at=timezone.now() - timedelta(seconds=1),
+    )
+    locked, woke = threading.Event(), threading.Event()
+    failures: list[BaseException] = []
+
+    def cut_off_after_the_select(*args: Any, **kwargs: Any) -> Any:
+        locked.set()
+        time.sleep(CUT_OFF)  # the worker's packets go nowhere meanwhile
+        woke.set()
+        return take_over_where(*args, **kwargs)
+
+    monkeypatch.setattr(maintenance, "take_over_where", cut_off_after_the_select)
+
+    def recover() -> None:
+        try:
+            recover_stale_records()
+        except BaseException as exc:  # the session the server ended, read below
+            failures.append(exc)
+        finally:
+            connections.close_all()
+
+    worker = threading.Thread(target=recover)
+    worker.start()
+    assert locked.wait(HANG)
+    # The owner's write waits on the row, then goes through once the
+    # server has ended the recovery's session.
+    IdempotencyRecord.objects.filter(pk=record.pk).update(lease_owner="late-owner:1:1 wrote")
+    written_before_the_worker_woke = not woke.is_set()
+    worker.join(HANG)
+
+    assert written_before_the_worker_woke
+    assert failures and isinstance(failures[0], DatabaseError)
+    record.refresh_from_db()
+    assert (record.lease_owner, record.fencing_token) == ("late-owner:1:1 wrote", 1)
