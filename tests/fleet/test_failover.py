@@ -90,6 +90,8 @@ LOAD_SECONDS = 3.0
 #: Sequential requests per mode and round for the latency figures.
 LATENCY_REQUESTS = 10
 LATENCY_ROUNDS = 3
+#: One-row INSERTs per mode and round, committed one by one on the primary.
+LATENCY_COMMITS = 30
 #: The app's lease (failover_settings.py), and how long a retry of a key
 #: whose record survived as CLAIMED keeps trying (409 until it ends).
 LEASE = 4.0
@@ -189,6 +191,17 @@ class Site:
                 return
             time.sleep(0.05)
         raise AssertionError(f"the primary did not take {settings}: {shown}")
+
+    def time_commits(self, count: int) -> list[float]:
+        """Seconds each of ``count`` one-row INSERTs took to commit (autocommit) on the primary."""
+        with psycopg.connect(self.database.url, autocommit=True, connect_timeout=5) as conn:
+            conn.execute("CREATE TABLE IF NOT EXISTS failover_commit_probe (id serial)")
+            durations = []
+            for _ in range(count):
+                started = time.monotonic()
+                conn.execute("INSERT INTO failover_commit_probe DEFAULT VALUES")
+                durations.append(time.monotonic() - started)
+        return durations
 
     def replication(self) -> dict[str, Any]:
         """The standby's row of pg_stat_replication, and the bytes it has not flushed."""
@@ -534,6 +547,7 @@ def test_synchronous_failover_loses_nothing_acknowledged(
         # Rounds that alternate the modes, so that the machine's other load
         # falls on each alike.
         timed: dict[str, list[Answer]] = {title: [] for title, _, _ in modes}
+        commits: dict[str, list[float]] = {title: [] for title, _, _ in modes}
         with requests.Session() as session:
             for _ in range(5):  # warm the workers' connections
                 send(session, site.server.url, f"warm-{time.monotonic_ns()}", {"amount": 1})
@@ -541,6 +555,7 @@ def test_synchronous_failover_loses_nothing_acknowledged(
                 for title, settings, sync_state in modes:
                     site.configure_primary(**settings)
                     site.wait_streaming(sync_state)
+                    commits[title] += site.time_commits(LATENCY_COMMITS)
                     for n in range(LATENCY_REQUESTS):
                         key = f"latency-{sync_state}-{round_number}-{n}-{time.monotonic_ns()}"
                         timed[title].append(
@@ -548,9 +563,11 @@ def test_synchronous_failover_loses_nothing_acknowledged(
                         )
         for title, answers in timed.items():
             assert all(answer.status == 201 for answer in answers), answers
-            medians.append(
-                (f"median request, link at no delay: {title} (ms)", f"{median_ms(answers):.1f}")
-            )
+            commit_ms = statistics.median(commits[title]) * 1000
+            medians += [
+                (f"link at no delay, {title}: median commit (ms)", f"{commit_ms:.2f}"),
+                (f"link at no delay, {title}: median request (ms)", f"{median_ms(answers):.1f}"),
+            ]
 
         site.configure_primary(synchronous_commit="on")
         site.wait_streaming("quorum")
