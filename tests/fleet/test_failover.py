@@ -46,7 +46,7 @@ payment provider would count its charges.
   asynchronous, with ``synchronous_commit = on`` and ``remote_apply``.
 
 Each prints a table of its figures. No timed assertions: only the medians
-are reported. About 35-45 s each on 2 loaded cores.
+are reported. Both together: 37-61 s on 2 cores shared with other test runs.
 """
 
 from __future__ import annotations
@@ -90,7 +90,7 @@ LOAD_SECONDS = 3.0
 #: Sequential requests per mode and round for the latency figures.
 LATENCY_REQUESTS = 10
 LATENCY_ROUNDS = 3
-#: One-row INSERTs per mode and round, committed one by one on the primary.
+#: One-row INSERT statements per mode and round, committed one by one on the primary.
 LATENCY_COMMITS = 30
 #: The app's lease (failover_settings.py), and how long a retry of a key
 #: whose record survived as CLAIMED keeps trying (409 until it ends).
@@ -193,7 +193,7 @@ class Site:
         raise AssertionError(f"the primary did not take {settings}: {shown}")
 
     def time_commits(self, count: int) -> list[float]:
-        """Seconds each of ``count`` one-row INSERTs took to commit (autocommit) on the primary."""
+        """Seconds each of ``count`` one-row INSERT statements took to commit on the primary."""
         with psycopg.connect(self.database.url, autocommit=True, connect_timeout=5) as conn:
             conn.execute("CREATE TABLE IF NOT EXISTS failover_commit_probe (id serial)")
             durations = []
