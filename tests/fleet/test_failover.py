@@ -46,7 +46,7 @@ payment provider would count its charges.
   asynchronous, with ``synchronous_commit = on`` and ``remote_apply``.
 
 Each prints a table of its figures. No timed assertions: only the medians
-are reported. Both together: 37-61 s on 2 cores shared with other test runs.
+are reported. Both together: 37-63 s on 2 cores shared with other test runs.
 """
 
 from __future__ import annotations
