@@ -1,19 +1,20 @@
 """A rolling deploy: the previous release and this one serve the same keys at once.
 
-The previous release (``PREVIOUS_RELEASE``, extracted with ``git archive``)
+A previous release (each of ``PREVIOUS_RELEASES``, extracted with ``git archive``)
 migrates a fresh PostgreSQL database and is served by its own gunicorn from
-its own tree; then this checkout migrates the same database (0007, expand
-only: nothing the old code reads or writes changes) and is served by a
-second gunicorn on another port. Both use a six-second lease. Then:
+its own tree; then this checkout migrates the same database (0007, and 0006
+after the older release: expand only, nothing the old code reads or writes
+changes meaning) and is served by a second gunicorn on another port. Both
+use a six-second lease. Then, both ways (old then new, new then old):
 
 - a key executed by one version is replayed by the other byte for byte
-  (status, body, Content-Type, Location), both ways;
+  (status, body, Content-Type, Location);
 - other input under a used key is refused 422 by both;
-- a key in flight on one version gets 409 from the other, both ways;
+- a key in flight on one version gets 409 from the other;
 - the same key sent to both at the same instant runs once;
 - a claim left by a worker SIGKILLed in the middle of the view (its pid read
   from the record's lease owner) is taken over by the other version once
-  the lease ran out: a fresh run under the next fencing token, both ways;
+  the lease ran out: a fresh run under the next fencing token;
 - each version's ``idempotency_purge`` removes the other's records past
   retention and none of its live ones.
 
@@ -51,19 +52,24 @@ from tests.previous_release import assert_runs_from, extract_release
 
 pytestmark = [pytest.mark.postgres, pytest.mark.live]
 
-#: What is deployed now: the last commit of main before issue 16.
-PREVIOUS_RELEASE = "51d5e69d66140f86fad62d87d9b07abcfbcb2a32"
 #: What the previous release's gunicorn imports of its own tree.
-RELEASE_PATHS = [
+SERVED_PATHS = [
     "django_idempotency",
     "tests/__init__.py",
     "tests/settings.py",
-    "tests/utils.py",
     "tests/configurations",
     "tests/testapp",
     "tests/live",
     "testproject/payments",
 ]
+#: The releases that may serve beside this one (docs/upgrading.md), and their trees.
+PREVIOUS_RELEASES = {
+    # What is deployed now: the last commit of main before issue 16.
+    "51d5e69": ("51d5e69d66140f86fad62d87d9b07abcfbcb2a32", [*SERVED_PATHS, "tests/utils.py"]),
+    # The oldest supported side by side: main before issue 12 (before steps,
+    # tombstones and the optimistic mode), as tests/test_upgrade_from_previous_release.py.
+    "6aa1767": ("6aa1767e0fae3d80c65d497dbc22213c1101836f", SERVED_PATHS),
+}
 #: The test settings with a short lease, in both trees.
 SETTINGS = "tests.live.celery_settings"
 LEASE_SECONDS = 6
@@ -83,12 +89,13 @@ class Deployment:
         return [("old->new", self.old, self.new), ("new->old", self.new, self.old)]
 
 
-@pytest.fixture(scope="module")
-def deployment(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Deployment]:
+@pytest.fixture(scope="module", params=sorted(PREVIOUS_RELEASES))
+def deployment(
+    request: pytest.FixtureRequest, tmp_path_factory: pytest.TempPathFactory
+) -> Iterator[Deployment]:
     require_postgres()
-    release = extract_release(
-        PREVIOUS_RELEASE, RELEASE_PATHS, tmp_path_factory.mktemp("previous-release")
-    )
+    commit, paths = PREVIOUS_RELEASES[request.param]
+    release = extract_release(commit, paths, tmp_path_factory.mktemp(request.param))
     lease = {"IDEMPOTENCY_TEST_LEASE": str(LEASE_SECONDS)}
     project = Project(settings=SETTINGS, app="tests.live.wsgi:application", ready_path=URL)
     previous = dataclasses.replace(project, root=release)
