@@ -39,7 +39,7 @@ all of them.
 
 from __future__ import annotations
 
-from collections.abc import Iterable
+from collections.abc import Iterable, Sequence
 from typing import Any
 
 from django.db import models
@@ -134,7 +134,7 @@ class AddIndexWithoutBlocking(_WithoutBlocking, AddIndex):
         super().__init__(model_name, index)
         self.vendors = tuple(vendors) if vendors is not None else None
 
-    def deconstruct(self) -> tuple[str, list[Any], dict[str, Any]]:
+    def deconstruct(self) -> tuple[str, Sequence[Any], dict[str, Any]]:
         name, args, kwargs = super().deconstruct()
         if self.vendors is not None:
             kwargs["vendors"] = list(self.vendors)
@@ -189,7 +189,7 @@ class RemoveIndexWithoutBlocking(_WithoutBlocking, RemoveIndex):
         self.index = index
         self.vendors = tuple(vendors) if vendors is not None else None
 
-    def deconstruct(self) -> tuple[str, list[Any], dict[str, Any]]:
+    def deconstruct(self) -> tuple[str, Sequence[Any], dict[str, Any]]:
         kwargs: dict[str, Any] = {"model_name": self.model_name, "index": self.index}
         if self.vendors is not None:
             kwargs["vendors"] = list(self.vendors)

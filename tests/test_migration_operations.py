@@ -53,7 +53,7 @@ AFTER = (APP, "0007_add_created_at_brin_index")
 UPDATED = models.Index(fields=["updated_at"], name="idempotency_updated_test")
 
 
-def indexes() -> dict[str, dict[str, Any]]:
+def indexes() -> dict[str, Any]:
     with connection.cursor() as cursor:
         found = connection.introspection.get_constraints(cursor, TABLE)
     return {name: info for name, info in found.items() if info["index"]}
