@@ -36,6 +36,7 @@ from django.db import connection, connections, models, transaction
 from django.db.migrations.executor import MigrationExecutor
 from django.db.migrations.state import ProjectState
 from django.db.migrations.writer import MigrationWriter
+from django.db.models.functions import Lower
 from django.utils import timezone
 
 from django_idempotency.migration_operations import (
@@ -154,7 +155,12 @@ def test_a_generic_index_is_added_and_removed_on_every_database() -> None:
         assert UPDATED.name in {
             index.name for index in after.models[APP, "idempotencyrecord"].options["indexes"]
         }
-        apply(RemoveIndexWithoutBlocking("idempotencyrecord", UPDATED))
+        removing = RemoveIndexWithoutBlocking("idempotencyrecord", UPDATED)
+        apply(removing)
+        assert UPDATED.name not in indexes()
+        apply(removing, backwards=True)
+        assert UPDATED.name in indexes()
+        apply(adding, backwards=True)
         assert UPDATED.name not in indexes()
     finally:
         with connection.cursor() as cursor:
@@ -174,7 +180,22 @@ def test_the_operations_are_written_and_read_back_by_djangos_migration_writer() 
         rebuilt = type(operation)(*args, **kwargs)
         assert rebuilt.deconstruct() == (name, args, kwargs)
     assert brin.describe().endswith("without blocking writes (on postgresql only)")
+    assert removal.describe().endswith("without blocking writes (on postgresql only)")
+    # Never folded into a plain AddIndex or CreateModel by squashmigrations.
     assert brin.reduce(removal, APP) is False
+    assert removal.reduce(brin, APP) is False
+
+
+@pytest.mark.django_db(transaction=True)
+def test_an_expression_index_is_left_out_where_the_database_has_none() -> None:
+    lowered = models.Index(Lower("key"), name="idempotency_lower_key_test")
+    try:
+        apply(AddIndexWithoutBlocking("idempotencyrecord", lowered))
+        supported = connection.features.supports_expression_indexes
+        assert (lowered.name in indexes()) == supported  # MariaDB has none: as AddIndex
+    finally:
+        apply(RemoveIndexWithoutBlocking("idempotencyrecord", lowered))
+    assert lowered.name not in indexes()
 
 
 # -- PostgreSQL: transactions, failed builds, indexes built by hand -----------------------
