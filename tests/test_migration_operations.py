@@ -275,8 +275,8 @@ def test_a_valid_index_built_by_hand_beforehand_is_kept(at_0006: None) -> None:
 
 @pytest.mark.django_db(transaction=True)
 def test_on_mariadb_rows_are_inserted_while_the_index_is_built() -> None:
-    if connection.vendor != "mysql":
-        pytest.skip("MySQL/MariaDB's online index build; the MariaDB pass runs it")
+    if not getattr(connection, "mysql_is_mariadb", False):
+        pytest.skip("MariaDB's online index build (its sequence engine fills the table)")
     with connection.cursor() as cursor:
         # Enough rows for the build to last a moment (MariaDB's sequence engine).
         cursor.execute(
