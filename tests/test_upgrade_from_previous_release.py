@@ -50,12 +50,12 @@ from django_idempotency import recovery, tasks
 from django_idempotency.models import IdempotencyRecord, IdempotencyStep
 from django_idempotency.recovery import Completed, register_reconciler
 from django_idempotency.tasks import TaskKeyReused, idempotent_task
+from tests.previous_release import extract_release
 
 pytestmark = pytest.mark.django_db(transaction=True)
 
 #: The last commit of main before issue 12 ("A house others can carry on").
 PREVIOUS_RELEASE = "6aa1767e0fae3d80c65d497dbc22213c1101836f"
-ROOT = Path(__file__).resolve().parent.parent
 FILL_SCRIPT = Path(__file__).resolve().parent / "fill_with_previous_release.py"
 #: What the fill script imports of the previous release's tree.
 RELEASE_PATHS = [
@@ -66,7 +66,6 @@ RELEASE_PATHS = [
     "tests/testapp",
     "testproject/payments",
 ]
-REQUIRE_SERVICES = os.environ.get("IDEMPOTENCY_REQUIRE_SERVICES") == "1"
 ENCRYPTION_KEY = Fernet.generate_key().decode()
 State = IdempotencyRecord.State
 #: Columns a migration must carry over unchanged.
@@ -92,31 +91,9 @@ KEPT = [
 
 
 def extract_previous_release(into: Path) -> Path:
-    """The previous release's tree, or a skip (locally) / failure (CI) saying why not."""
-    try:
-        found = subprocess.run(
-            ["git", "-C", str(ROOT), "cat-file", "-e", f"{PREVIOUS_RELEASE}^{{commit}}"],
-            capture_output=True,
-            text=True,
-        )
-        problem = found.stderr.strip() if found.returncode else ""
-    except FileNotFoundError:
-        problem = "git is not installed"
-    if problem:
-        why = (
-            f"The previous release, commit {PREVIOUS_RELEASE}, is not in this clone "
-            f"({problem}); a shallow clone lacks it. Fetch it (git fetch --unshallow, or "
-            "actions/checkout with fetch-depth: 0)."
-        )
-        if REQUIRE_SERVICES:
-            pytest.fail(f"IDEMPOTENCY_REQUIRE_SERVICES=1: {why}")
-        pytest.skip(why)
-    archive = subprocess.run(
-        ["git", "-C", str(ROOT), "archive", PREVIOUS_RELEASE, *RELEASE_PATHS],
-        capture_output=True,
-        check=True,
-    )
-    subprocess.run(["tar", "-x", "-C", str(into)], input=archive.stdout, check=True)
+    """The previous release's tree with the fill script, or a skip (locally) / failure (CI)."""
+    extract_release(PREVIOUS_RELEASE, RELEASE_PATHS, into)
+    # At the root, beside the release's packages: it checks that it imports them.
     shutil.copy(FILL_SCRIPT, into)
     return into
 

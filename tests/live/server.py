@@ -135,6 +135,9 @@ class Project:
     #: A GET that answers once the app is loaded, and the statuses that mean so.
     ready_path: str = "/"
     ready_statuses: tuple[int, ...] = (200,)
+    #: The processes' working directory, first on their ``sys.path`` (``python -m``):
+    #: another tree (a previous release's, tests/previous_release.py) is served from its own.
+    root: Path = REPO_ROOT
 
 
 #: The test suite's views (tests.testapp) with the live hooks (tests.live.hooks).
@@ -424,7 +427,7 @@ class LiveServer:
         command = [sys.executable, "-m", "django", *args, "--settings", self.project.settings]
         result = subprocess.run(
             command,
-            cwd=REPO_ROOT,
+            cwd=self.project.root,
             env=self.environment(),
             capture_output=True,
             text=True,
@@ -458,7 +461,7 @@ class LiveServer:
         self._log_file.flush()
         self.process = subprocess.Popen(
             command,
-            cwd=REPO_ROOT,
+            cwd=self.project.root,
             env=self.environment(),
             stdin=subprocess.DEVNULL,
             stdout=self._log_file,

@@ -1,0 +1,337 @@
+"""Indexes added and removed without blocking writes, on every supported database.
+
+``AddIndexWithoutBlocking`` and ``RemoveIndexWithoutBlocking``
+(``django_idempotency/migration_operations.py``) and migration 0007 that
+uses them, in the suite's database of each pass:
+
+- 0007 leaves the BRIN index on ``created_at`` on PostgreSQL, and no index
+  on MySQL/MariaDB or SQLite; ``makemigrations --check`` stays quiet on all
+  of them (tests/test_packaging.py), since the index is not in the model
+  state;
+- the SQL each database gets: ``CREATE INDEX CONCURRENTLY`` on PostgreSQL,
+  ``ALGORITHM=INPLACE LOCK=NONE`` on MySQL/MariaDB, a plain ``CREATE INDEX``
+  on SQLite (``sqlmigrate``, and a generic index added and removed for real);
+- on PostgreSQL: inside a transaction the operation refuses with a message
+  that names ``atomic = False``; an INVALID index left by a failed
+  concurrent build is dropped and built again; a valid one an operator
+  built by hand beforehand is kept;
+- on MariaDB: rows are inserted while the online build runs.
+
+tests/live/test_index_build_without_blocking.py shows claims going on
+through gunicorn while 0007 builds on 1.5 million records.
+"""
+
+from __future__ import annotations
+
+import io
+import threading
+import time
+from collections.abc import Iterator
+from datetime import timedelta
+from typing import Any
+
+import pytest
+from django.core.management import call_command
+from django.db import connection, connections, models, transaction
+from django.db.migrations.executor import MigrationExecutor
+from django.db.migrations.state import ProjectState
+from django.db.migrations.writer import MigrationWriter
+from django.db.models.functions import Lower
+from django.utils import timezone
+
+from django_idempotency.migration_operations import (
+    AddIndexWithoutBlocking,
+    RemoveIndexWithoutBlocking,
+)
+from django_idempotency.models import IdempotencyRecord
+
+APP = "django_idempotency"
+TABLE = "django_idempotency_record"
+BRIN = "idempotency_created_brin"
+BEFORE = (APP, "0006_add_steps_and_tombstones")
+AFTER = (APP, "0007_add_created_at_brin_index")
+#: A generic index, on every database: what a later migration of the package would add.
+UPDATED = models.Index(fields=["updated_at"], name="idempotency_updated_test")
+
+
+def indexes() -> dict[str, Any]:
+    with connection.cursor() as cursor:
+        found = connection.introspection.get_constraints(cursor, TABLE)
+    return {name: info for name, info in found.items() if info["index"]}
+
+
+def migrate_to(target: tuple[str, str]) -> None:
+    executor = MigrationExecutor(connection)
+    executor.migrate([target])
+
+
+@pytest.fixture
+def at_0006() -> Iterator[None]:
+    """The records table as 0006 left it; migrated to the latest again afterwards."""
+    migrate_to(BEFORE)
+    try:
+        yield
+    finally:
+        executor = MigrationExecutor(connection)
+        executor.migrate(executor.loader.graph.leaf_nodes(APP))
+
+
+def state() -> ProjectState:
+    return MigrationExecutor(connection).loader.project_state()
+
+
+def apply(operation: Any, *, backwards: bool = False) -> None:
+    before = state()
+    after = before.clone()
+    operation.state_forwards(APP, after)
+    with connection.schema_editor(atomic=False) as editor:
+        if backwards:
+            operation.database_backwards(APP, editor, after, before)
+        else:
+            operation.database_forwards(APP, editor, before, after)
+
+
+def collected_sql(operation: Any) -> str:
+    before = state()
+    after = before.clone()
+    operation.state_forwards(APP, after)
+    with connection.schema_editor(collect_sql=True, atomic=False) as editor:
+        operation.database_forwards(APP, editor, before, after)
+    return "\n".join(editor.collected_sql)
+
+
+@pytest.mark.django_db(transaction=True)
+def test_0007_leaves_a_brin_index_on_postgresql_only() -> None:
+    found = indexes()
+    if connection.vendor == "postgresql":
+        assert found[BRIN]["columns"] == ["created_at"]
+        assert found[BRIN]["type"] == "brin"
+    else:
+        assert BRIN not in found
+    # Not in the model state: makemigrations has nothing to say on any database.
+    assert BRIN not in {index.name for index in IdempotencyRecord._meta.indexes}
+
+
+@pytest.mark.django_db(transaction=True)
+def test_0007_migrates_back_and_forth(at_0006: None) -> None:
+    assert BRIN not in indexes()
+    migrate_to(AFTER)
+    assert (BRIN in indexes()) == (connection.vendor == "postgresql")
+
+
+@pytest.mark.django_db(transaction=True)
+def test_sqlmigrate_shows_what_each_database_runs() -> None:
+    out = io.StringIO()
+    call_command("sqlmigrate", APP, "0007", stdout=out)
+    printed = out.getvalue()
+    if connection.vendor == "postgresql":
+        assert (
+            f'CREATE INDEX CONCURRENTLY "{BRIN}" ON "{TABLE}" USING brin ("created_at") '
+            "WITH (autosummarize = on);"
+        ) in printed
+        assert "BEGIN;" not in printed  # not atomic
+    else:
+        assert "(no-op)" in printed
+
+    generic = collected_sql(AddIndexWithoutBlocking("idempotencyrecord", UPDATED))
+    if connection.vendor == "postgresql":
+        assert generic.startswith('CREATE INDEX CONCURRENTLY "idempotency_updated_test"')
+    elif connection.vendor == "mysql":
+        assert generic.startswith("CREATE INDEX `idempotency_updated_test`")
+        assert generic.endswith("ALGORITHM=INPLACE LOCK=NONE;")
+    else:
+        assert generic.startswith('CREATE INDEX "idempotency_updated_test"')
+
+
+@pytest.mark.django_db(transaction=True)
+def test_a_generic_index_is_added_and_removed_on_every_database() -> None:
+    adding = AddIndexWithoutBlocking("idempotencyrecord", UPDATED)
+    try:
+        apply(adding)
+        assert indexes()[UPDATED.name]["columns"] == ["updated_at"]
+        # In the model state, unlike an index restricted to some vendors.
+        after = state().clone()
+        adding.state_forwards(APP, after)
+        assert UPDATED.name in {
+            index.name for index in after.models[APP, "idempotencyrecord"].options["indexes"]
+        }
+        removing = RemoveIndexWithoutBlocking("idempotencyrecord", UPDATED)
+        apply(removing)
+        assert UPDATED.name not in indexes()
+        apply(removing, backwards=True)
+        assert UPDATED.name in indexes()
+        apply(adding, backwards=True)
+        assert UPDATED.name not in indexes()
+    finally:
+        with connection.cursor() as cursor:
+            if UPDATED.name in indexes():
+                on = f" ON {TABLE}" if connection.vendor == "mysql" else ""
+                cursor.execute(f"DROP INDEX {UPDATED.name}{on}")
+
+
+def test_the_operations_are_written_and_read_back_by_djangos_migration_writer() -> None:
+    brin = AddIndexWithoutBlocking("idempotencyrecord", UPDATED, vendors=["postgresql"])
+    removal = RemoveIndexWithoutBlocking("idempotencyrecord", UPDATED, vendors=["postgresql"])
+    for operation in (brin, removal):
+        text, imports = MigrationWriter.serialize(operation)
+        assert "vendors=['postgresql']" in text
+        assert "import django_idempotency.migration_operations" in imports
+        name, args, kwargs = operation.deconstruct()
+        rebuilt = type(operation)(*args, **kwargs)
+        assert rebuilt.deconstruct() == (name, args, kwargs)
+    assert brin.describe().endswith("without blocking writes (on postgresql only)")
+    assert removal.describe().endswith("without blocking writes (on postgresql only)")
+    # Never folded into a plain AddIndex or CreateModel by squashmigrations.
+    assert brin.reduce(removal, APP) is False
+    assert removal.reduce(brin, APP) is False
+
+
+@pytest.mark.django_db(transaction=True)
+def test_an_expression_index_is_left_out_where_the_database_has_none() -> None:
+    lowered = models.Index(Lower("key"), name="idempotency_lower_key_test")
+    try:
+        apply(AddIndexWithoutBlocking("idempotencyrecord", lowered))
+        supported = connection.features.supports_expression_indexes
+        assert (lowered.name in indexes()) == supported  # MariaDB has none: as AddIndex
+    finally:
+        apply(RemoveIndexWithoutBlocking("idempotencyrecord", lowered))
+    assert lowered.name not in indexes()
+
+
+# -- PostgreSQL: transactions, failed builds, indexes built by hand -----------------------
+
+
+@pytest.mark.postgres
+@pytest.mark.django_db(transaction=True)
+def test_inside_a_transaction_the_operation_says_to_make_the_migration_non_atomic() -> None:
+    before = state()
+    with (
+        transaction.atomic(),
+        connection.schema_editor() as editor,
+        pytest.raises(NotImplementedError, match="atomic = False"),
+    ):
+        AddIndexWithoutBlocking("idempotencyrecord", UPDATED).database_forwards(
+            APP, editor, before, before.clone()
+        )
+    assert UPDATED.name not in indexes()
+
+
+def index_row(name: str) -> tuple[Any, ...] | None:
+    with connection.cursor() as cursor:
+        cursor.execute(
+            "SELECT c.oid, am.amname, i.indisvalid FROM pg_index i "
+            "JOIN pg_class c ON c.oid = i.indexrelid JOIN pg_am am ON am.oid = c.relam "
+            "WHERE c.relname = %s",
+            [name],
+        )
+        row: tuple[Any, ...] | None = cursor.fetchone()
+        return row
+
+
+@pytest.mark.postgres
+@pytest.mark.django_db(transaction=True)
+def test_an_invalid_index_left_by_a_failed_concurrent_build_is_dropped_and_built_again(
+    at_0006: None,
+) -> None:
+    # A concurrent build that fails half way: a unique index over duplicates.
+    now = timezone.now()
+    for key in ("one", "two"):
+        IdempotencyRecord.objects.create(
+            tenant="t", operation="op", key=key, fingerprint="f", state="COMPLETED",
+            created_at=now, updated_at=now, expires_at=now + timedelta(days=1),
+        )  # fmt: skip
+    with (
+        pytest.raises(Exception, match="could not create unique index"),
+        connection.cursor() as cursor,
+    ):
+        cursor.execute(f'CREATE UNIQUE INDEX CONCURRENTLY "{BRIN}" ON {TABLE} (created_at)')
+    left = index_row(BRIN)
+    assert left is not None and left[1:] == ("btree", False)  # INVALID, in the way
+
+    migrate_to(AFTER)
+
+    rebuilt = index_row(BRIN)
+    assert rebuilt is not None and rebuilt[1:] == ("brin", True)
+    assert rebuilt[0] != left[0]
+
+
+@pytest.mark.postgres
+@pytest.mark.django_db(transaction=True)
+def test_a_valid_index_built_by_hand_beforehand_is_kept(at_0006: None) -> None:
+    with connection.cursor() as cursor:
+        cursor.execute(
+            f'CREATE INDEX CONCURRENTLY "{BRIN}" ON {TABLE} USING brin (created_at) '
+            "WITH (autosummarize = on)"
+        )
+    built = index_row(BRIN)
+
+    migrate_to(AFTER)
+
+    assert index_row(BRIN) == built
+
+
+# -- MariaDB: the online build --------------------------------------------------------------
+
+
+@pytest.mark.django_db(transaction=True)
+def test_on_mariadb_rows_are_inserted_while_the_index_is_built() -> None:
+    if not getattr(connection, "mysql_is_mariadb", False):
+        pytest.skip("MariaDB's online index build (its sequence engine fills the table)")
+    with connection.cursor() as cursor:
+        # Enough rows for the build to last a moment (MariaDB's sequence engine).
+        cursor.execute(
+            f"INSERT INTO {TABLE} (tenant, operation, `key`, fingerprint, state, lease_owner, "
+            "fencing_token, provider_key, provider_operation_id, response_headers, "
+            "response_sealed, created_at, updated_at, expires_at, tombstone) "
+            "SELECT 't', 'POST fill', CONCAT('fill-', seq), 'f', 'COMPLETED', '', 1, '', '', "
+            "'[]', 0, NOW(6), NOW(6) - INTERVAL seq SECOND, NOW(6) + INTERVAL 1 DAY, 0 "
+            "FROM seq_1_to_500000"
+        )
+    built: list[BaseException | None] = []
+
+    def build() -> None:
+        try:
+            apply(AddIndexWithoutBlocking("idempotencyrecord", UPDATED))
+            built.append(None)
+        except BaseException as exc:
+            built.append(exc)
+        finally:
+            connections.close_all()
+
+    def building() -> bool:
+        with connection.cursor() as cursor:
+            cursor.execute(
+                "SELECT COUNT(*) FROM information_schema.PROCESSLIST WHERE INFO LIKE %s",
+                [f"CREATE INDEX `{UPDATED.name}`%"],
+            )
+            return bool(cursor.fetchone()[0])
+
+    builder = threading.Thread(target=build)
+    inserted_during_build = 0
+    try:
+        builder.start()
+        deadline = time.monotonic() + 120
+        while not building():
+            assert builder.is_alive() and time.monotonic() < deadline, f"no build seen: {built}"
+            time.sleep(0.005)
+        while time.monotonic() < deadline:
+            now = timezone.now()
+            IdempotencyRecord.objects.create(
+                tenant="t", operation="op", key=f"during-{inserted_during_build}",
+                fingerprint="f", state="CLAIMED", created_at=now, updated_at=now,
+                expires_at=now + timedelta(days=1),
+            )  # fmt: skip
+            # Committed (autocommit) while the CREATE INDEX statement still runs.
+            if not building():
+                break
+            inserted_during_build += 1
+        builder.join(120)
+        assert built == [None], built
+        print(f"\n{inserted_during_build} rows inserted while the index was built online")
+        assert inserted_during_build > 0
+        assert indexes()[UPDATED.name]["columns"] == ["updated_at"]
+    finally:
+        builder.join(120)
+        if UPDATED.name in indexes():
+            with connection.cursor() as cursor:
+                cursor.execute(f"DROP INDEX {UPDATED.name} ON {TABLE}")
