@@ -190,10 +190,12 @@ def new_scope() -> Any:
 
 def timed_claim(alias: str) -> float:
     from django_idempotency import store
+    from django_idempotency.digests import Fingerprint
 
     scope = new_scope()
     started = time.perf_counter()
-    held = store.claim(scope, "f" * 64, ttl=TTL, lease=LEASE, using=alias)
+    fingerprint = Fingerprint(stored="v1:" + "f" * 64, by_version=(("v1", "f" * 64),), legacy="")
+    held = store.claim(scope, fingerprint, ttl=TTL, lease=LEASE, using=alias)
     elapsed = time.perf_counter() - started
     assert held is not None
     return elapsed
