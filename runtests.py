@@ -1,7 +1,7 @@
 #!/usr/bin/env python3
 """Run the whole test suite: on SQLite, on PostgreSQL and on MariaDB.
 
-    python runtests.py [--coverage] [pytest arguments]
+    python runtests.py [--coverage] [--sequential] [pytest arguments]
     python runtests.py --configurations [NAME ...] [--databases sqlite,postgres] [--jobs N]
 
 The second form runs the configuration matrix (tests/configurations/): the
@@ -10,6 +10,11 @@ configuration (when none is named: every one not marked ``default=False``),
 on each database it applies to, every cell a pytest process of its own, and
 prints one table. Cell logs go to ``.configurations/`` (or
 ``IDEMPOTENCY_MATRIX_LOGS``).
+
+The PostgreSQL pass runs beside the SQLite and MariaDB passes (which run
+one after the other), each pass's output shown whole when it ends and kept
+in ``.test-passes/``; ``--sequential`` runs the three one by one, output as
+it comes.
 
 The server passes use POSTGRES_URL and MARIADB_URL (default: the local
 servers' `test` databases; pytest-django creates and drops a test database
@@ -31,6 +36,9 @@ from __future__ import annotations
 import os
 import subprocess
 import sys
+import threading
+import time
+from pathlib import Path
 from urllib.parse import urlsplit
 
 POSTGRES_URL = os.environ.get("POSTGRES_URL", "postgres://postgres@127.0.0.1:5432/test")
@@ -64,9 +72,64 @@ def unreachable(url: str) -> str | None:
 
 def run_pass(name: str, database_url: str, args: list[str], *, coverage: bool) -> int:
     print(f"\n===== {name} pass =====", flush=True)
-    env = {**os.environ, "DATABASE_URL": database_url}
+    return subprocess.call(_pass_command(args, coverage=coverage), env=_pass_env(database_url))
+
+
+def _pass_command(args: list[str], *, coverage: bool) -> list[str]:
     runner = ["-m", "coverage", "run", "-m", "pytest"] if coverage else ["-m", "pytest"]
-    return subprocess.call([sys.executable, *runner, *args], env=env)
+    return [sys.executable, *runner, *args]
+
+
+def _pass_env(database_url: str) -> dict[str, str]:
+    return {**os.environ, "DATABASE_URL": database_url}
+
+
+#: Where the passes that run side by side write their output, shown whole
+#: when each ends (interleaved lines of two passes would be unreadable).
+PASS_LOGS = Path(os.environ.get("IDEMPOTENCY_PASS_LOGS", ".test-passes"))
+
+
+def run_side_by_side(
+    lanes: list[list[tuple[str, str]]], args: list[str], *, coverage: bool
+) -> dict[str, int]:
+    """Each lane's passes one after another, the lanes at the same time.
+
+    The PostgreSQL pass spends much of its time waiting (on its server, on
+    the live tests' processes, on leases running out), time the other two
+    passes can use. Every pass has its own test databases (named by pid) and
+    its own coverage data file, so nothing they write collides.
+    """
+    PASS_LOGS.mkdir(exist_ok=True)
+    printing = threading.Lock()
+    results: dict[str, int] = {}
+
+    def run_lane(lane: list[tuple[str, str]]) -> None:
+        for name, url in lane:
+            log = PASS_LOGS / f"{name.lower()}.log"
+            started = time.monotonic()
+            with log.open("w") as output:
+                code = subprocess.call(
+                    _pass_command(args, coverage=coverage),
+                    env=_pass_env(url),
+                    stdout=output,
+                    stderr=subprocess.STDOUT,
+                )
+            results[name] = code
+            seconds = time.monotonic() - started
+            with printing:
+                print(f"\n===== {name} pass ({seconds:.0f} s; log: {log}) =====", flush=True)
+                sys.stdout.write(log.read_text(errors="replace"))
+                sys.stdout.flush()
+
+    with printing:
+        names = " | ".join(" then ".join(name for name, _ in lane) for lane in lanes)
+        print(f"===== passes side by side: {names} =====", flush=True)
+    threads = [threading.Thread(target=run_lane, args=(lane,)) for lane in lanes if lane]
+    for thread in threads:
+        thread.start()
+    for thread in threads:
+        thread.join()
+    return results
 
 
 def coverage_report(judged: bool) -> int:
@@ -91,24 +154,33 @@ def main(args: list[str]) -> int:
     if coverage:
         args = args[1:]
         subprocess.call([sys.executable, "-m", "coverage", "erase"])
-    results = {"SQLite": run_pass("SQLite", "", args, coverage=coverage)}
+    sequential = args[:1] == ["--sequential"]
+    if sequential:
+        args = args[1:]
+    passes = [("SQLite", "")]
     for name, variable, url in (
         ("PostgreSQL", "POSTGRES_URL", POSTGRES_URL),
         ("MariaDB", "MARIADB_URL", MARIADB_URL),
     ):
         problem = unreachable(url)
         if problem is None or REQUIRED:
-            results[name] = run_pass(name, url, args, coverage=coverage)
+            passes.append((name, url))
         else:
             print(
                 f"\n===== {name} pass skipped: {url} is not reachable ({problem}). Set "
                 f"{variable}, or IDEMPOTENCY_REQUIRE_SERVICES=1 to make this a failure. ====="
             )
+    if sequential:
+        results = {name: run_pass(name, url, args, coverage=coverage) for name, url in passes}
+    else:
+        postgres = [(name, url) for name, url in passes if name == "PostgreSQL"]
+        others = [(name, url) for name, url in passes if name != "PostgreSQL"]
+        results = run_side_by_side([postgres, others], args, coverage=coverage)
     judged = not args and len(results) == 3
     if coverage:
         gate = coverage_report(judged)
     print("\n===== summary =====")
-    for name, code in results.items():
+    for name, code in ((name, results[name]) for name, _ in passes if name in results):
         print(f"{name:>10}: {'passed' if code == 0 else f'FAILED (exit {code})'}")
     if coverage:
         verdict = "passed" if gate == 0 else f"FAILED (exit {gate})"
