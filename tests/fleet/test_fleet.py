@@ -1,0 +1,199 @@
+"""Three hosts behind nginx that resends slow POSTs; one host killed and brought back.
+
+The fleet (``tests/fleet/hosts.py``): three network namespaces, each with
+its own address and hostname, running gunicorn (the demo's payments API),
+a Celery worker and its own ``celery beat`` (three beats at once, on
+purpose); PostgreSQL, Redis and the provider simulator on the bridge;
+nginx (``tests/fleet/balancer.py``) in front, resending a POST that got no
+answer within 1.5 s to another host (``proxy_next_upstream ...
+non_idempotent``).
+
+Clients, one user each, pay orders, each under a key of its own, a third
+of them asking the provider to be slow (2.5 s, longer than nginx waits):
+nginx sends those twice. In the middle every process of one host is
+SIGKILLed (all pids of its namespace) and the host is started again later.
+The clients retry as ``tests/fleet/clients.py`` says (same key, backoff,
+``Retry-After``).
+
+Proved, once the beats' recovery has settled what the dead host left:
+
+- provider charges = payments = COMPLETED records = keys, no order charged
+  twice, no record unresolved;
+- every client got an answer, and asking again gave the same bytes,
+  marked as a replay;
+- the three beats' recoveries committed at most one settlement per record
+  (``tests/fleet/recovery_audit.py`` logs each);
+- the hosts saw their own hostnames (the workers' names carry them).
+
+A figures table is printed in the terminal summary.
+"""
+
+from __future__ import annotations
+
+import json
+import threading
+import time
+import uuid
+from collections import Counter
+from concurrent.futures import ThreadPoolExecutor
+from pathlib import Path
+
+import pytest
+
+from tests.fleet.balancer import READ_TIMEOUT, Nginx
+from tests.fleet.clients import Payment, pay
+from tests.fleet.conftest import summary_lines
+from tests.fleet.hosts import APP_PORT, Fleet
+from tests.live.celery_harness import wait_until
+from tests.live.server import Lazy
+
+pytestmark = [pytest.mark.fleet]
+
+CLIENTS = 8
+PAYMENTS_PER_CLIENT = 6
+#: Slower than nginx's proxy_read_timeout: nginx resends these.
+SLOW_DELAY = READ_TIMEOUT + 1.0
+KILL_AFTER = 5.0
+DOWN_FOR = 6.0
+CLIENT_DEADLINE = 90.0
+SETTLE_TIMEOUT = 40.0
+
+
+def unresolved(fleet: Fleet) -> int:
+    rows = fleet.query(
+        "SELECT count(*) FROM django_idempotency_record WHERE state NOT IN ('COMPLETED', 'FAILED')"
+    )
+    return int(rows[0][0])
+
+
+def audit(path: Path) -> list[dict[str, object]]:
+    if not path.exists():
+        return []
+    return [json.loads(line) for line in path.read_text().splitlines() if line]
+
+
+def test_fleet_behind_a_resending_balancer_survives_a_host_killed(
+    the_fleet: Lazy[Fleet],
+) -> None:
+    fleet = the_fleet.get()
+    started = time.monotonic()
+    nginx = Nginx(fleet.log_dir, [f"{host.host.address}:{APP_PORT}" for host in fleet.hosts])
+    run = uuid.uuid4().hex[:8]
+    victim = fleet.hosts[1]
+    events: dict[str, float] = {}
+    killed: list[int] = []
+
+    def client(index: int) -> list[Payment]:
+        token = fleet.tokens[index]
+        done = []
+        for n in range(PAYMENTS_PER_CLIENT):
+            slow = SLOW_DELAY if (index + n) % 3 == 0 else None
+            done.append(
+                pay(
+                    nginx.url,
+                    token,
+                    f"fleet-{run}-{index}-{n}",
+                    f"order-{run}-{index}-{n}",
+                    slow_delay=slow,
+                    deadline=time.monotonic() + CLIENT_DEADLINE,
+                )
+            )
+        return done
+
+    def chaos() -> None:
+        time.sleep(KILL_AFTER)
+        events["kill"] = time.monotonic() - started
+        killed.extend(victim.kill())
+        time.sleep(DOWN_FOR)
+        events["restart"] = time.monotonic() - started
+        victim.start()
+        events["back"] = time.monotonic() - started
+
+    try:
+        nginx.start()
+        chaos_thread = threading.Thread(target=chaos)
+        chaos_thread.start()
+        with ThreadPoolExecutor(CLIENTS) as pool:
+            payments = [p for done in pool.map(client, range(CLIENTS)) for p in done]
+        chaos_thread.join(timeout=120)
+        clients_done = time.monotonic() - started
+        wait_until(lambda: unresolved(fleet) == 0, SETTLE_TIMEOUT, fleet.diagnostics)
+        settled_at = time.monotonic() - started
+
+        keys = {p.key for p in payments}
+        charges = fleet.provider.charges_by_order()
+        ours = {order: found for order, found in charges.items() if run in order}
+        payment_rows = int(
+            fleet.query("SELECT count(*) FROM payments_payment WHERE order_id LIKE %s", [f"%{run}%"])[
+                0
+            ][0]
+        )
+        records = Counter(
+            state
+            for (state,) in fleet.query(
+                'SELECT state FROM django_idempotency_record WHERE "key" LIKE %s', [f"%{run}%"]
+            )
+        )
+        lines = audit(fleet.audit_log)
+        settled = Counter(line["record"] for line in lines if line["event"] == "settled")
+        asked = Counter(line["record"] for line in lines if line["event"] == "asked")
+        passages = [p for p in nginx.passages() if run in p.key]
+        statuses = Counter(a.status for p in payments for a in p.attempts)
+        replays = sum(1 for p in payments for a in p.attempts if a.replayed) + sum(
+            1 for p in payments if p.replay is not None and p.replay[2]
+        )
+
+        figures = {
+            "clients x payments": f"{CLIENTS} x {PAYMENTS_PER_CLIENT} = {len(keys)} keys",
+            "requests sent (incl. retries)": sum(len(p.attempts) for p in payments)
+            + len(payments),
+            "nginx passages / resent to another host": (
+                f"{len(passages)} / {sum(p.resent for p in passages)}"
+            ),
+            "answers 201 / 409 / 5xx / no answer": (
+                f"{statuses[201]} / {statuses[409]} / "
+                f"{sum(n for s, n in statuses.items() if s and s >= 500)} / {statuses[None]}"
+            ),
+            "replays (Idempotent-Replayed: true)": replays,
+            "provider charges / payments / COMPLETED records": (
+                f"{sum(len(v) for v in ours.values())} / {payment_rows} / {records['COMPLETED']}"
+            ),
+            "orders charged twice": sum(1 for v in ours.values() if len(v) > 1),
+            "recovery: records asked / settled / most settlements per record": (
+                f"{len(asked)} / {len(settled)} / {max(settled.values(), default=0)}"
+            ),
+            "host killed (pids)": f"{victim.name} ({len(killed)} processes)",
+            "kill / restart / back at": (
+                f"{events.get('kill', 0):.1f}s / {events.get('restart', 0):.1f}s / "
+                f"{events.get('back', 0):.1f}s"
+            ),
+            "clients done / all settled at": f"{clients_done:.1f}s / {settled_at:.1f}s",
+            "slowest payment (client's view)": f"{max(p.duration for p in payments):.1f}s",
+        }
+        summary_lines.append("test_fleet:")
+        summary_lines.extend(f"  {name:<62} {value}" for name, value in figures.items())
+        print("\n".join(summary_lines))
+
+        context = fleet.diagnostics() + nginx.diagnostics()
+        assert all(p.answer is not None for p in payments), [
+            (p.key, p.attempts[-3:]) for p in payments if p.answer is None
+        ]
+        assert {p.answer[0] for p in payments if p.answer} == {201}, context
+        for p in payments:
+            assert p.replay is not None and p.answer is not None
+            assert p.replay[0] == p.answer[0] and p.replay[1] == p.answer[1], p.key
+            assert p.replay[2], p.key
+        assert len(ours) == len(keys), (sorted(ours), context)
+        assert all(len(found) == 1 for found in ours.values()), ours
+        assert payment_rows == len(keys)
+        assert records == Counter({"COMPLETED": len(keys)}), records
+        assert unresolved(fleet) == 0
+        assert max(settled.values(), default=0) <= 1, settled
+        # The scenario happened: nginx resent, and clients met the first copy.
+        assert sum(p.resent for p in passages) > 0
+        assert statuses[409] > 0
+        assert killed
+        for host in fleet.hosts:
+            assert f"@{host.name} ready." in host.worker.log_text(), host.name
+    finally:
+        nginx.stop()
