@@ -110,7 +110,15 @@ http {{
         config = self.prefix / "nginx.conf"
         config.write_text(self.config())
         binary = shutil.which("nginx") or "/usr/sbin/nginx"
-        command = [binary, "-p", str(self.prefix), "-c", str(config), "-e", str(self.prefix / "error.log")]
+        command = [
+            binary,
+            "-p",
+            str(self.prefix),
+            "-c",
+            str(config),
+            "-e",
+            str(self.prefix / "error.log"),
+        ]
         self._spawn(command, {"PATH": "/usr/sbin:/usr/bin:/bin"}, self.prefix)
         deadline = time.monotonic() + 20
         while time.monotonic() < deadline:

@@ -40,6 +40,7 @@ class Payment:
     key: str
     order_id: str
     attempts: list[Attempt] = field(default_factory=list)
+    replay_attempts: list[Attempt] = field(default_factory=list)
     #: The first final answer (status, body) and the replay asked for after it.
     answer: tuple[int, bytes] | None = None
     replay: tuple[int, bytes, bool] | None = None
@@ -64,6 +65,53 @@ def code_of(response: requests.Response) -> str:
         return ""
 
 
+def until_answered(
+    session: requests.Session,
+    url: str,
+    token: str,
+    key: str,
+    order_id: str,
+    *,
+    slow_delay: float | None,
+    deadline: float,
+    attempts: list[Attempt],
+) -> requests.Response | None:
+    """Send until the answer is not "try again"; that answer, or None at the deadline."""
+    backoff = BASE_BACKOFF
+    while time.monotonic() < deadline:
+        begun = time.monotonic()
+        try:
+            response = session.post(
+                url + "/v1/payments",
+                json=body(order_id),
+                headers=headers(token, key, slow_delay),
+                timeout=REQUEST_TIMEOUT,
+            )
+        except requests.RequestException as exc:
+            attempts.append(
+                Attempt(None, error=type(exc).__name__, elapsed=time.monotonic() - begun)
+            )
+            time.sleep(random.uniform(0, backoff))
+            backoff = min(backoff * 2, MAX_BACKOFF)
+            continue
+        attempt = Attempt(
+            response.status_code,
+            code_of(response),
+            response.headers.get("Retry-After"),
+            response.headers.get("Idempotent-Replayed") == "true",
+            elapsed=time.monotonic() - begun,
+        )
+        attempts.append(attempt)
+        if response.status_code == 409 and attempt.code in RETRYABLE_CODES:
+            time.sleep(float(attempt.retry_after or 1) + random.uniform(0, backoff))
+        elif response.status_code >= 500:
+            time.sleep(random.uniform(0, backoff))
+        else:
+            return response
+        backoff = min(backoff * 2, MAX_BACKOFF)
+    return None
+
+
 def pay(
     url: str,
     token: str,
@@ -75,57 +123,24 @@ def pay(
 ) -> Payment:
     payment = Payment(key, order_id)
     started = time.monotonic()
-    session = requests.Session()
-    backoff = BASE_BACKOFF
-    try:
-        while time.monotonic() < deadline:
-            begun = time.monotonic()
-            try:
-                response = session.post(
-                    url + "/v1/payments",
-                    json=body(order_id),
-                    headers=headers(token, key, slow_delay),
-                    timeout=REQUEST_TIMEOUT,
-                )
-            except requests.RequestException as exc:
-                payment.attempts.append(
-                    Attempt(None, error=type(exc).__name__, elapsed=time.monotonic() - begun)
-                )
-                time.sleep(random.uniform(0, backoff))
-                backoff = min(backoff * 2, MAX_BACKOFF)
-                continue
-            attempt = Attempt(
-                response.status_code,
-                code_of(response),
-                response.headers.get("Retry-After"),
-                response.headers.get("Idempotent-Replayed") == "true",
-                elapsed=time.monotonic() - begun,
-            )
-            payment.attempts.append(attempt)
-            if response.status_code == 409 and attempt.code in RETRYABLE_CODES:
-                wait = float(attempt.retry_after or 1)
-                time.sleep(wait + random.uniform(0, backoff))
-                backoff = min(backoff * 2, MAX_BACKOFF)
-                continue
-            if response.status_code >= 500:
-                time.sleep(random.uniform(0, backoff))
-                backoff = min(backoff * 2, MAX_BACKOFF)
-                continue
-            payment.answer = (response.status_code, response.content)
-            break
+    with requests.Session() as session:
+        answer = until_answered(
+            session, url, token, key, order_id,
+            slow_delay=slow_delay, deadline=deadline, attempts=payment.attempts,
+        )  # fmt: skip
         payment.duration = time.monotonic() - started
-        if payment.answer is not None:
-            again = session.post(
-                url + "/v1/payments",
-                json=body(order_id),
-                headers=headers(token, key),
-                timeout=REQUEST_TIMEOUT,
-            )
+        if answer is None:
+            return payment
+        payment.answer = (answer.status_code, answer.content)
+        # A client that lost the answer asks again (same policy, no slow header).
+        again = until_answered(
+            session, url, token, key, order_id,
+            slow_delay=None, deadline=deadline + 30, attempts=payment.replay_attempts,
+        )  # fmt: skip
+        if again is not None:
             payment.replay = (
                 again.status_code,
                 again.content,
                 again.headers.get("Idempotent-Replayed") == "true",
             )
-    finally:
-        session.close()
     return payment

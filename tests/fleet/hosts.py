@@ -39,11 +39,11 @@ from typing import Any
 import psycopg
 import requests
 
+from tests.fleet.network import FleetNetwork, Host, require_namespaces
 from tests.live.own_postgres import OwnPostgres
 from tests.live.processes import BackgroundProcess, CeleryWorker, ProviderProcess
 from tests.live.server import KEEP_LOGS_ENV, PAYMENTS_PROJECT, REPO_ROOT, free_port
 from tests.live.services import unavailable
-from tests.fleet.network import FleetNetwork, Host, require_namespaces
 
 SETTINGS = "tests.fleet.fleet_settings"
 APP_PORT = 8000
@@ -59,7 +59,7 @@ BEAT_INTERVAL = 1.0
 #: The server's side of the partition bounds (postgresql.conf names): a
 #: dead client's backend is dropped after about idle + interval x count
 #: seconds of silence, or when idle in a transaction for longer than that.
-SERVER_SETTINGS = {
+SERVER_SETTINGS: dict[str, int | str] = {
     "tcp_keepalives_idle": 10,
     "tcp_keepalives_interval": 2,
     "tcp_keepalives_count": 3,
@@ -306,9 +306,8 @@ def fleet(clients: int = 8) -> Iterator[Fleet]:
         with contextlib.ExitStack() as stack:
             network = stack.enter_context(FleetNetwork(3))
             server_settings = [f"{name}={value}" for name, value in SERVER_SETTINGS.items()]
-            postgres = stack.enter_context(
-                BridgePostgres(network.gateway, str(network.subnet), server_settings)
-            )
+            postgres = BridgePostgres(network.gateway, str(network.subnet), server_settings)
+            stack.enter_context(postgres)
             database = f"fleet_{network.tag}"
             postgres.create_database(database)
             database_url = f"postgres://postgres@{network.gateway}:{postgres.port}/{database}"

@@ -40,7 +40,9 @@ from tests.live.services import unavailable
 
 
 def ip(*args: str, namespace: str | None = None, check: bool = True) -> str:
-    command = ["ip", *args] if namespace is None else ["ip", "netns", "exec", namespace, "ip", *args]
+    command = (
+        ["ip", *args] if namespace is None else ["ip", "netns", "exec", namespace, "ip", *args]
+    )
     result = subprocess.run(command, capture_output=True, text=True, timeout=20, check=False)
     if check and result.returncode != 0:
         raise RuntimeError(f"{' '.join(command)} failed: {result.stderr.strip()}")

@@ -16,10 +16,10 @@ import os
 import socket
 
 from django.db import transaction
+from payments import reconcilers
 
 from django_idempotency import recovery
 from django_idempotency.models import IdempotencyRecord
-from payments import reconcilers
 
 AUDIT_LOG_ENV = "FLEET_AUDIT_LOG"
 

@@ -52,10 +52,9 @@ pytestmark = [pytest.mark.fleet]
 
 SLOW_DELAY = 3.0
 #: The server drops a silent client after about this many seconds.
-KEEPALIVE_BOUND = (
-    int(SERVER_SETTINGS["tcp_keepalives_idle"])
-    + int(SERVER_SETTINGS["tcp_keepalives_interval"]) * int(SERVER_SETTINGS["tcp_keepalives_count"])
-)
+KEEPALIVE_BOUND = int(SERVER_SETTINGS["tcp_keepalives_idle"]) + int(
+    SERVER_SETTINGS["tcp_keepalives_interval"]
+) * int(SERVER_SETTINGS["tcp_keepalives_count"])
 #: Generous: a loaded 2-core machine; the assertion is about the order of magnitude.
 SLACK = 15.0
 #: A duplicate is answered at once in the conflict mode; bound it generously.
@@ -137,9 +136,11 @@ def start_in_thread(target: Any) -> tuple[threading.Thread, list[Answer]]:
 def wait_in_provider_call(fleet: Fleet, key: str, host: FleetHost) -> dict[str, Any]:
     """Until the record is IN_PROGRESS under ``host`` and the host holds locks on the server."""
     wait_until(
-        lambda: (r := record(fleet, key)) is not None
-        and r["state"] == "IN_PROGRESS"
-        and bool(holding(fleet, host)),
+        lambda: (
+            (r := record(fleet, key)) is not None
+            and r["state"] == "IN_PROGRESS"
+            and bool(holding(fleet, host))
+        ),
         30,
         lambda: f"{record(fleet, key)} {backends(fleet, host)}\n{fleet.diagnostics()}",
         step=0.05,
@@ -226,7 +227,8 @@ def test_partitioned_host_is_fenced_out_after_the_takeover(the_fleet: Lazy[Fleet
             f"slowest duplicate answer: {max(a.elapsed for a in duplicates):.2f}s "
             f"(bound: the server's keepalive detection, {KEEPALIVE_BOUND}s)",
             f"taken over by recovery {taken_over_at - cut_at:.1f}s after the cut: "
-            f"{taken_over and taken_over['state']} owner {taken_over and taken_over['lease_owner']} "
+            f"{taken_over and taken_over['state']} "
+            f"owner {taken_over and taken_over['lease_owner']} "
             f"token {taken_over and taken_over['token']}",
             f"healed after {healed_at - cut_at:.1f}s; cut host's late answer: "
             f"{late and late.status} {late and late.body[:120]!r}",
@@ -254,7 +256,9 @@ def test_partitioned_host_is_fenced_out_after_the_takeover(the_fleet: Lazy[Fleet
     assert settled["token"] > before["token"]
     # The late completion changed nothing.
     assert after == settled, (after, settled)
-    assert late is not None and late.status != 201 or (late is not None and late.body == after["body"])
+    # The cut host never answers success: its late writes were refused
+    # (409), or its provider call timed out meanwhile (502).
+    assert late is not None and late.status in (409, 502, 503), late
     assert len(charges) == 1
     assert payments[0][0] == 1
     retry = send(others[0], token, key, order, since)
@@ -319,8 +323,8 @@ def test_server_drops_a_dead_hosts_backends_and_their_locks(the_fleet: Lazy[Flee
             f"duplicate meanwhile: {duplicate.status} {duplicate.code} Retry-After "
             f"{duplicate.retry_after} in {duplicate.elapsed:.2f}s",
             f"server dropped the dead backends after {dropped_after:.1f}s "
-            f"(keepalive bound {KEEPALIVE_BOUND}s, "
-            f"idle_in_transaction_session_timeout {SERVER_SETTINGS['idle_in_transaction_session_timeout']})",
+            f"(keepalive bound {KEEPALIVE_BOUND}s, idle_in_transaction_session_timeout "
+            f"{SERVER_SETTINGS['idle_in_transaction_session_timeout']})",
             f"same payer, other key, other host: {other and other.status} {other and other.code} "
             f"after {other and other.elapsed:.1f}s (waited on the payer's row lock)",
             f"duplicate after the lease: {late and late.status} "
