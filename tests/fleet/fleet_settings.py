@@ -12,6 +12,8 @@
   writes a line for every settlement recovery commits, so the test can
   count them per record.
 - Requests arrive through the load balancer under any Host name.
+- ``tests.fleet.fleet_urls`` adds a ``single_transaction`` view that holds
+  its claim's lock for as long as asked (the partition test's).
 """
 
 from __future__ import annotations
@@ -34,7 +36,14 @@ DATABASES["default"]["OPTIONS"] = {
     "tcp_user_timeout": int(os.environ.get("FLEET_PG_TCP_USER_TIMEOUT_MS", "20000")),
 }
 
-IDEMPOTENCY = {**IDEMPOTENCY, "IN_FLIGHT": os.environ.get("FLEET_IN_FLIGHT", "conflict")}
+IDEMPOTENCY = {
+    **IDEMPOTENCY,
+    "IN_FLIGHT": os.environ.get("FLEET_IN_FLIGHT", "conflict"),
+    # How long a duplicate (or a takeover) waits on another session's lock
+    # on the record before answering 409.
+    "IN_FLIGHT_WAIT": float(os.environ.get("FLEET_IN_FLIGHT_WAIT", "3")),
+}
+ROOT_URLCONF = "tests.fleet.fleet_urls"
 
 _interval = float(os.environ.get("FLEET_BEAT_INTERVAL", "1"))
 CELERY_BEAT_SCHEDULE = {

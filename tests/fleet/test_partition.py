@@ -59,6 +59,10 @@ KEEPALIVE_BOUND = int(SERVER_SETTINGS["tcp_keepalives_idle"]) + int(
 SLACK = 15.0
 #: A duplicate is answered at once in the conflict mode; bound it generously.
 DUPLICATE_BOUND = 10.0
+#: The hosts' IN_FLIGHT_WAIT (tests/fleet/fleet_settings.py).
+IN_FLIGHT_WAIT = 3.0
+#: How long the single_transaction view holds its claim's lock, unless cut.
+HELD_FOR = 8.0
 
 
 @dataclass
@@ -352,3 +356,87 @@ def test_server_drops_a_dead_hosts_backends_and_their_locks(the_fleet: Lazy[Flee
     assert retry.status == 201 and retry.replayed
     charges = fleet.provider.charges_by_order().get(order, [])
     assert len(charges) == 1
+
+
+def test_dead_hosts_record_lock_holds_duplicates_at_most_in_flight_wait(
+    the_fleet: Lazy[Fleet],
+) -> None:
+    fleet = the_fleet.get()
+    cut, others = fleet.hosts[2], fleet.hosts[:2]
+    token = fleet.tokens[-3]
+    run = uuid.uuid4().hex[:8]
+    key = f"held-{run}"
+    since = time.monotonic()
+
+    def post_held(host: FleetHost, hold: float = 0.0, timeout: float = 60) -> Answer:
+        begun = time.monotonic()
+        try:
+            response = requests.post(
+                host.url + "/fleet/held",
+                json={"order_id": key},
+                headers={**headers(token, key), "X-Fleet-Hold": str(hold)},
+                timeout=timeout,
+            )
+        except requests.RequestException as exc:
+            return Answer(host.name, None, type(exc).__name__, None, False, b"", 0, begun - since)
+        code = response.json().get("code", "") if response.status_code >= 400 else ""
+        return Answer(
+            host.name,
+            response.status_code,
+            str(code),
+            response.headers.get("Retry-After"),
+            response.headers.get("Idempotent-Replayed") == "true",
+            response.content,
+            time.monotonic() - begun,
+            begun - since,
+        )
+
+    first, first_out = start_in_thread(lambda: post_held(cut, hold=HELD_FOR))
+    # The claim is an uncommitted INSERT: visible only as the cut host's locks.
+    wait_until(lambda: bool(holding(fleet, cut)), 30, lambda: str(backends(fleet, cut)), 0.05)
+    held = holding(fleet, cut)
+    fleet.network.partition(cut.host)
+    cut_at = time.monotonic()
+    try:
+        duplicate = post_held(others[0])
+        wait_until(
+            lambda: not holding(fleet, cut),
+            KEEPALIVE_BOUND + SLACK + 30,
+            lambda: f"{backends(fleet, cut)}\n{fleet.postgres.log_tail()}",
+        )
+        dropped_after = time.monotonic() - cut_at
+        retry = post_held(others[1])
+        again = post_held(others[0])
+    finally:
+        fleet.network.heal(cut.host)
+    first.join(timeout=90)
+    late = first_out[0] if first_out else None
+    rows = fleet.query(
+        'SELECT state, response_status FROM django_idempotency_record WHERE "key" = %s', [key]
+    )
+    summary_lines.append(
+        "test_partition, cut while holding the record's lock (single_transaction):"
+    )
+    summary_lines.extend(
+        f"  {line}"
+        for line in [
+            f"cut {cut.name} holding {sum(held.values())} locks (its claim, uncommitted)",
+            f"duplicate meanwhile: {duplicate.status} {duplicate.code} Retry-After "
+            f"{duplicate.retry_after} after {duplicate.elapsed:.2f}s "
+            f"(IN_FLIGHT_WAIT {IN_FLIGHT_WAIT}s)",
+            f"server dropped the dead backend after {dropped_after:.1f}s "
+            f"(keepalive bound {KEEPALIVE_BOUND}s)",
+            f"the key then: {retry.status} replayed={retry.replayed}, "
+            f"asked again: {again.status} replayed={again.replayed}",
+            f"the cut host's own answer after healing: {late and late.status}",
+            f"records for the key: {rows}",
+        ]
+    )
+    assert held
+    assert duplicate.status == 409 and duplicate.retry_after is not None, duplicate
+    assert duplicate.elapsed <= IN_FLIGHT_WAIT + SLACK, duplicate
+    assert dropped_after <= KEEPALIVE_BOUND + SLACK
+    assert retry.status == 201 and not retry.replayed, retry
+    assert again.status == 201 and again.replayed and again.body == retry.body, again
+    assert late is not None and late.status != 201, late
+    assert rows == [("COMPLETED", 201)]
