@@ -28,10 +28,11 @@ from contextvars import ContextVar
 from datetime import timedelta
 from typing import TYPE_CHECKING, Any, NoReturn, TypeVar, cast
 
-from django.db import transaction
+from django.db import DatabaseError, transaction
 from django.utils import timezone
 
 from django_idempotency.conf import as_timedelta, idempotency_settings
+from django_idempotency.database_errors import is_contention
 from django_idempotency.exceptions import (
     StaleOwner,
     TaskFailed,
@@ -268,9 +269,16 @@ def idempotent_task(
             retention = as_timedelta(ttl) if ttl is not None else conf.TTL
             held_for = as_timedelta(lease) if lease is not None else conf.LEASE
             _warn_about_timeouts(held_for)
-            attempt = store.claim_or_take_over(
-                scope, digest, ttl=retention, lease=held_for, using=database
-            )
+            try:
+                attempt = store.claim_or_take_over(
+                    scope, digest, ttl=retention, lease=held_for, using=database
+                )
+            except DatabaseError as exc:
+                # A takeover that ran out of IN_FLIGHT_WAIT on a row another
+                # session locked: the key is busy, not the database down.
+                if not is_contention(exc):
+                    raise
+                raise TaskInProgress(f"{scope} is held by another session") from exc
             held, record = attempt.held, attempt.record
             if held is None:
                 if record is not None and not digest.matches(record.fingerprint):

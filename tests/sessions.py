@@ -30,3 +30,25 @@ def key_held_by_an_open_transaction(operation: str, key: str = "k") -> Iterator[
     finally:
         other.rollback()
         other.close()
+
+
+@contextlib.contextmanager
+def row_locked_by_an_open_transaction(record_id: int) -> Iterator[None]:
+    """Another session locked the record's row and has not committed.
+
+    As a worker does that was cut off from the database between two
+    statements of its transaction (``begin_external()``'s UPDATE and its
+    step's INSERT, recovery's SELECT ... FOR UPDATE and its UPDATE): the
+    server keeps the lock until it notices the session is gone.
+    """
+    other = connections.create_connection("default")
+    try:
+        other.set_autocommit(False)
+        with other.cursor() as cursor:
+            cursor.execute(
+                "SELECT id FROM django_idempotency_record WHERE id = %s FOR UPDATE", [record_id]
+            )
+        yield
+    finally:
+        other.rollback()
+        other.close()

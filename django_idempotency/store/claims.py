@@ -225,6 +225,9 @@ def take_over(
         owner=lease_owner(),
         lease=lease,
         using=using,
+        # A retry waits no longer on the row than on a duplicate in flight;
+        # running out is contention: 409 with Retry-After, never a 503.
+        wait_at_most=idempotency_settings.IN_FLIGHT_WAIT,
     )
     if token is None:
         return None

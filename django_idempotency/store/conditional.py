@@ -11,7 +11,9 @@ from __future__ import annotations
 
 from datetime import timedelta
 
-from django.db.models import Q, QuerySet
+from django.db import connections
+from django.db.models import BooleanField, Q, QuerySet
+from django.db.models.expressions import RawSQL
 
 from django_idempotency.models import IdempotencyRecord
 from django_idempotency.store.database_time import DatabaseLater, DatabaseNow
@@ -29,6 +31,7 @@ def take_over_where(
     owner: str,
     lease: timedelta | None,
     using: str,
+    wait_at_most: timedelta | None = None,
 ) -> int | None:
     """Hand ``record`` to ``owner`` if it is still as seen; the new fencing token, or None.
 
@@ -37,17 +40,43 @@ def take_over_where(
     two workers that saw the same record, one wins and the other matches
     no row. The new lease (none if ``lease`` is None) ends that long after
     the database's current time.
+
+    ``wait_at_most`` (PostgreSQL, outside a transaction): how long the
+    UPDATE may wait on another transaction's lock on the row before it
+    raises ``OperationalError`` (SQLSTATE 55P03). A request's takeover needs
+    the bound: the row's holder may be a worker cut off from the database
+    between two statements of its transaction (``begin_external()``'s, say),
+    whose locks the server keeps until TCP keepalive or
+    ``idle_in_transaction_session_timeout`` ends its session.
     """
     token = record.fencing_token + 1
-    updated = (
-        IdempotencyRecord.objects.using(using)
-        .filter(still, pk=record.pk, fencing_token=record.fencing_token)
-        .update(
-            fencing_token=token,
-            lease_owner=owner[:255],
-            lease_expires_at=None if lease is None else DatabaseLater(lease),
-            updated_at=DatabaseNow(),
+    matching = IdempotencyRecord.objects.using(using).filter(
+        still, pk=record.pk, fencing_token=record.fencing_token
+    )
+    connection = connections[using]
+    if (
+        wait_at_most is not None
+        and connection.vendor == "postgresql"
+        and not connection.in_atomic_block
+    ):
+        # In the UPDATE's own WHERE: a condition is evaluated on the row
+        # before the row is locked, so the timeout is in force when the lock
+        # is waited for, and lasts only as long as this statement's own
+        # transaction (autocommit). No extra round trip. Inside a caller's
+        # transaction the setting would outlive the statement: not there.
+        milliseconds = str(max(1, round(wait_at_most.total_seconds() * 1000)))
+        matching = matching.filter(
+            RawSQL(
+                "set_config('lock_timeout', %s, true) IS NOT NULL",
+                (milliseconds,),
+                output_field=BooleanField(),
+            )
         )
+    updated = matching.update(
+        fencing_token=token,
+        lease_owner=owner[:255],
+        lease_expires_at=None if lease is None else DatabaseLater(lease),
+        updated_at=DatabaseNow(),
     )
     return token if updated else None
 

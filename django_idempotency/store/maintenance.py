@@ -13,8 +13,10 @@ from datetime import UTC, datetime, timedelta
 
 from django.db import OperationalError, connections, transaction
 from django.db.backends.base.base import BaseDatabaseWrapper
-from django.db.models import Case, F, Q, Value, When
+from django.db.models import BooleanField, Case, F, Q, Value, When
+from django.db.models.expressions import RawSQL
 
+from django_idempotency.conf import idempotency_settings
 from django_idempotency.database_errors import is_serialization_failure
 from django_idempotency.models import RESOLVED_STATES, UNRESOLVED_STATES, IdempotencyRecord
 from django_idempotency.scope import Scope
@@ -81,14 +83,37 @@ def take_over_next_stale(*, lease: timedelta, using: str) -> tuple[IdempotencyRe
 _MAX_CONFLICTS = 10
 
 
+def _ended_by_the_server_if_cut_off() -> RawSQL:
+    """A condition that has the server end this transaction if it idles past IN_FLIGHT_WAIT.
+
+    Between recovery's SELECT ... FOR UPDATE and its UPDATE the row is
+    locked, and the record's owner, late but alive, may be waiting to
+    complete it. A recovery worker cut off from the database right there (a
+    partition: no RST reaches the server) would keep that lock until TCP
+    keepalive ends its session, minutes or hours; the gap is otherwise one
+    round trip. In the SELECT's own WHERE, evaluated before any row is
+    locked: no extra statement, and the setting ends with the transaction.
+    """
+    wait = idempotency_settings.IN_FLIGHT_WAIT
+    milliseconds = str(max(1000, round(wait.total_seconds() * 1000)))
+    return RawSQL(
+        "set_config('idle_in_transaction_session_timeout', %s, true) IS NOT NULL",
+        (milliseconds,),
+        output_field=BooleanField(),
+    )
+
+
 def _take_over_oldest_stale(
     connection: BaseDatabaseWrapper, lease: timedelta
 ) -> tuple[IdempotencyRecord | None, int | None, str]:
     using = connection.alias
+    opens_its_transaction = not connection.in_atomic_block
     with transaction.atomic(using=using):
         stale = IdempotencyRecord.objects.using(using).filter(
             state__in=UNRESOLVED_STATES, lease_expires_at__lte=DatabaseNow()
         )
+        if opens_its_transaction and connection.vendor == "postgresql":
+            stale = stale.filter(_ended_by_the_server_if_cut_off())
         stale = with_read_time(stale, "read_time")
         if connection.features.has_select_for_update_skip_locked:
             stale = stale.select_for_update(skip_locked=True)
