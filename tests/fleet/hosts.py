@@ -296,7 +296,7 @@ def _manage(env: Mapping[str, str], *args: str) -> None:
 
 
 @contextlib.contextmanager
-def fleet(clients: int = 8) -> Iterator[Fleet]:
+def fleet(clients: int = 12) -> Iterator[Fleet]:
     """The network, the shared services and three running hosts; all gone afterwards."""
     require_fleet()
     log_dir = Path(tempfile.mkdtemp(prefix="idem-fleet-"))

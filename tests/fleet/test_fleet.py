@@ -10,8 +10,10 @@ non_idempotent``).
 
 Clients, one user each, pay orders, each under a key of its own, a third
 of them asking the provider to be slow (2.5 s, longer than nginx waits):
-nginx sends those twice. In the middle every process of one host is
-SIGKILLed (all pids of its namespace) and the host is started again later.
+nginx sends those twice. In the middle, once two more (slow) payments sent
+straight to one host are inside their provider call there, every process
+of that host is SIGKILLed (all pids of its namespace); the host is started
+again 6 s later. Those two clients retry through nginx.
 The clients retry as ``tests/fleet/clients.py`` says (same key, backoff,
 ``Retry-After``).
 
@@ -21,8 +23,9 @@ Proved, once the beats' recovery has settled what the dead host left:
   twice, no record unresolved;
 - every client got an answer, and asking again gave the same bytes,
   marked as a replay;
-- the three beats' recoveries committed at most one settlement per record
-  (``tests/fleet/recovery_audit.py`` logs each);
+- the records the kill left IN_PROGRESS were settled by recovery, and the
+  three beats' recoveries committed exactly one settlement per record
+  they settled (``tests/fleet/recovery_audit.py`` logs each);
 - the hosts saw their own hostnames (the workers' names carry them).
 
 A figures table is printed in the terminal summary.
@@ -30,18 +33,21 @@ A figures table is printed in the terminal summary.
 
 from __future__ import annotations
 
+import contextlib
 import json
+import re
 import threading
 import time
 import uuid
 from collections import Counter
-from concurrent.futures import ThreadPoolExecutor
+from concurrent.futures import Future, ThreadPoolExecutor
 from pathlib import Path
 
 import pytest
+import requests
 
 from tests.fleet.balancer import READ_TIMEOUT, Nginx
-from tests.fleet.clients import Payment, pay
+from tests.fleet.clients import Payment, body, headers, pay
 from tests.fleet.conftest import summary_lines
 from tests.fleet.hosts import APP_PORT, Fleet
 from tests.live.celery_harness import wait_until
@@ -53,6 +59,9 @@ CLIENTS = 8
 PAYMENTS_PER_CLIENT = 6
 #: Slower than nginx's proxy_read_timeout: nginx resends these.
 SLOW_DELAY = READ_TIMEOUT + 1.0
+#: Payments sent straight to the victim and caught inside the provider call
+#: by the kill: recovery must settle them.
+ORPHANS = 2
 KILL_AFTER = 5.0
 DOWN_FOR = 6.0
 CLIENT_DEADLINE = 90.0
@@ -82,6 +91,8 @@ def test_fleet_behind_a_resending_balancer_survives_a_host_killed(
     victim = fleet.hosts[1]
     events: dict[str, float] = {}
     killed: list[int] = []
+    orphan_pool = ThreadPoolExecutor(ORPHANS)
+    orphans: list[Future[Payment]] = []
 
     def client(index: int) -> list[Payment]:
         token = fleet.tokens[index]
@@ -100,8 +111,42 @@ def test_fleet_behind_a_resending_balancer_survives_a_host_killed(
             )
         return done
 
+    def orphan(index: int) -> Payment:
+        """A payment sent straight to the victim, caught in its provider call by the kill.
+
+        Its client then retries through the balancer, as a client whose
+        connection dropped would.
+        """
+        token = fleet.tokens[CLIENTS + index]
+        key, order = f"fleet-{run}-orphan-{index}", f"order-{run}-orphan-{index}"
+        with contextlib.suppress(requests.RequestException):
+            requests.post(
+                victim.url + "/v1/payments",
+                json=body(order),
+                headers=headers(token, key, SLOW_DELAY),
+                timeout=30,
+            )
+        return pay(
+            nginx.url,
+            token,
+            key,
+            order,
+            slow_delay=None,
+            deadline=time.monotonic() + CLIENT_DEADLINE,
+        )
+
+    def in_provider_call_on_victim() -> bool:
+        rows = fleet.query(
+            'SELECT count(*) FROM django_idempotency_record WHERE "key" LIKE %s '
+            "AND state = 'IN_PROGRESS' AND lease_owner LIKE %s",
+            [f"fleet-{run}-orphan-%", f"{victim.name}:%"],
+        )
+        return int(rows[0][0]) == ORPHANS
+
     def chaos() -> None:
         time.sleep(KILL_AFTER)
+        orphans.extend(orphan_pool.submit(orphan, i) for i in range(ORPHANS))
+        wait_until(in_provider_call_on_victim, 20, fleet.diagnostics, step=0.05)
         events["kill"] = time.monotonic() - started
         killed.extend(victim.kill())
         time.sleep(DOWN_FOR)
@@ -116,6 +161,7 @@ def test_fleet_behind_a_resending_balancer_survives_a_host_killed(
         with ThreadPoolExecutor(CLIENTS) as pool:
             payments = [p for done in pool.map(client, range(CLIENTS)) for p in done]
         chaos_thread.join(timeout=120)
+        payments.extend(future.result(timeout=CLIENT_DEADLINE + 60) for future in orphans)
         clients_done = time.monotonic() - started
         wait_until(lambda: unresolved(fleet) == 0, SETTLE_TIMEOUT, fleet.diagnostics)
         settled_at = time.monotonic() - started
@@ -143,8 +189,10 @@ def test_fleet_behind_a_resending_balancer_survives_a_host_killed(
         replays = sum(1 for a in attempts if a.replayed)
 
         figures = {
-            "clients x payments": f"{CLIENTS} x {PAYMENTS_PER_CLIENT} = {len(keys)} keys",
-            "requests sent (incl. retries and asking again)": len(attempts),
+            "keys (clients x payments + caught by the kill)": (
+                f"{CLIENTS} x {PAYMENTS_PER_CLIENT} + {ORPHANS} = {len(keys)}"
+            ),
+            "requests through nginx (incl. retries, asking again)": len(attempts),
             "nginx passages / resent to another host": (
                 f"{len(passages)} / {sum(p.resent for p in passages)}"
             ),
@@ -157,6 +205,10 @@ def test_fleet_behind_a_resending_balancer_survives_a_host_killed(
                 f"{sum(len(v) for v in ours.values())} / {payment_rows} / {records['COMPLETED']}"
             ),
             "orders charged twice": sum(1 for v in ours.values() if len(v) > 1),
+            "recovery runs (three beats, three workers)": sum(
+                len(re.findall(r"recover_stale_records\[\S+\] succeeded", h.worker.log_text()))
+                for h in fleet.hosts
+            ),
             "recovery: records asked / settled / most settlements per record": (
                 f"{len(asked)} / {len(settled)} / {max(settled.values(), default=0)}"
             ),
@@ -186,7 +238,17 @@ def test_fleet_behind_a_resending_balancer_survives_a_host_killed(
         assert payment_rows == len(keys)
         assert records == Counter({"COMPLETED": len(keys)}), records
         assert unresolved(fleet) == 0
-        assert max(settled.values(), default=0) <= 1, settled
+        # The orphans' records were left IN_PROGRESS by the kill: recovery
+        # (three beats, three workers) settled each of them exactly once.
+        orphan_records = {
+            int(pk)
+            for (pk,) in fleet.query(
+                'SELECT id FROM django_idempotency_record WHERE "key" LIKE %s',
+                [f"fleet-{run}-orphan-%"],
+            )
+        }
+        assert orphan_records <= set(settled), (orphan_records, settled, lines)
+        assert max(settled.values(), default=0) == 1, settled
         # The scenario happened: nginx resent, and clients met the first copy.
         assert sum(p.resent for p in passages) > 0
         assert statuses[409] > 0
@@ -194,4 +256,5 @@ def test_fleet_behind_a_resending_balancer_survives_a_host_killed(
         for host in fleet.hosts:
             assert f"@{host.name} ready." in host.worker.log_text(), host.name
     finally:
+        orphan_pool.shutdown(wait=False, cancel_futures=True)
         nginx.stop()

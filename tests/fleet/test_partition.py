@@ -296,6 +296,14 @@ def test_server_drops_a_dead_hosts_backends_and_their_locks(the_fleet: Lazy[Flee
         late_duplicate, late_out = start_in_thread(
             lambda: send(others[1], token, key, order, since, timeout=90)
         )
+        # Who waits on a lock, and on which statement, while the cut host's
+        # backend lives on (for the figures).
+        time.sleep(2.0)
+        waiting = fleet.admin(
+            "SELECT host(client_addr), wait_event, "
+            "left(regexp_replace(query, '\\s+', ' ', 'g'), 90) FROM pg_stat_activity "
+            "WHERE wait_event_type = 'Lock' ORDER BY client_addr"
+        )
         wait_until(
             lambda: not holding(fleet, cut),
             KEEPALIVE_BOUND + SLACK + 30,
@@ -331,6 +339,7 @@ def test_server_drops_a_dead_hosts_backends_and_their_locks(the_fleet: Lazy[Flee
             f"{SERVER_SETTINGS['idle_in_transaction_session_timeout']})",
             f"same payer, other key, other host: {other and other.status} {other and other.code} "
             f"after {other and other.elapsed:.1f}s (waited on the payer's row lock)",
+            *(f"meanwhile waiting on a lock: {row}" for row in waiting),
             f"duplicate after the lease: {late and late.status} "
             f"replayed={late and late.replayed} after {late and late.elapsed:.1f}s",
             f"the key afterwards: {retry.status} replayed={retry.replayed}",
