@@ -39,11 +39,10 @@ from typing import Any
 import psycopg
 import requests
 
-from tests.fleet.network import FleetNetwork, Host, require_namespaces
+from tests.fleet.network import FleetNetwork, Host, missing, require_namespaces
 from tests.live.own_postgres import OwnPostgres
 from tests.live.processes import BackgroundProcess, CeleryWorker, ProviderProcess
 from tests.live.server import KEEP_LOGS_ENV, PAYMENTS_PROJECT, REPO_ROOT, free_port
-from tests.live.services import unavailable
 
 SETTINGS = "tests.fleet.fleet_settings"
 APP_PORT = 8000
@@ -58,12 +57,17 @@ BEAT_INTERVAL = 1.0
 
 #: The server's side of the partition bounds (postgresql.conf names): a
 #: dead client's backend is dropped after about idle + interval x count
-#: seconds of silence, or when idle in a transaction for longer than that.
+#: seconds of silence (or tcp_user_timeout of unacknowledged data), or when
+#: idle in a transaction for longer than idle_in_transaction_session_timeout.
 SERVER_SETTINGS: dict[str, int | str] = {
     "tcp_keepalives_idle": 10,
     "tcp_keepalives_interval": 2,
     "tcp_keepalives_count": 3,
     "idle_in_transaction_session_timeout": "30s",
+    # Keepalives only probe an idle connection: if the cut came before the
+    # host acknowledged the server's last answer, the server retransmits
+    # instead, for minutes, unless this bounds it (milliseconds).
+    "tcp_user_timeout": 16000,
 }
 #: The hosts' libpq side (DATABASES["default"]["OPTIONS"] in fleet_settings).
 CLIENT_SETTINGS = {
@@ -80,7 +84,7 @@ def require_fleet() -> None:
     require_namespaces()
     for tool in ("nginx", "redis-server"):
         if shutil.which(tool) is None and not Path(f"/usr/sbin/{tool}").exists():
-            unavailable(tool, "not installed", "IDEMPOTENCY_REQUIRE_SERVICES")
+            missing(tool, "not installed")
 
 
 class BridgePostgres(OwnPostgres):

@@ -36,7 +36,9 @@ import time
 from dataclasses import dataclass
 from types import TracebackType
 
-from tests.live.services import unavailable
+import pytest
+
+from tests.live.services import REQUIRE_SERVICES_ENV, services_required
 
 
 def ip(*args: str, namespace: str | None = None, check: bool = True) -> str:
@@ -65,7 +67,14 @@ def require_namespaces() -> None:
         finally:
             ip("netns", "del", probe, check=False)
     if problem is not None:
-        unavailable("Network namespaces", problem, "IDEMPOTENCY_REQUIRE_SERVICES")
+        missing("network namespaces", problem)
+
+
+def missing(what: str, problem: str) -> None:
+    """Skip the running test, or fail it under IDEMPOTENCY_REQUIRE_SERVICES=1."""
+    if services_required():
+        pytest.fail(f"{what} required ({REQUIRE_SERVICES_ENV}=1) but unavailable: {problem}")
+    pytest.skip(f"{what} unavailable: {problem} (run as root with iproute2, nginx, redis-server)")
 
 
 def _used_subnets() -> set[ipaddress.IPv4Network]:
