@@ -112,16 +112,17 @@ class ProviderProcess(BackgroundProcess):
 
     name = "provider"
 
-    def __init__(self, log_dir: Path) -> None:
+    def __init__(self, log_dir: Path, host: str = "127.0.0.1") -> None:
         super().__init__(log_dir)
         self.ledger_path = log_dir / "provider-ledger.sqlite3"
+        self.host = host
         self.port = free_port()
-        self.url = f"http://127.0.0.1:{self.port}"
+        self.url = f"http://{host}:{self.port}"
 
     def start(self) -> None:
         command = [
             sys.executable, str(PROVIDER_SCRIPT),
-            "--port", str(self.port), "--ledger", str(self.ledger_path),
+            "--host", self.host, "--port", str(self.port), "--ledger", str(self.ledger_path),
         ]  # fmt: skip
         self._spawn(command, {**os.environ, "PYTHONUNBUFFERED": "1"}, REPO_ROOT)
         deadline = time.monotonic() + STARTUP_TIMEOUT
