@@ -29,7 +29,7 @@ from django_idempotency.store import maintenance
 from django_idempotency.store.conditional import take_over_where
 from django_idempotency.tasks import TaskInProgress, idempotent_task
 from tests.factories import RecordFactory
-from tests.sessions import row_locked_by_an_open_transaction
+from tests.sessions import key_held_by_an_open_transaction, row_locked_by_an_open_transaction
 from tests.testapp.models import Charge
 from tests.utils import post
 
@@ -207,3 +207,31 @@ def test_a_recovery_worker_cut_off_mid_takeover_holds_the_row_no_longer_than_in_
     assert failures and isinstance(failures[0], DatabaseError)
     record.refresh_from_db()
     assert (record.lease_owner, record.fencing_token) == ("late-owner:1:1 wrote", 1)
+
+
+@pytest.mark.parametrize("in_flight", ["conflict", "wait"])
+def test_a_claim_waits_at_most_in_flight_wait_behind_an_uncommitted_record_of_its_key(
+    api: APIClient, settings: Any, in_flight: str
+) -> None:
+    """Another session inserted (or deleted) the scope's row and went silent before COMMIT.
+
+    A duplicate's ``single_transaction`` or ``optimistic`` claim, or recovery
+    releasing a claim while its reconciler's writes wait: the default
+    mode's INSERT ... ON CONFLICT waits for that transaction to end. The
+    fleet's partition test met it (tests/fleet/test_partition.py).
+    """
+    settings.IDEMPOTENCY = {
+        **getattr(settings, "IDEMPOTENCY", {}),
+        "IN_FLIGHT": in_flight,
+        "IN_FLIGHT_WAIT": 0.5,
+    }
+    with key_held_by_an_open_transaction("POST api-view/charges"):
+        refused = _post_in_a_thread(api)
+
+    assert refused.status_code == 409
+    assert refused.json()["code"] == "idempotency_request_in_progress"
+    assert refused["Retry-After"]
+    assert Charge.objects.count() == 0
+    # The holder gone (rolled back), the retry runs.
+    assert post(api, URL, {"amount": 1}, "k").status_code == 201
+    assert Charge.objects.count() == 1

@@ -25,7 +25,7 @@ from django_idempotency.conf import idempotency_settings
 from django_idempotency.digests import Fingerprint
 from django_idempotency.models import RESOLVED_STATES, IdempotencyRecord
 from django_idempotency.scope import Scope
-from django_idempotency.store.conditional import delete_where, take_over_where
+from django_idempotency.store.conditional import as_lock_timeout, delete_where, take_over_where
 from django_idempotency.store.connections import commit_now_alias
 from django_idempotency.store.database_time import DatabaseLater, DatabaseNow, clock_of
 from django_idempotency.store.statements import record_from_row, statements_for
@@ -112,8 +112,7 @@ def claim(
         sql = statements_for(connection)
         params = _claim_params(connection, scope, fingerprint, ttl=ttl, lease=lease)
         if wait_at_most is not None:
-            timeout_ms = max(1, round(wait_at_most.total_seconds() * 1000))
-            params, query = [*params, str(timeout_ms)], sql.claim_waiting_at_most
+            params, query = [*params, as_lock_timeout(wait_at_most)], sql.claim_waiting_at_most
         else:
             query = sql.claim
         # In a caller's transaction the INSERT may wait on a duplicate and
@@ -163,10 +162,16 @@ def claim_or_find(
     # claim() and lookup() in autocommit, on one cursor: a Django cursor
     # costs about 10 us of CPU to open, a tenth of a replay's own Python.
     sql = statements_for(connection)
+    params = _claim_params(connection, scope, fingerprint, ttl=ttl, lease=lease)
+    # The INSERT waits when another transaction holds an uncommitted version
+    # of this scope's row: a duplicate's single_transaction or optimistic
+    # claim, or recovery deleting a released claim while its reconciler's
+    # writes wait on a lock of their own. That holder may be a worker cut
+    # off from the database: bounded like any wait on a duplicate, in the
+    # statement itself (its own transaction: the setting ends with it).
+    params.append(as_lock_timeout(idempotency_settings.IN_FLIGHT_WAIT))
     with connection.cursor() as cursor:
-        cursor.execute(
-            sql.claim, _claim_params(connection, scope, fingerprint, ttl=ttl, lease=lease)
-        )
+        cursor.execute(sql.claim_waiting_at_most, params)
         claimed = cursor.fetchone()
         if claimed is not None:
             return Claim(claimed[0], 1, scope, using), None

@@ -19,9 +19,15 @@ from django_idempotency.models import IdempotencyRecord
 from django_idempotency.store.database_time import DatabaseLater, DatabaseNow
 
 __all__ = [
+    "as_lock_timeout",
     "delete_where",
     "take_over_where",
 ]
+
+
+def as_lock_timeout(wait: timedelta) -> str:
+    """``wait`` as ``set_config('lock_timeout', ...)`` takes it: milliseconds, never 0."""
+    return str(max(1, round(wait.total_seconds() * 1000)))
 
 
 def take_over_where(
@@ -64,7 +70,7 @@ def take_over_where(
         # is waited for, and lasts only as long as this statement's own
         # transaction (autocommit). No extra round trip. Inside a caller's
         # transaction the setting would outlive the statement: not there.
-        milliseconds = str(max(1, round(wait_at_most.total_seconds() * 1000)))
+        milliseconds = as_lock_timeout(wait_at_most)
         matching = matching.filter(
             RawSQL(
                 "set_config('lock_timeout', %s, true) IS NOT NULL",
