@@ -28,7 +28,11 @@ from django_idempotency.scope import Scope
 from django_idempotency.store.conditional import as_lock_timeout, delete_where, take_over_where
 from django_idempotency.store.connections import commit_now_alias
 from django_idempotency.store.database_time import DatabaseLater, DatabaseNow, clock_of
-from django_idempotency.store.statements import record_from_row, statements_for
+from django_idempotency.store.statements import (
+    record_from_row,
+    statements_for,
+    with_lock_timeout,
+)
 
 __all__ = [
     "MAX_RECLAIMS",
@@ -112,7 +116,8 @@ def claim(
         sql = statements_for(connection)
         params = _claim_params(connection, scope, fingerprint, ttl=ttl, lease=lease)
         if wait_at_most is not None:
-            params, query = [*params, as_lock_timeout(wait_at_most)], sql.claim_waiting_at_most
+            params = with_lock_timeout(params, as_lock_timeout(wait_at_most))
+            query = sql.claim_waiting_at_most
         else:
             query = sql.claim
         # In a caller's transaction the INSERT may wait on a duplicate and
@@ -169,7 +174,7 @@ def claim_or_find(
     # writes wait on a lock of their own. That holder may be a worker cut
     # off from the database: bounded like any wait on a duplicate, in the
     # statement itself (its own transaction: the setting ends with it).
-    params.append(as_lock_timeout(idempotency_settings.IN_FLIGHT_WAIT))
+    params = with_lock_timeout(params, as_lock_timeout(idempotency_settings.IN_FLIGHT_WAIT))
     with connection.cursor() as cursor:
         cursor.execute(sql.claim_waiting_at_most, params)
         claimed = cursor.fetchone()
