@@ -25,7 +25,7 @@ from django_idempotency.conf import idempotency_settings
 from django_idempotency.digests import Fingerprint
 from django_idempotency.models import RESOLVED_STATES, IdempotencyRecord
 from django_idempotency.scope import Scope
-from django_idempotency.store.conditional import as_lock_timeout, delete_where, take_over_where
+from django_idempotency.store.conditional import delete_where, take_over_where
 from django_idempotency.store.connections import commit_now_alias
 from django_idempotency.store.database_time import DatabaseLater, DatabaseNow, clock_of
 from django_idempotency.store.statements import (
@@ -116,7 +116,7 @@ def claim(
         sql = statements_for(connection)
         params = _claim_params(connection, scope, fingerprint, ttl=ttl, lease=lease)
         if wait_at_most is not None:
-            params = with_lock_timeout(params, as_lock_timeout(wait_at_most))
+            params = with_lock_timeout(params, wait_at_most)
             query = sql.claim_waiting_at_most
         else:
             query = sql.claim
@@ -174,7 +174,7 @@ def claim_or_find(
     # writes wait on a lock of their own. That holder may be a worker cut
     # off from the database: bounded like any wait on a duplicate, in the
     # statement itself (its own transaction: the setting ends with it).
-    params = with_lock_timeout(params, as_lock_timeout(idempotency_settings.IN_FLIGHT_WAIT))
+    params = with_lock_timeout(params, idempotency_settings.IN_FLIGHT_WAIT)
     with connection.cursor() as cursor:
         cursor.execute(sql.claim_waiting_at_most, params)
         claimed = cursor.fetchone()

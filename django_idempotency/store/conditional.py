@@ -9,25 +9,22 @@ change nothing.
 
 from __future__ import annotations
 
+import math
 from datetime import timedelta
+from typing import Any
 
-from django.db import connections
+from django.db import connections, transaction
 from django.db.models import BooleanField, Q, QuerySet
 from django.db.models.expressions import RawSQL
 
 from django_idempotency.models import IdempotencyRecord
+from django_idempotency.store import wait_bounds
 from django_idempotency.store.database_time import DatabaseLater, DatabaseNow
 
 __all__ = [
-    "as_lock_timeout",
     "delete_where",
     "take_over_where",
 ]
-
-
-def as_lock_timeout(wait: timedelta) -> str:
-    """``wait`` as ``set_config('lock_timeout', ...)`` takes it: milliseconds, never 0."""
-    return str(max(1, round(wait.total_seconds() * 1000)))
 
 
 def take_over_where(
@@ -47,44 +44,88 @@ def take_over_where(
     no row. The new lease (none if ``lease`` is None) ends that long after
     the database's current time.
 
-    ``wait_at_most`` (PostgreSQL, outside a transaction): how long the
-    UPDATE may wait on another transaction's lock on the row before it
-    raises ``OperationalError`` (SQLSTATE 55P03). A request's takeover needs
-    the bound: the row's holder may be a worker cut off from the database
-    between two statements of its transaction (``begin_external()``'s, say),
-    whose locks the server keeps until TCP keepalive or
-    ``idle_in_transaction_session_timeout`` ends its session.
+    ``wait_at_most`` (PostgreSQL): how long the UPDATE may wait on another
+    transaction's lock on the row before it raises ``OperationalError``
+    (SQLSTATE 55P03). A request's takeover needs the bound: the row's holder
+    may be a worker cut off from the database between two statements of its
+    transaction (``begin_external()``'s, say), whose locks the server keeps
+    until TCP keepalive or ``idle_in_transaction_session_timeout`` ends its
+    session (``wait_bounds``).
     """
     token = record.fencing_token + 1
     matching = IdempotencyRecord.objects.using(using).filter(
         still, pk=record.pk, fencing_token=record.fencing_token
     )
+    values = {
+        "fencing_token": token,
+        "lease_owner": owner[:255],
+        "lease_expires_at": None if lease is None else DatabaseLater(lease),
+        "updated_at": DatabaseNow(),
+    }
     connection = connections[using]
-    if (
-        wait_at_most is not None
-        and connection.vendor == "postgresql"
-        and not connection.in_atomic_block
-    ):
+    if wait_at_most is None or connection.vendor not in ("postgresql", "mysql"):
+        updated = matching.update(**values)
+    elif connection.vendor == "mysql":
+        updated = _update_waiting_at_most_on_innodb(matching, values, wait_at_most, using=using)
+    elif connection.get_autocommit() and not connection.in_atomic_block:
         # In the UPDATE's own WHERE: a condition is evaluated on the row
         # before the row is locked, so the timeout is in force when the lock
-        # is waited for, and lasts only as long as this statement's own
-        # transaction (autocommit). No extra round trip. Inside a caller's
-        # transaction the setting would outlive the statement: not there.
-        milliseconds = as_lock_timeout(wait_at_most)
-        matching = matching.filter(
-            RawSQL(
-                "set_config('lock_timeout', %s, true) IS NOT NULL",
-                (milliseconds,),
-                output_field=BooleanField(),
-            )
+        # is waited for, and ends with the statement's own transaction.
+        bound = RawSQL(
+            f"{wait_bounds.at_most('lock_timeout')} IS NOT NULL",
+            wait_bounds.at_most_params(wait_at_most),
+            output_field=BooleanField(),
         )
-    updated = matching.update(
-        fencing_token=token,
-        lease_owner=owner[:255],
-        lease_expires_at=None if lease is None else DatabaseLater(lease),
-        updated_at=DatabaseNow(),
-    )
+        updated = matching.filter(bound).update(**values)
+    else:
+        updated = _update_in_callers_transaction(matching, values, wait_at_most, using=using)
     return token if updated else None
+
+
+def _update_in_callers_transaction(
+    matching: QuerySet[IdempotencyRecord], values: dict[str, Any], wait: timedelta, *, using: str
+) -> int:
+    """The bounded UPDATE inside a transaction someone else opened: their ``lock_timeout`` kept.
+
+    A setting made with ``set_config(..., true)`` would last until their
+    transaction ends. So: a savepoint (running out of time rolls back to it,
+    and the setting with it), the bound, the UPDATE, then the caller's
+    value back. Two more statements, on a path only takeovers take.
+    """
+    connection = connections[using]
+    with transaction.atomic(using=using), connection.cursor() as cursor:
+        cursor.execute(
+            f"SELECT current_setting('lock_timeout'), {wait_bounds.at_most('lock_timeout')}",
+            wait_bounds.at_most_params(wait),
+        )
+        callers = cursor.fetchone()[0]
+        updated = matching.update(**values)
+        cursor.execute("SELECT set_config('lock_timeout', %s, true)", [callers])
+    return updated
+
+
+def _update_waiting_at_most_on_innodb(
+    matching: QuerySet[IdempotencyRecord], values: dict[str, Any], wait: timedelta, *, using: str
+) -> int:
+    """The bounded UPDATE on MySQL/MariaDB: ``innodb_lock_wait_timeout`` for it alone.
+
+    InnoDB's bound is a session variable in whole seconds (at least 1), with
+    no transaction-local form: set before the UPDATE, the session's own value
+    put back after it whatever happens. A timeout (error 1205) rolls back
+    the statement only, never the caller's transaction.
+    """
+    seconds = max(1, math.ceil(wait.total_seconds()))
+    connection = connections[using]
+    with connection.cursor() as cursor:
+        cursor.execute(
+            "SET @idempotency_lock_wait = @@SESSION.innodb_lock_wait_timeout, "
+            "@@SESSION.innodb_lock_wait_timeout = LEAST(@@SESSION.innodb_lock_wait_timeout, %s)",
+            [seconds],
+        )
+        try:
+            return matching.update(**values)
+        finally:
+            cursor.execute("SET @@SESSION.innodb_lock_wait_timeout = @idempotency_lock_wait")
 
 
 # Never ``QuerySet.delete()``: as soon as a project connects any

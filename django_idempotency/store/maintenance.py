@@ -20,6 +20,7 @@ from django_idempotency.conf import idempotency_settings
 from django_idempotency.database_errors import is_serialization_failure
 from django_idempotency.models import RESOLVED_STATES, UNRESOLVED_STATES, IdempotencyRecord
 from django_idempotency.scope import Scope
+from django_idempotency.store import wait_bounds
 from django_idempotency.store.claims import Claim, forgotten, lease_owner
 from django_idempotency.store.conditional import delete_where, take_over_where
 from django_idempotency.store.database_time import DatabaseNow, database_now, with_read_time
@@ -94,11 +95,10 @@ def _ended_by_the_server_if_cut_off() -> RawSQL:
     round trip. In the SELECT's own WHERE, evaluated before any row is
     locked: no extra statement, and the setting ends with the transaction.
     """
-    wait = idempotency_settings.IN_FLIGHT_WAIT
-    milliseconds = str(max(1000, round(wait.total_seconds() * 1000)))
+    wait = max(idempotency_settings.IN_FLIGHT_WAIT, timedelta(seconds=1))
     return RawSQL(
-        "set_config('idle_in_transaction_session_timeout', %s, true) IS NOT NULL",
-        (milliseconds,),
+        f"{wait_bounds.at_most('idle_in_transaction_session_timeout')} IS NOT NULL",
+        wait_bounds.at_most_params(wait),
         output_field=BooleanField(),
     )
 
@@ -107,7 +107,7 @@ def _take_over_oldest_stale(
     connection: BaseDatabaseWrapper, lease: timedelta
 ) -> tuple[IdempotencyRecord | None, int | None, str]:
     using = connection.alias
-    opens_its_transaction = not connection.in_atomic_block
+    opens_its_transaction = connection.get_autocommit() and not connection.in_atomic_block
     with transaction.atomic(using=using):
         stale = IdempotencyRecord.objects.using(using).filter(
             state__in=UNRESOLVED_STATES, lease_expires_at__lte=DatabaseNow()

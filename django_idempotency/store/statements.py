@@ -25,6 +25,7 @@ from django.db.backends.base.base import BaseDatabaseWrapper
 from django.db.models import DateTimeField
 
 from django_idempotency.models import RESOLVED_STATES, UNRESOLVED_STATES, IdempotencyRecord
+from django_idempotency.store import wait_bounds
 from django_idempotency.store.database_time import DatabaseClock, clock_of
 
 __all__ = [
@@ -89,8 +90,8 @@ class Statements:
     #: -> one row (id) if claimed, none if the scope is taken. PostgreSQL only.
     claim: str
     #: The claim, setting ``lock_timeout`` for the rest of the transaction
-    #: before it can wait (one more parameter, right after the lease owner:
-    #: milliseconds, as text; ``with_lock_timeout()`` puts it there).
+    #: before it can wait (``wait_bounds.at_most()``'s parameters right after
+    #: the lease owner's; ``with_lock_timeout()`` puts them there).
     #: PostgreSQL only.
     claim_waiting_at_most: str
     #: tenant, operation, key -> the record's row, if any, then the
@@ -129,10 +130,11 @@ class Statements:
         return not self.clock.host
 
 
-def with_lock_timeout(claim_params: Sequence[Any], milliseconds: str) -> list[Any]:
-    """The claim's parameters for ``claim_waiting_at_most``: the timeout after the lease owner."""
+def with_lock_timeout(claim_params: Sequence[Any], wait: timedelta) -> list[Any]:
+    """The claim's parameters for ``claim_waiting_at_most``: the bound after the lease owner."""
     after_owner = _LEASE_OWNER_PARAMETER + 1
-    return [*claim_params[:after_owner], milliseconds, *claim_params[after_owner:]]
+    bound = wait_bounds.at_most_params(wait)
+    return [*claim_params[:after_owner], *bound, *claim_params[after_owner:]]
 
 
 #: Per vendor and clock (MySQL's depends on USE_TZ).
@@ -172,7 +174,7 @@ def _build(connection: BaseDatabaseWrapper, clock: DatabaseClock) -> Statements:
     # plain claim (a SELECT ... WHERE set_config(...) measured 0.03-0.05 ms
     # slower per claim: the planner's work for INSERT ... SELECT).
     waiting_values = claim_values.replace(
-        "%s, 1, ", "(%s || left(set_config('lock_timeout', %s, true), 0)), 1, ", 1
+        "%s, 1, ", f"(%s || left({wait_bounds.at_most('lock_timeout')}, 0)), 1, ", 1
     )
     claim_waiting_at_most = f"{insert}VALUES ({waiting_values}) {conflict}"
     # The database's time comes with the row, for the judgments Python makes
