@@ -90,8 +90,8 @@ class Statements:
     #: -> one row (id) if claimed, none if the scope is taken. PostgreSQL only.
     claim: str
     #: The claim, setting ``lock_timeout`` for the rest of the transaction
-    #: before it can wait (``wait_bounds.at_most()``'s parameters right after
-    #: the lease owner's; ``with_lock_timeout()`` puts them there).
+    #: before it can wait (one more parameter, right after the lease owner's:
+    #: milliseconds, as text; ``with_lock_timeout()`` puts it there).
     #: PostgreSQL only.
     claim_waiting_at_most: str
     #: tenant, operation, key -> the record's row, if any, then the
@@ -133,8 +133,8 @@ class Statements:
 def with_lock_timeout(claim_params: Sequence[Any], wait: timedelta) -> list[Any]:
     """The claim's parameters for ``claim_waiting_at_most``: the bound after the lease owner."""
     after_owner = _LEASE_OWNER_PARAMETER + 1
-    bound = wait_bounds.at_most_params(wait)
-    return [*claim_params[:after_owner], *bound, *claim_params[after_owner:]]
+    bound = wait_bounds.milliseconds(wait)
+    return [*claim_params[:after_owner], bound, *claim_params[after_owner:]]
 
 
 #: Per vendor and clock (MySQL's depends on USE_TZ).
@@ -174,7 +174,7 @@ def _build(connection: BaseDatabaseWrapper, clock: DatabaseClock) -> Statements:
     # plain claim (a SELECT ... WHERE set_config(...) measured 0.03-0.05 ms
     # slower per claim: the planner's work for INSERT ... SELECT).
     waiting_values = claim_values.replace(
-        "%s, 1, ", f"(%s || left({wait_bounds.at_most('lock_timeout')}, 0)), 1, ", 1
+        "%s, 1, ", f"(%s || left({wait_bounds.exactly('lock_timeout')}, 0)), 1, ", 1
     )
     claim_waiting_at_most = f"{insert}VALUES ({waiting_values}) {conflict}"
     # The database's time comes with the row, for the judgments Python makes

@@ -10,9 +10,12 @@ statement itself, evaluated before any lock is waited for, so that in
 autocommit it lasts exactly as long as the statement's own transaction and
 costs no round trip.
 
-A bound never loosens a stricter one already in force (``postgresql.conf``,
-``ALTER ROLE``, the connection's ``OPTIONS``): the smaller of the two wins,
-0 meaning none.
+Off the hot path (takeovers, recovery) a bound never loosens a stricter one
+already in force (``postgresql.conf``, ``ALTER ROLE``, the connection's
+``OPTIONS``): the smaller of the two wins, 0 meaning none. The claim, sent
+by every request, sets its bound as it is (``exactly()``): comparing with
+the value in force measured 0.05-0.08 ms more per claim, about a tenth of
+the statement, and the claim's own statement is all it lasts for.
 """
 
 from __future__ import annotations
@@ -22,6 +25,7 @@ from datetime import timedelta
 __all__ = [
     "at_most",
     "at_most_params",
+    "exactly",
     "milliseconds",
 ]
 
@@ -48,3 +52,8 @@ def at_most_params(wait: timedelta) -> list[str]:
     """The parameters of ``at_most()`` for a bound of ``wait``."""
     bound = milliseconds(wait)
     return [bound, bound]
+
+
+def exactly(setting: str) -> str:
+    """SQL setting ``setting`` for this transaction to one parameter's milliseconds."""
+    return f"set_config('{setting}', %s, true)"
