@@ -29,6 +29,24 @@ operation looks the name up in ``pg_index``: an invalid index of that name is
 dropped (concurrently) and built again; a valid one (an operator built it by
 hand ahead of the deploy, see docs/upgrading.md) is kept as it is.
 
+An index still being built is INVALID too, until its build ends: another
+``migrate`` of the same deploy (a second pod), or an operator's build by
+hand. ``pg_stat_progress_create_index`` tells the two apart. A build in
+progress is waited for (a warning names its backend), then kept if it ended
+valid; only a leftover with no build behind it is dropped. Dropping a build
+in progress would queue behind it and then fail with PostgreSQL's "tuple
+concurrently updated", or throw the whole build away. The wait takes the
+table's SHARE UPDATE EXCLUSIVE lock for an instant, the lock the build
+holds to its end: writes go on, ``lock_timeout`` bounds it, and
+``pg_blocking_pids`` names the build it waits for.
+
+Both operations subclass ``IndexOperation``, not ``AddIndex`` and
+``RemoveIndex``: Django's ``CreateModel.reduce()`` takes any ``AddIndex``
+into the new model's ``Meta.indexes``, and ``squashmigrations`` would then
+build the index inside the table's creation, on every database (losing
+``vendors``) and in a transaction. Django's squash also writes its
+migration without ``atomic = False``: docs/upgrading.md says to add it.
+
 ``vendors`` restricts an index to some databases (a BRIN index exists only on
 PostgreSQL). Django's model state is the same for every database, so such an
 index cannot be one of the model's ``Meta.indexes`` (every other database
@@ -39,17 +57,24 @@ all of them.
 
 from __future__ import annotations
 
+import logging
 from collections.abc import Iterable, Sequence
+from dataclasses import dataclass
 from typing import Any
 
-from django.db import models
-from django.db.migrations.operations import AddIndex, RemoveIndex
+from django.db import DatabaseError, models, transaction
+from django.db.migrations.operations.base import OperationCategory
+from django.db.migrations.operations.models import IndexOperation
 from django.db.migrations.state import ProjectState
 
 __all__ = ["AddIndexWithoutBlocking", "RemoveIndexWithoutBlocking"]
 
 #: Appended to MySQL's and MariaDB's CREATE INDEX: online, or an error.
 _ONLINE = " ALGORITHM=INPLACE LOCK=NONE"
+#: PostgreSQL's SQLSTATE for "relation already exists".
+_DUPLICATE_TABLE = "42P07"
+
+logger = logging.getLogger("django_idempotency")
 
 
 class _WithoutBlocking:
@@ -75,22 +100,70 @@ class _WithoutBlocking:
         if vendor == "postgresql":
             self._outside_a_transaction(schema_editor)
             # sqlmigrate (collect_sql) prints what a database without the index runs.
-            valid = None
-            if not schema_editor.collect_sql:
-                valid = _index_validity(schema_editor, model._meta.db_table, self.index.name)
-            if valid:
-                return
-            if valid is False:
-                schema_editor.remove_index(model, self.index, concurrently=True)
-            schema_editor.add_index(model, self.index, concurrently=True)
+            if schema_editor.collect_sql:
+                schema_editor.add_index(model, self.index, concurrently=True)
+            else:
+                self._add_concurrently(model, schema_editor)
         elif vendor == "mysql":
             if self.index.contains_expressions and not (
                 schema_editor.connection.features.supports_expression_indexes
             ):
                 return  # as Django's add_index() does
-            schema_editor.execute(f"{self.index.create_sql(model, schema_editor)}{_ONLINE}")
+            # params=None, as Django's add_index(): with () the driver would
+            # %-format the statement, and an expression or a name with "%" breaks.
+            schema_editor.execute(
+                f"{self.index.create_sql(model, schema_editor)}{_ONLINE}", params=None
+            )
         else:
             schema_editor.add_index(model, self.index)
+
+    def _add_concurrently(self, model: type[models.Model], schema_editor: Any) -> None:
+        table, name = model._meta.db_table, self.index.name
+        found = _index_state(schema_editor, table, name)
+        if found is not None and found.builder is not None:
+            found = self._wait_for_build(schema_editor, table, found.builder)
+        if found is not None and found.valid:
+            return  # built by hand beforehand, or by the build just waited for
+        if found is not None:
+            # A failed build's leftover: no build behind it (looked up above).
+            schema_editor.remove_index(model, self.index, concurrently=True)
+        try:
+            schema_editor.add_index(model, self.index, concurrently=True)
+        except DatabaseError as error:
+            # Another session's build began between the look-up and ours: ours
+            # waited for its table lock, then found the name taken.
+            if getattr(error.__cause__, "sqlstate", None) != _DUPLICATE_TABLE:
+                raise
+            after = _index_state(schema_editor, table, name)
+            if after is None or not after.valid:
+                raise
+            logger.warning("The index %s was built by another session meanwhile; it is kept.", name)
+
+    def _wait_for_build(self, schema_editor: Any, table: str, builder: int) -> _IndexState | None:
+        name = self.index.name
+        logger.warning(
+            "The index %s is being built by another session (PostgreSQL backend %s: another "
+            "migrate, or a build by hand); waiting for that build to end. "
+            "pg_stat_progress_create_index shows how far it is.",
+            name,
+            builder,
+        )
+        quoted = schema_editor.quote_name(table)
+        # The build holds SHARE UPDATE EXCLUSIVE on the table until it ends;
+        # taking it (for an instant) waits for exactly that. Writes do not conflict.
+        with transaction.atomic(using=schema_editor.connection.alias):
+            schema_editor.execute(f"LOCK TABLE {quoted} IN SHARE UPDATE EXCLUSIVE MODE")
+        found = _index_state(schema_editor, table, name)
+        if found is not None and found.builder is not None:
+            # Yet another build began in between: wait for that one too.
+            return self._wait_for_build(schema_editor, table, found.builder)
+        if found is not None and not found.valid:
+            logger.warning(
+                "The build of %s by another session failed; its invalid index is dropped "
+                "and built again.",
+                name,
+            )
+        return found
 
     def _remove(self, model: type[models.Model], schema_editor: Any) -> None:
         if schema_editor.connection.vendor == "postgresql":
@@ -104,20 +177,50 @@ class _WithoutBlocking:
         return f" (on {', '.join(self.vendors)} only)" if self.vendors else ""
 
 
-def _index_validity(schema_editor: Any, table: str, name: str) -> bool | None:
-    """Whether the index ``name`` on ``table`` is valid; None when there is none."""
+@dataclass(frozen=True)
+class _IndexState:
+    """An index of the name in ``pg_index``, and who is building it, if anybody."""
+
+    valid: bool
+    #: The backend (pid) whose CREATE INDEX CONCURRENTLY is building it; None: nobody.
+    builder: int | None
+
+
+def _index_state(schema_editor: Any, table: str, name: str) -> _IndexState | None:
+    """The index ``name`` on ``table``; None when there is none."""
     with schema_editor.connection.cursor() as cursor:
         cursor.execute(
-            "SELECT i.indisvalid FROM pg_index i "
-            "JOIN pg_class c ON c.oid = i.indexrelid "
+            "SELECT i.indisvalid, (SELECT p.pid FROM pg_stat_progress_create_index p "
+            "WHERE p.index_relid = i.indexrelid AND p.pid <> pg_backend_pid() LIMIT 1) "
+            "FROM pg_index i JOIN pg_class c ON c.oid = i.indexrelid "
             "WHERE c.relname = %s AND i.indrelid = to_regclass(%s)",
             [name, schema_editor.quote_name(table)],
         )
         row = cursor.fetchone()
-    return None if row is None else bool(row[0])
+    if row is None:
+        return None
+    valid, builder = bool(row[0]), row[1]
+    if not valid and builder is None:
+        # The build may have ended between reading pg_index and the progress
+        # view: read pg_index once more (a new statement, a new catalog snapshot)
+        # before calling the index a leftover.
+        again = _index_state_once(schema_editor, table, name)
+        return again if again is None or again.valid else _IndexState(False, None)
+    return _IndexState(valid, None if valid else int(builder))
 
 
-class AddIndexWithoutBlocking(_WithoutBlocking, AddIndex):
+def _index_state_once(schema_editor: Any, table: str, name: str) -> _IndexState | None:
+    with schema_editor.connection.cursor() as cursor:
+        cursor.execute(
+            "SELECT i.indisvalid FROM pg_index i JOIN pg_class c ON c.oid = i.indexrelid "
+            "WHERE c.relname = %s AND i.indrelid = to_regclass(%s)",
+            [name, schema_editor.quote_name(table)],
+        )
+        row = cursor.fetchone()
+    return None if row is None else _IndexState(bool(row[0]), None)
+
+
+class AddIndexWithoutBlocking(_WithoutBlocking, IndexOperation):
     """``AddIndex`` that lets writes go on meanwhile; its migration needs ``atomic = False``.
 
     Args:
@@ -128,21 +231,26 @@ class AddIndexWithoutBlocking(_WithoutBlocking, AddIndex):
             index is not one of the model's ``Meta.indexes``.
     """
 
+    category = OperationCategory.ADDITION
+
     def __init__(
         self, model_name: str, index: models.Index, vendors: Iterable[str] | None = None
     ) -> None:
-        super().__init__(model_name, index)
+        if not index.name:
+            raise ValueError(f"{type(self).__name__} needs a named index; {index!r} has none.")
+        self.model_name = model_name
+        self.index = index
         self.vendors = tuple(vendors) if vendors is not None else None
 
     def deconstruct(self) -> tuple[str, Sequence[Any], dict[str, Any]]:
-        name, args, kwargs = super().deconstruct()
+        kwargs: dict[str, Any] = {"model_name": self.model_name, "index": self.index}
         if self.vendors is not None:
             kwargs["vendors"] = list(self.vendors)
-        return name, args, kwargs
+        return type(self).__qualname__, [], kwargs
 
     def state_forwards(self, app_label: str, state: ProjectState) -> None:
         if self.vendors is None:
-            super().state_forwards(app_label, state)
+            state.add_index(app_label, self.model_name_lower, self.index)
 
     def database_forwards(
         self, app_label: str, schema_editor: Any, from_state: ProjectState, to_state: ProjectState
@@ -163,15 +271,27 @@ class AddIndexWithoutBlocking(_WithoutBlocking, AddIndex):
             self._remove(model, schema_editor)
 
     def describe(self) -> str:
-        return f"{super().describe()} without blocking writes{self._vendors_note()}"
+        if self.index.expressions:
+            what = f"on {', '.join(str(expression) for expression in self.index.expressions)}"
+        else:
+            what = f"on field(s) {', '.join(self.index.fields)}"
+        return (
+            f"Create index {self.index.name} {what} of model {self.model_name} "
+            f"without blocking writes{self._vendors_note()}"
+        )
+
+    @property
+    def migration_name_fragment(self) -> str:
+        return f"{self.model_name_lower}_{self.index.name.lower()}"
 
     def reduce(self, operation: Any, app_label: str) -> Any:
-        # Never merged into a plain CreateModel/AddIndex by squashmigrations:
-        # that would lose the concurrency (and the vendor filter).
+        # Never merged with another operation, nor moved across one, by
+        # squashmigrations: that could lose the concurrency or the vendors.
+        # (Not an AddIndex subclass, so CreateModel.reduce() leaves it alone too.)
         return False
 
 
-class RemoveIndexWithoutBlocking(_WithoutBlocking, RemoveIndex):
+class RemoveIndexWithoutBlocking(_WithoutBlocking, IndexOperation):
     """``RemoveIndex`` that lets writes go on meanwhile (``DROP INDEX CONCURRENTLY``).
 
     Args:
@@ -182,22 +302,29 @@ class RemoveIndexWithoutBlocking(_WithoutBlocking, RemoveIndex):
         vendors: As for ``AddIndexWithoutBlocking``.
     """
 
+    category = OperationCategory.REMOVAL
+
     def __init__(
         self, model_name: str, index: models.Index, vendors: Iterable[str] | None = None
     ) -> None:
-        super().__init__(model_name, index.name)
+        self.model_name = model_name
         self.index = index
         self.vendors = tuple(vendors) if vendors is not None else None
+
+    @property
+    def name(self) -> str:
+        """The index's name, as ``RemoveIndex`` has it."""
+        return str(self.index.name)
 
     def deconstruct(self) -> tuple[str, Sequence[Any], dict[str, Any]]:
         kwargs: dict[str, Any] = {"model_name": self.model_name, "index": self.index}
         if self.vendors is not None:
             kwargs["vendors"] = list(self.vendors)
-        return type(self).__name__, [], kwargs
+        return type(self).__qualname__, [], kwargs
 
     def state_forwards(self, app_label: str, state: ProjectState) -> None:
         if self.vendors is None:
-            super().state_forwards(app_label, state)
+            state.remove_index(app_label, self.model_name_lower, self.index.name)
 
     def database_forwards(
         self, app_label: str, schema_editor: Any, from_state: ProjectState, to_state: ProjectState
@@ -218,7 +345,14 @@ class RemoveIndexWithoutBlocking(_WithoutBlocking, RemoveIndex):
             self._add(model, schema_editor)
 
     def describe(self) -> str:
-        return f"{super().describe()} without blocking writes{self._vendors_note()}"
+        return (
+            f"Remove index {self.index.name} from {self.model_name} "
+            f"without blocking writes{self._vendors_note()}"
+        )
+
+    @property
+    def migration_name_fragment(self) -> str:
+        return f"remove_{self.model_name_lower}_{self.index.name.lower()}"
 
     def reduce(self, operation: Any, app_label: str) -> Any:
         return False
