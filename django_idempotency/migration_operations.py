@@ -38,7 +38,9 @@ in progress would queue behind it and then fail with PostgreSQL's "tuple
 concurrently updated", or throw the whole build away. The wait takes the
 table's SHARE UPDATE EXCLUSIVE lock for an instant, the lock the build
 holds to its end: writes go on, ``lock_timeout`` bounds it, and
-``pg_blocking_pids`` names the build it waits for.
+``pg_blocking_pids`` names the build it waits for. (Two builds begun at the
+same instant, before either has made its index, deadlock in PostgreSQL
+itself, one of them failing with "deadlock detected": migrate again.)
 
 Both operations subclass ``IndexOperation``, not ``AddIndex`` and
 ``RemoveIndex``: Django's ``CreateModel.reduce()`` takes any ``AddIndex``
@@ -62,7 +64,7 @@ from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
 from typing import Any
 
-from django.db import DatabaseError, models, transaction
+from django.db import models, transaction
 from django.db.migrations.operations.base import OperationCategory
 from django.db.migrations.operations.models import IndexOperation
 from django.db.migrations.state import ProjectState
@@ -71,8 +73,6 @@ __all__ = ["AddIndexWithoutBlocking", "RemoveIndexWithoutBlocking"]
 
 #: Appended to MySQL's and MariaDB's CREATE INDEX: online, or an error.
 _ONLINE = " ALGORITHM=INPLACE LOCK=NONE"
-#: PostgreSQL's SQLSTATE for "relation already exists".
-_DUPLICATE_TABLE = "42P07"
 
 logger = logging.getLogger("django_idempotency")
 
@@ -127,17 +127,7 @@ class _WithoutBlocking:
         if found is not None:
             # A failed build's leftover: no build behind it (looked up above).
             schema_editor.remove_index(model, self.index, concurrently=True)
-        try:
-            schema_editor.add_index(model, self.index, concurrently=True)
-        except DatabaseError as error:
-            # Another session's build began between the look-up and ours: ours
-            # waited for its table lock, then found the name taken.
-            if getattr(error.__cause__, "sqlstate", None) != _DUPLICATE_TABLE:
-                raise
-            after = _index_state(schema_editor, table, name)
-            if after is None or not after.valid:
-                raise
-            logger.warning("The index %s was built by another session meanwhile; it is kept.", name)
+        schema_editor.add_index(model, self.index, concurrently=True)
 
     def _wait_for_build(self, schema_editor: Any, table: str, builder: int) -> _IndexState | None:
         name = self.index.name
