@@ -83,10 +83,6 @@ PREVIOUS_RELEASES = {
 #: The test settings with a short lease, in both trees.
 SETTINGS = "tests.live.celery_settings"
 LEASE_SECONDS = 6
-#: How long the view of a worker that is killed once its claim is seen
-#: sleeps: far longer than any delay before the kill (it costs nothing: the
-#: worker dies), well under gunicorn's 60 s timeout.
-KILLED_VIEW_SECONDS = 30
 URL = "/api-view/charges"
 #: A view that calls begin_external(), in both trees; "then": "raise" fails it after.
 EXTERNAL_URL = "/api-view/external"
@@ -359,20 +355,30 @@ def test_a_claim_abandoned_by_a_killed_worker_is_taken_over_by_the_other_version
     database = deployment.database
     for label, first, other in deployment.servers():
         abandoned = key(label)
-        body = {"amount": 9, "note": abandoned, "sleep": KILLED_VIEW_SECONDS}
+        body = {"amount": 9, "note": abandoned}
 
-        crashing = in_background(first, abandoned, body)
-        wait_until("the claim", claimed(database, abandoned))
-        owner = record(database, abandoned)
-        # lease_owner is host:pid:thread; the pid is one of `first`'s gunicorn workers.
-        pid = int(owner["lease_owner"].split(":")[1])
-        os.kill(pid, signal.SIGKILL)
-        crashed = crashing()
-        assert crashed.error is not None or crashed.status == 502, crashed.describe()
-        assert database.count_charges(abandoned) == 0  # killed before the view wrote
+        # The view waits on this lock in its INSERT: killed there, whatever
+        # the delay between the claim and the kill.
+        with psycopg.connect(database.url, connect_timeout=5) as blocker:
+            blocker.execute("LOCK TABLE testapp_charge IN SHARE MODE")
+            crashing = in_background(first, abandoned, body)
+            wait_until("the claim", claimed(database, abandoned))
+            owner = record(database, abandoned)
+            view_session = wait_until("the view to wait for the lock", partial(inserting, database))
+            # lease_owner is host:pid:thread; the pid is one of `first`'s gunicorn workers.
+            pid = int(owner["lease_owner"].split(":")[1])
+            os.kill(pid, signal.SIGKILL)
+            crashed = crashing()
+            assert crashed.error is not None or crashed.status == 502, crashed.describe()
 
-        early = answered(send(other, abandoned, body), other)
-        assert code(early) == (409, "idempotency_request_in_progress"), early.describe()
+            early = answered(send(other, abandoned, body), other)
+            assert code(early) == (409, "idempotency_request_in_progress"), early.describe()
+            blocker.rollback()
+        # The killed worker's session does its INSERT, then finds its client
+        # gone: its transaction never commits.
+        wait_until("the killed worker's session to end", partial(gone, database, view_session))
+        assert database.count_charges(abandoned) == 0
+
         wait_until("the lease to run out", partial(lease_over, database, abandoned))
         retry = answered(send(other, abandoned, body), other)
 
@@ -384,6 +390,19 @@ def test_a_claim_abandoned_by_a_killed_worker_is_taken_over_by_the_other_version
         )
         assert database.count_charges(abandoned) == 1
         assert_same_response(answered(send(first, abandoned, body), first), retry)
+
+
+def inserting(database: LiveDatabase) -> int | None:
+    """The session whose INSERT of a charge waits for a lock, if any."""
+    rows = database.query(
+        "SELECT pid FROM pg_stat_activity WHERE datname = current_database() "
+        "AND wait_event_type = 'Lock' AND query ILIKE 'INSERT INTO \"testapp_charge\"%%'"
+    )
+    return int(rows[0][0]) if rows else None
+
+
+def gone(database: LiveDatabase, session: int) -> bool:
+    return not database.query("SELECT 1 FROM pg_stat_activity WHERE pid = %s", [session])
 
 
 def test_a_record_left_uncertain_by_one_version_is_settled_by_the_others_recovery(
