@@ -1,10 +1,12 @@
 """Review of issue 16: the non-blocking index operations and migration 0007.
 
 What these tests show (django_idempotency/migration_operations.py,
-migrations/0007_add_created_at_brin_index.py):
+migrations/0007_add_created_at_brin_index.py). Written failing where marked
+"was FAILING"; the package was fixed after the review, and they pass now.
 
-- FAILS: ``squashmigrations`` folds an ``AddIndexWithoutBlocking`` into the
-  ``CreateModel`` right before it. ``AddIndexWithoutBlocking.reduce()``
+- was FAILING, fixed (the operations subclass ``IndexOperation``, not
+  ``AddIndex``/``RemoveIndex``): ``squashmigrations`` folds an
+  ``AddIndexWithoutBlocking`` into the ``CreateModel`` right before it. ``AddIndexWithoutBlocking.reduce()``
   returning False only stops the optimizer when the index operation is the
   *earlier* one; the optimizer also asks the earlier
   ``CreateModel.reduce(AddIndex...)``, which takes any ``AddIndex`` subclass
@@ -13,7 +15,8 @@ migrations/0007_add_created_at_brin_index.py):
   asserts ``brin.reduce(removal) is False`` as the proof that this never
   happens: it tests the other direction. (The package's own 0001..0007 are
   spared today only by RunPython operations in between: a passing test.)
-- FAILS (PostgreSQL): a concurrent build still IN PROGRESS in another
+- was FAILING, fixed (``pg_stat_progress_create_index`` consulted, the build
+  waited for) (PostgreSQL): a concurrent build still IN PROGRESS in another
   session (a second ``migrate`` started by another pod of the same deploy)
   looks exactly like a failed build's leftover in ``pg_index``
   (``indisvalid`` false): the second run sets out to drop it, queues behind
@@ -21,9 +24,10 @@ migrations/0007_add_created_at_brin_index.py):
   concurrently updated".
 - passes (PostgreSQL): a session holding an old snapshot makes 0007 wait,
   with no bound, for as long as it stays open; it goes on once it ends.
-  docs/upgrading.md says it "takes longer", not that an idle-in-transaction
+  docs/upgrading.md said it "takes longer", not that an idle-in-transaction
   session (a worker cut off mid-transaction) holds it until the server ends
-  that session, nor how to bound it.
+  that session, nor how to bound it (it says so now; the bound, a
+  ``lock_timeout``, is tested in tests/test_migration_operations.py).
 - passes: a router that keeps the app's records off an alias keeps 0007 off
   it too, and the migration is still recorded there.
 """
@@ -115,9 +119,9 @@ def _folded_into_create_model(operations: list[Any], index_name: str) -> bool:
 
 
 def test_squashing_never_folds_a_vendor_restricted_index_into_create_model() -> None:
-    """FAILS: the optimizer folds ``AddIndexWithoutBlocking`` into the ``CreateModel`` before it.
+    """Was FAILING: the optimizer folded ``AddIndexWithoutBlocking`` into the ``CreateModel``.
 
-    migration_operations.py:166 says its ``reduce()`` returning False means
+    migration_operations.py said its ``reduce()`` returning False means
     "Never merged into a plain CreateModel/AddIndex by squashmigrations".
     But the optimizer asks the EARLIER operation, ``CreateModel.reduce()``,
     which takes any ``AddIndex`` subclass into ``Meta.indexes``: a later
@@ -210,8 +214,8 @@ def test_a_build_in_progress_in_another_session_is_not_dropped_and_built_again(
     """Two ``migrate`` runs at once (two pods of one deploy): the index is built once.
 
     The first build waits for an old snapshot, its index INVALID meanwhile.
-    The second run must not take it for a failed build's leftover: today it
-    does, waits on the first build's table lock, then drops the index the
+    The second run must not take it for a failed build's leftover: at the
+    review it did, waits on the first build's table lock, then drops the index the
     first build just finished and builds it again (on a large table: the
     whole build twice, and no index between the two).
     """
