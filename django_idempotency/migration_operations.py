@@ -31,7 +31,8 @@ hand ahead of the deploy, see docs/upgrading.md) is kept as it is.
 
 An index still being built is INVALID too, until its build ends: another
 ``migrate`` of the same deploy (a second pod), or an operator's build by
-hand. ``pg_stat_progress_create_index`` tells the two apart. A build in
+hand. ``pg_stat_progress_create_index`` and ``pg_locks`` tell the two
+apart. A build in
 progress is waited for (a warning names its backend), then kept if it ended
 valid; only a leftover with no build behind it is dropped. Dropping a build
 in progress would queue behind it and then fail with PostgreSQL's "tuple
@@ -60,6 +61,7 @@ all of them.
 from __future__ import annotations
 
 import logging
+import time
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
 from typing import Any
@@ -118,42 +120,51 @@ class _WithoutBlocking:
             schema_editor.add_index(model, self.index)
 
     def _add_concurrently(self, model: type[models.Model], schema_editor: Any) -> None:
-        table, name = model._meta.db_table, self.index.name
-        found = _index_state(schema_editor, table, name)
-        if found is not None and found.builder is not None:
-            found = self._wait_for_build(schema_editor, table, found.builder)
+        found = self._settled_index(schema_editor, model._meta.db_table)
         if found is not None and found.valid:
-            return  # built by hand beforehand, or by the build just waited for
+            return  # built by hand beforehand, or by another session's build just waited for
         if found is not None:
-            # A failed build's leftover: no build behind it (looked up above).
+            # A failed build's leftover: nobody builds it, nobody updates it.
             schema_editor.remove_index(model, self.index, concurrently=True)
         schema_editor.add_index(model, self.index, concurrently=True)
 
-    def _wait_for_build(self, schema_editor: Any, table: str, builder: int) -> _IndexState | None:
-        name = self.index.name
-        logger.warning(
-            "The index %s is being built by another session (PostgreSQL backend %s: another "
-            "migrate, or a build by hand); waiting for that build to end. "
-            "pg_stat_progress_create_index shows how far it is.",
-            name,
-            builder,
-        )
-        quoted = schema_editor.quote_name(table)
-        # The build holds SHARE UPDATE EXCLUSIVE on the table until it ends;
-        # taking it (for an instant) waits for exactly that. Writes do not conflict.
-        with transaction.atomic(using=schema_editor.connection.alias):
-            schema_editor.execute(f"LOCK TABLE {quoted} IN SHARE UPDATE EXCLUSIVE MODE")
-        found = _index_state(schema_editor, table, name)
-        if found is not None and found.builder is not None:
-            # Yet another build began in between: wait for that one too.
-            return self._wait_for_build(schema_editor, table, found.builder)
-        if found is not None and not found.valid:
-            logger.warning(
-                "The build of %s by another session failed; its invalid index is dropped "
-                "and built again.",
-                name,
-            )
-        return found
+    def _settled_index(self, schema_editor: Any, table: str) -> _IndexState | None:
+        """The index of this name once no other session is building it; None: there is none."""
+        name, waited = self.index.name, False
+        while True:
+            found = _index_state(schema_editor, table, name)
+            if found is None or found.valid:
+                return found
+            if found.builder is not None:
+                logger.warning(
+                    "The index %s is invalid and another session (PostgreSQL backend %s) is "
+                    "building it, or holds its table (another migrate, a build by hand, a "
+                    "VACUUM): waiting for it to end before dropping or keeping the index. "
+                    "pg_stat_progress_create_index shows how far a build is; "
+                    "pg_blocking_pids() names what this session waits for.",
+                    name,
+                    found.builder,
+                )
+                # A build holds SHARE UPDATE EXCLUSIVE on the table until it
+                # ends; taking it (for an instant) waits for exactly that.
+                # Writes do not conflict with it.
+                quoted = schema_editor.quote_name(table)
+                with transaction.atomic(using=schema_editor.connection.alias):
+                    schema_editor.execute(f"LOCK TABLE {quoted} IN SHARE UPDATE EXCLUSIVE MODE")
+                waited = True
+            elif found.updating:
+                # A build lets go of the table (and of its progress row) just
+                # before its last transaction, the one that marks the index
+                # valid, commits: a moment.
+                time.sleep(0.05)
+            else:
+                if waited:
+                    logger.warning(
+                        "The index %s is still invalid after the other session ended: its "
+                        "build failed; the index is dropped and built again.",
+                        name,
+                    )
+                return found
 
     def _remove(self, model: type[models.Model], schema_editor: Any) -> None:
         if schema_editor.connection.vendor == "postgresql":
@@ -169,45 +180,48 @@ class _WithoutBlocking:
 
 @dataclass(frozen=True)
 class _IndexState:
-    """An index of the name in ``pg_index``, and who is building it, if anybody."""
+    """An index of the name in ``pg_index``, and whether another session is at it."""
 
     valid: bool
-    #: The backend (pid) whose CREATE INDEX CONCURRENTLY is building it; None: nobody.
+    #: The backend building it (CREATE INDEX CONCURRENTLY), or holding its
+    #: table's SHARE UPDATE EXCLUSIVE lock; None: nobody.
     builder: int | None
+    #: Its pg_index row is being updated by a transaction still open: a
+    #: build's last one, marking it valid, about to commit.
+    updating: bool
+
+
+#: The index's validity, and who is at it. The progress view names a build,
+#: but shows another role's without its index (unless the role may read all
+#: statistics); pg_locks shows every role's locks: a session holding the
+#: table's SHARE UPDATE EXCLUSIVE lock may be that build (or a VACUUM, which
+#: the DROP would have to wait for anyway), and the transaction lock of the
+#: pg_index row's xmax, a transaction updating the row.
+_INDEX_STATE = (
+    "SELECT i.indisvalid, COALESCE("
+    "(SELECT p.pid FROM pg_stat_progress_create_index p "
+    "WHERE p.index_relid = i.indexrelid AND p.pid <> pg_backend_pid() LIMIT 1), "
+    "(SELECT l.pid FROM pg_locks l WHERE l.locktype = 'relation' AND l.relation = i.indrelid "
+    "AND l.database = (SELECT d.oid FROM pg_database d WHERE d.datname = current_database()) "
+    "AND l.mode = 'ShareUpdateExclusiveLock' AND l.granted AND l.pid <> pg_backend_pid() "
+    "LIMIT 1)), "
+    "EXISTS (SELECT 1 FROM pg_locks t WHERE t.locktype = 'transactionid' "
+    "AND t.transactionid = i.xmax AND t.pid <> pg_backend_pid()) "
+    "FROM pg_index i JOIN pg_class c ON c.oid = i.indexrelid "
+    "WHERE c.relname = %s AND i.indrelid = to_regclass(%s)"
+)
 
 
 def _index_state(schema_editor: Any, table: str, name: str) -> _IndexState | None:
     """The index ``name`` on ``table``; None when there is none."""
     with schema_editor.connection.cursor() as cursor:
-        cursor.execute(
-            "SELECT i.indisvalid, (SELECT p.pid FROM pg_stat_progress_create_index p "
-            "WHERE p.index_relid = i.indexrelid AND p.pid <> pg_backend_pid() LIMIT 1) "
-            "FROM pg_index i JOIN pg_class c ON c.oid = i.indexrelid "
-            "WHERE c.relname = %s AND i.indrelid = to_regclass(%s)",
-            [name, schema_editor.quote_name(table)],
-        )
+        cursor.execute(_INDEX_STATE, [name, schema_editor.quote_name(table)])
         row = cursor.fetchone()
     if row is None:
         return None
-    valid, builder = bool(row[0]), row[1]
-    if not valid and builder is None:
-        # The build may have ended between reading pg_index and the progress
-        # view: read pg_index once more (a new statement, a new catalog snapshot)
-        # before calling the index a leftover.
-        again = _index_state_once(schema_editor, table, name)
-        return again if again is None or again.valid else _IndexState(False, None)
-    return _IndexState(valid, None if valid else int(builder))
-
-
-def _index_state_once(schema_editor: Any, table: str, name: str) -> _IndexState | None:
-    with schema_editor.connection.cursor() as cursor:
-        cursor.execute(
-            "SELECT i.indisvalid FROM pg_index i JOIN pg_class c ON c.oid = i.indexrelid "
-            "WHERE c.relname = %s AND i.indrelid = to_regclass(%s)",
-            [name, schema_editor.quote_name(table)],
-        )
-        row = cursor.fetchone()
-    return None if row is None else _IndexState(bool(row[0]), None)
+    return _IndexState(
+        valid=bool(row[0]), builder=None if row[1] is None else int(row[1]), updating=bool(row[2])
+    )
 
 
 class AddIndexWithoutBlocking(_WithoutBlocking, IndexOperation):

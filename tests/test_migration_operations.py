@@ -17,8 +17,10 @@ uses them, in the suite's database of each pass:
   built by hand beforehand is kept; two builds begun at the same instant
   (PostgreSQL's deadlock) leave a valid index after one more run; a
   ``lock_timeout`` makes a build stuck behind an old snapshot fail, and the
-  next migrate cleans up its leftover (a build still in progress in another
-  session is waited for, not dropped: tests/test_review_issue16_migrations.py);
+  next migrate cleans up its leftover; a leftover whose table another
+  session holds (as a build does) is dropped only once it lets go (a build
+  still in progress in another session is waited for, not dropped:
+  tests/test_review_issue16_migrations.py);
 - the CREATE INDEX is not %-formatted: a name with "%" is added on every database;
 - on MariaDB: rows are inserted while the online build runs.
 
@@ -257,12 +259,8 @@ def index_row(name: str) -> tuple[Any, ...] | None:
         return row
 
 
-@pytest.mark.postgres
-@pytest.mark.django_db(transaction=True)
-def test_an_invalid_index_left_by_a_failed_concurrent_build_is_dropped_and_built_again(
-    at_0006: None,
-) -> None:
-    # A concurrent build that fails half way: a unique index over duplicates.
+def leave_a_failed_build() -> tuple[Any, ...]:
+    """A concurrent build of the BRIN's name that fails half way: a unique index over duplicates."""
     now = timezone.now()
     for key in ("one", "two"):
         IdempotencyRecord.objects.create(
@@ -276,9 +274,67 @@ def test_an_invalid_index_left_by_a_failed_concurrent_build_is_dropped_and_built
         cursor.execute(f'CREATE UNIQUE INDEX CONCURRENTLY "{BRIN}" ON {TABLE} (created_at)')
     left = index_row(BRIN)
     assert left is not None and left[1:] == ("btree", False)  # INVALID, in the way
+    return left
+
+
+@pytest.mark.postgres
+@pytest.mark.django_db(transaction=True)
+def test_an_invalid_index_left_by_a_failed_concurrent_build_is_dropped_and_built_again(
+    at_0006: None,
+) -> None:
+    left = leave_a_failed_build()
 
     migrate_to(AFTER)
 
+    rebuilt = index_row(BRIN)
+    assert rebuilt is not None and rebuilt[1:] == ("brin", True)
+    assert rebuilt[0] != left[0]
+
+
+@pytest.mark.postgres
+@pytest.mark.django_db(transaction=True)
+def test_a_leftover_whose_table_another_session_holds_is_dropped_once_it_lets_go(
+    at_0006: None,
+) -> None:
+    """Another session holds the table's SHARE UPDATE EXCLUSIVE lock, the lock a build holds.
+
+    Another role's build shows no index in ``pg_stat_progress_create_index``,
+    only this lock (a VACUUM holds it too): the operation waits for it
+    instead of taking the invalid index for a leftover at once, then, the
+    index still invalid and nobody left holding the table, drops it and
+    builds it again.
+    """
+    left = leave_a_failed_build()
+    holder = connections.create_connection("default")
+    done: list[BaseException | None] = []
+
+    def migrate() -> None:
+        try:
+            migrate_to(AFTER)
+            done.append(None)
+        except BaseException as exc:  # read by the test
+            done.append(exc)
+        finally:
+            connections.close_all()
+
+    migrating = threading.Thread(target=migrate, daemon=True)
+    try:
+        holder.set_autocommit(False)
+        with holder.cursor() as cursor:
+            cursor.execute(f"LOCK TABLE {TABLE} IN SHARE UPDATE EXCLUSIVE MODE")
+        migrating.start()
+        deadline = time.monotonic() + 60
+        while waiting_statements("LOCK TABLE") < 1:
+            assert time.monotonic() < deadline and not done, f"migrate never waited: {done}"
+            time.sleep(0.05)
+        assert index_row(BRIN) == left  # not dropped while the table is held
+        holder.rollback()
+        migrating.join(60)
+    finally:
+        holder.rollback()
+        holder.close()
+        migrating.join(60)
+    assert done == [None], done
     rebuilt = index_row(BRIN)
     assert rebuilt is not None and rebuilt[1:] == ("brin", True)
     assert rebuilt[0] != left[0]
