@@ -32,16 +32,19 @@ hand ahead of the deploy, see docs/upgrading.md) is kept as it is.
 An index still being built is INVALID too, until its build ends: another
 ``migrate`` of the same deploy (a second pod), or an operator's build by
 hand. ``pg_stat_progress_create_index`` and ``pg_locks`` tell the two
-apart. A build in
-progress is waited for (a warning names its backend), then kept if it ended
-valid; only a leftover with no build behind it is dropped. Dropping a build
-in progress would queue behind it and then fail with PostgreSQL's "tuple
-concurrently updated", or throw the whole build away. The wait takes the
-table's SHARE UPDATE EXCLUSIVE lock for an instant, the lock the build
-holds to its end: writes go on, ``lock_timeout`` bounds it, and
-``pg_blocking_pids`` names the build it waits for. (Two builds begun at the
-same instant, before either has made its index, deadlock in PostgreSQL
-itself, one of them failing with "deadlock detected": migrate again.)
+apart. A build in progress is waited for (a warning names its backend),
+then the index is kept if the build ended valid; only a leftover with no
+build behind it is dropped. Dropping a build in progress would queue behind
+it and then fail with PostgreSQL's "tuple concurrently updated", or throw
+the whole build away. The wait takes the table's SHARE UPDATE EXCLUSIVE
+lock for an instant, the lock the build holds to its end: writes go on,
+``lock_timeout`` bounds it, and ``pg_blocking_pids`` names the build it
+waits for. The build lets go of that lock just before its last
+transaction, the one that marks the index valid, commits: a pg_index row
+whose ``xmax`` is a transaction still open is waited for too. (Two builds
+begun at the same instant, before either has made its index, deadlock in
+PostgreSQL itself, one of them failing with "deadlock detected": migrate
+again.)
 
 Both operations subclass ``IndexOperation``, not ``AddIndex`` and
 ``RemoveIndex``: Django's ``CreateModel.reduce()`` takes any ``AddIndex``
