@@ -6,8 +6,8 @@ migrations/0007_add_created_at_brin_index.py). Written failing where marked
 
 - was FAILING, fixed (the operations subclass ``IndexOperation``, not
   ``AddIndex``/``RemoveIndex``): ``squashmigrations`` folds an
-  ``AddIndexWithoutBlocking`` into the ``CreateModel`` right before it. ``AddIndexWithoutBlocking.reduce()``
-  returning False only stops the optimizer when the index operation is the
+  ``AddIndexWithoutBlocking`` into the ``CreateModel`` right before it.
+  ``AddIndexWithoutBlocking.reduce()`` returning False only stops the optimizer when the index operation is the
   *earlier* one; the optimizer also asks the earlier
   ``CreateModel.reduce(AddIndex...)``, which takes any ``AddIndex`` subclass
   into ``Meta.indexes``: the index loses its ``vendors`` (every database is
