@@ -7,14 +7,15 @@ migrations/0007_add_created_at_brin_index.py). Written failing where marked
 - was FAILING, fixed (the operations subclass ``IndexOperation``, not
   ``AddIndex``/``RemoveIndex``): ``squashmigrations`` folds an
   ``AddIndexWithoutBlocking`` into the ``CreateModel`` right before it.
-  ``AddIndexWithoutBlocking.reduce()`` returning False only stops the optimizer when the index operation is the
-  *earlier* one; the optimizer also asks the earlier
-  ``CreateModel.reduce(AddIndex...)``, which takes any ``AddIndex`` subclass
-  into ``Meta.indexes``: the index loses its ``vendors`` (every database is
-  asked to build it). tests/test_migration_operations.py's writer test
-  asserts ``brin.reduce(removal) is False`` as the proof that this never
-  happens: it tests the other direction. (The package's own 0001..0007 are
-  spared today only by RunPython operations in between: a passing test.)
+  ``AddIndexWithoutBlocking.reduce()`` returning False only stops the
+  optimizer when the index operation is the *earlier* one; the optimizer
+  also asks the earlier ``CreateModel.reduce(AddIndex...)``, which takes any
+  ``AddIndex`` subclass into ``Meta.indexes``: the index loses its
+  ``vendors`` (every database is asked to build it).
+  tests/test_migration_operations.py's writer test asserts
+  ``brin.reduce(removal) is False`` as the proof that this never happens: it
+  tests the other direction. (The package's own 0001..0007 are spared today
+  only by RunPython operations in between: a passing test.)
 - was FAILING, fixed (``pg_stat_progress_create_index`` consulted, the build
   waited for) (PostgreSQL): a concurrent build still IN PROGRESS in another
   session (a second ``migrate`` started by another pod of the same deploy)
