@@ -29,6 +29,30 @@ operation looks the name up in ``pg_index``: an invalid index of that name is
 dropped (concurrently) and built again; a valid one (an operator built it by
 hand ahead of the deploy, see docs/upgrading.md) is kept as it is.
 
+An index still being built is INVALID too, until its build ends: another
+``migrate`` of the same deploy (a second pod), or an operator's build by
+hand. ``pg_stat_progress_create_index`` and ``pg_locks`` tell the two
+apart. A build in progress is waited for (a warning names its backend),
+then the index is kept if the build ended valid; only a leftover with no
+build behind it is dropped. Dropping a build in progress would queue behind
+it and then fail with PostgreSQL's "tuple concurrently updated", or throw
+the whole build away. The wait takes the table's SHARE UPDATE EXCLUSIVE
+lock for an instant, the lock the build holds to its end: writes go on,
+``lock_timeout`` bounds it, and ``pg_blocking_pids`` names the build it
+waits for. The build lets go of that lock just before its last
+transaction, the one that marks the index valid, commits: a pg_index row
+whose ``xmax`` is a transaction still open is waited for too. (Two builds
+begun at the same instant, before either has made its index, deadlock in
+PostgreSQL itself, one of them failing with "deadlock detected": migrate
+again.)
+
+Both operations subclass ``IndexOperation``, not ``AddIndex`` and
+``RemoveIndex``: Django's ``CreateModel.reduce()`` takes any ``AddIndex``
+into the new model's ``Meta.indexes``, and ``squashmigrations`` would then
+build the index inside the table's creation, on every database (losing
+``vendors``) and in a transaction. Django's squash also writes its
+migration without ``atomic = False``: docs/upgrading.md says to add it.
+
 ``vendors`` restricts an index to some databases (a BRIN index exists only on
 PostgreSQL). Django's model state is the same for every database, so such an
 index cannot be one of the model's ``Meta.indexes`` (every other database
@@ -39,17 +63,23 @@ all of them.
 
 from __future__ import annotations
 
+import logging
+import time
 from collections.abc import Iterable, Sequence
+from dataclasses import dataclass
 from typing import Any
 
-from django.db import models
-from django.db.migrations.operations import AddIndex, RemoveIndex
+from django.db import models, transaction
+from django.db.migrations.operations.base import OperationCategory
+from django.db.migrations.operations.models import IndexOperation
 from django.db.migrations.state import ProjectState
 
 __all__ = ["AddIndexWithoutBlocking", "RemoveIndexWithoutBlocking"]
 
 #: Appended to MySQL's and MariaDB's CREATE INDEX: online, or an error.
 _ONLINE = " ALGORITHM=INPLACE LOCK=NONE"
+
+logger = logging.getLogger("django_idempotency")
 
 
 class _WithoutBlocking:
@@ -75,22 +105,69 @@ class _WithoutBlocking:
         if vendor == "postgresql":
             self._outside_a_transaction(schema_editor)
             # sqlmigrate (collect_sql) prints what a database without the index runs.
-            valid = None
-            if not schema_editor.collect_sql:
-                valid = _index_validity(schema_editor, model._meta.db_table, self.index.name)
-            if valid:
-                return
-            if valid is False:
-                schema_editor.remove_index(model, self.index, concurrently=True)
-            schema_editor.add_index(model, self.index, concurrently=True)
+            if schema_editor.collect_sql:
+                schema_editor.add_index(model, self.index, concurrently=True)
+            else:
+                self._add_concurrently(model, schema_editor)
         elif vendor == "mysql":
             if self.index.contains_expressions and not (
                 schema_editor.connection.features.supports_expression_indexes
             ):
                 return  # as Django's add_index() does
-            schema_editor.execute(f"{self.index.create_sql(model, schema_editor)}{_ONLINE}")
+            # params=None, as Django's add_index(): with () the driver would
+            # %-format the statement, and an expression or a name with "%" breaks.
+            schema_editor.execute(
+                f"{self.index.create_sql(model, schema_editor)}{_ONLINE}", params=None
+            )
         else:
             schema_editor.add_index(model, self.index)
+
+    def _add_concurrently(self, model: type[models.Model], schema_editor: Any) -> None:
+        found = self._settled_index(schema_editor, model._meta.db_table)
+        if found is not None and found.valid:
+            return  # built by hand beforehand, or by another session's build just waited for
+        if found is not None:
+            # A failed build's leftover: nobody builds it, nobody updates it.
+            schema_editor.remove_index(model, self.index, concurrently=True)
+        schema_editor.add_index(model, self.index, concurrently=True)
+
+    def _settled_index(self, schema_editor: Any, table: str) -> _IndexState | None:
+        """The index of this name once no other session is building it; None: there is none."""
+        name, waited = self.index.name, False
+        while True:
+            found = _index_state(schema_editor, table, name)
+            if found is None or found.valid:
+                return found
+            if found.builder is not None:
+                logger.warning(
+                    "The index %s is invalid and another session (PostgreSQL backend %s) is "
+                    "building it, or holds its table (another migrate, a build by hand, a "
+                    "VACUUM): waiting for it to end before dropping or keeping the index. "
+                    "pg_stat_progress_create_index shows how far a build is; "
+                    "pg_blocking_pids() names what this session waits for.",
+                    name,
+                    found.builder,
+                )
+                # A build holds SHARE UPDATE EXCLUSIVE on the table until it
+                # ends; taking it (for an instant) waits for exactly that.
+                # Writes do not conflict with it.
+                quoted = schema_editor.quote_name(table)
+                with transaction.atomic(using=schema_editor.connection.alias):
+                    schema_editor.execute(f"LOCK TABLE {quoted} IN SHARE UPDATE EXCLUSIVE MODE")
+                waited = True
+            elif found.updating:
+                # A build lets go of the table (and of its progress row) just
+                # before its last transaction, the one that marks the index
+                # valid, commits: a moment.
+                time.sleep(0.05)
+            else:
+                if waited:
+                    logger.warning(
+                        "The index %s is still invalid after the other session ended: its "
+                        "build failed; the index is dropped and built again.",
+                        name,
+                    )
+                return found
 
     def _remove(self, model: type[models.Model], schema_editor: Any) -> None:
         if schema_editor.connection.vendor == "postgresql":
@@ -104,20 +181,53 @@ class _WithoutBlocking:
         return f" (on {', '.join(self.vendors)} only)" if self.vendors else ""
 
 
-def _index_validity(schema_editor: Any, table: str, name: str) -> bool | None:
-    """Whether the index ``name`` on ``table`` is valid; None when there is none."""
+@dataclass(frozen=True)
+class _IndexState:
+    """An index of the name in ``pg_index``, and whether another session is at it."""
+
+    valid: bool
+    #: The backend building it (CREATE INDEX CONCURRENTLY), or holding its
+    #: table's SHARE UPDATE EXCLUSIVE lock; None: nobody.
+    builder: int | None
+    #: Its pg_index row is being updated by a transaction still open: a
+    #: build's last one, marking it valid, about to commit.
+    updating: bool
+
+
+#: The index's validity, and who is at it. The progress view names a build,
+#: but shows another role's without its index (unless the role may read all
+#: statistics); pg_locks shows every role's locks: a session holding the
+#: table's SHARE UPDATE EXCLUSIVE lock may be that build (or a VACUUM, which
+#: the DROP would have to wait for anyway), and the transaction lock of the
+#: pg_index row's xmax, a transaction updating the row.
+_INDEX_STATE = (
+    "SELECT i.indisvalid, COALESCE("
+    "(SELECT p.pid FROM pg_stat_progress_create_index p "
+    "WHERE p.index_relid = i.indexrelid AND p.pid <> pg_backend_pid() LIMIT 1), "
+    "(SELECT l.pid FROM pg_locks l WHERE l.locktype = 'relation' AND l.relation = i.indrelid "
+    "AND l.database = (SELECT d.oid FROM pg_database d WHERE d.datname = current_database()) "
+    "AND l.mode = 'ShareUpdateExclusiveLock' AND l.granted AND l.pid <> pg_backend_pid() "
+    "LIMIT 1)), "
+    "EXISTS (SELECT 1 FROM pg_locks t WHERE t.locktype = 'transactionid' "
+    "AND t.transactionid = i.xmax AND t.pid <> pg_backend_pid()) "
+    "FROM pg_index i JOIN pg_class c ON c.oid = i.indexrelid "
+    "WHERE c.relname = %s AND i.indrelid = to_regclass(%s)"
+)
+
+
+def _index_state(schema_editor: Any, table: str, name: str) -> _IndexState | None:
+    """The index ``name`` on ``table``; None when there is none."""
     with schema_editor.connection.cursor() as cursor:
-        cursor.execute(
-            "SELECT i.indisvalid FROM pg_index i "
-            "JOIN pg_class c ON c.oid = i.indexrelid "
-            "WHERE c.relname = %s AND i.indrelid = to_regclass(%s)",
-            [name, schema_editor.quote_name(table)],
-        )
+        cursor.execute(_INDEX_STATE, [name, schema_editor.quote_name(table)])
         row = cursor.fetchone()
-    return None if row is None else bool(row[0])
+    if row is None:
+        return None
+    return _IndexState(
+        valid=bool(row[0]), builder=None if row[1] is None else int(row[1]), updating=bool(row[2])
+    )
 
 
-class AddIndexWithoutBlocking(_WithoutBlocking, AddIndex):
+class AddIndexWithoutBlocking(_WithoutBlocking, IndexOperation):
     """``AddIndex`` that lets writes go on meanwhile; its migration needs ``atomic = False``.
 
     Args:
@@ -128,21 +238,26 @@ class AddIndexWithoutBlocking(_WithoutBlocking, AddIndex):
             index is not one of the model's ``Meta.indexes``.
     """
 
+    category = OperationCategory.ADDITION
+
     def __init__(
         self, model_name: str, index: models.Index, vendors: Iterable[str] | None = None
     ) -> None:
-        super().__init__(model_name, index)
+        if not index.name:
+            raise ValueError(f"{type(self).__name__} needs a named index; {index!r} has none.")
+        self.model_name = model_name
+        self.index = index
         self.vendors = tuple(vendors) if vendors is not None else None
 
     def deconstruct(self) -> tuple[str, Sequence[Any], dict[str, Any]]:
-        name, args, kwargs = super().deconstruct()
+        kwargs: dict[str, Any] = {"model_name": self.model_name, "index": self.index}
         if self.vendors is not None:
             kwargs["vendors"] = list(self.vendors)
-        return name, args, kwargs
+        return type(self).__qualname__, [], kwargs
 
     def state_forwards(self, app_label: str, state: ProjectState) -> None:
         if self.vendors is None:
-            super().state_forwards(app_label, state)
+            state.add_index(app_label, self.model_name_lower, self.index)
 
     def database_forwards(
         self, app_label: str, schema_editor: Any, from_state: ProjectState, to_state: ProjectState
@@ -163,15 +278,27 @@ class AddIndexWithoutBlocking(_WithoutBlocking, AddIndex):
             self._remove(model, schema_editor)
 
     def describe(self) -> str:
-        return f"{super().describe()} without blocking writes{self._vendors_note()}"
+        if self.index.expressions:
+            what = f"on {', '.join(str(expression) for expression in self.index.expressions)}"
+        else:
+            what = f"on field(s) {', '.join(self.index.fields)}"
+        return (
+            f"Create index {self.index.name} {what} of model {self.model_name} "
+            f"without blocking writes{self._vendors_note()}"
+        )
+
+    @property
+    def migration_name_fragment(self) -> str:
+        return f"{self.model_name_lower}_{self.index.name.lower()}"
 
     def reduce(self, operation: Any, app_label: str) -> Any:
-        # Never merged into a plain CreateModel/AddIndex by squashmigrations:
-        # that would lose the concurrency (and the vendor filter).
+        # Never merged with another operation, nor moved across one, by
+        # squashmigrations: that could lose the concurrency or the vendors.
+        # (Not an AddIndex subclass, so CreateModel.reduce() leaves it alone too.)
         return False
 
 
-class RemoveIndexWithoutBlocking(_WithoutBlocking, RemoveIndex):
+class RemoveIndexWithoutBlocking(_WithoutBlocking, IndexOperation):
     """``RemoveIndex`` that lets writes go on meanwhile (``DROP INDEX CONCURRENTLY``).
 
     Args:
@@ -182,22 +309,29 @@ class RemoveIndexWithoutBlocking(_WithoutBlocking, RemoveIndex):
         vendors: As for ``AddIndexWithoutBlocking``.
     """
 
+    category = OperationCategory.REMOVAL
+
     def __init__(
         self, model_name: str, index: models.Index, vendors: Iterable[str] | None = None
     ) -> None:
-        super().__init__(model_name, index.name)
+        self.model_name = model_name
         self.index = index
         self.vendors = tuple(vendors) if vendors is not None else None
+
+    @property
+    def name(self) -> str:
+        """The index's name, as ``RemoveIndex`` has it."""
+        return str(self.index.name)
 
     def deconstruct(self) -> tuple[str, Sequence[Any], dict[str, Any]]:
         kwargs: dict[str, Any] = {"model_name": self.model_name, "index": self.index}
         if self.vendors is not None:
             kwargs["vendors"] = list(self.vendors)
-        return type(self).__name__, [], kwargs
+        return type(self).__qualname__, [], kwargs
 
     def state_forwards(self, app_label: str, state: ProjectState) -> None:
         if self.vendors is None:
-            super().state_forwards(app_label, state)
+            state.remove_index(app_label, self.model_name_lower, self.index.name)
 
     def database_forwards(
         self, app_label: str, schema_editor: Any, from_state: ProjectState, to_state: ProjectState
@@ -218,7 +352,14 @@ class RemoveIndexWithoutBlocking(_WithoutBlocking, RemoveIndex):
             self._add(model, schema_editor)
 
     def describe(self) -> str:
-        return f"{super().describe()} without blocking writes{self._vendors_note()}"
+        return (
+            f"Remove index {self.index.name} from {self.model_name} "
+            f"without blocking writes{self._vendors_note()}"
+        )
+
+    @property
+    def migration_name_fragment(self) -> str:
+        return f"remove_{self.model_name_lower}_{self.index.name.lower()}"
 
     def reduce(self, operation: Any, app_label: str) -> Any:
         return False

@@ -14,7 +14,14 @@ uses them, in the suite's database of each pass:
 - on PostgreSQL: inside a transaction the operation refuses with a message
   that names ``atomic = False``; an INVALID index left by a failed
   concurrent build is dropped and built again; a valid one an operator
-  built by hand beforehand is kept;
+  built by hand beforehand is kept; two builds begun at the same instant
+  (PostgreSQL's deadlock) leave a valid index after one more run; a
+  ``lock_timeout`` makes a build stuck behind an old snapshot fail, and the
+  next migrate cleans up its leftover; a leftover whose table another
+  session holds (as a build does) is dropped only once it lets go (a build
+  still in progress in another session is waited for, not dropped:
+  tests/test_review_issue16_migrations.py);
+- the CREATE INDEX is not %-formatted: a name with "%" is added on every database;
 - on MariaDB: rows are inserted while the online build runs.
 
 tests/live/test_index_build_without_blocking.py shows claims going on
@@ -181,9 +188,33 @@ def test_the_operations_are_written_and_read_back_by_djangos_migration_writer() 
         assert rebuilt.deconstruct() == (name, args, kwargs)
     assert brin.describe().endswith("without blocking writes (on postgresql only)")
     assert removal.describe().endswith("without blocking writes (on postgresql only)")
-    # Never folded into a plain AddIndex or CreateModel by squashmigrations.
+    # Never merged with each other by squashmigrations (nor with anything
+    # else: reduce() is False for every operation). That they are not folded
+    # into a CreateModel before them is CreateModel.reduce()'s side:
+    # tests/test_review_issue16_migrations.py squashes one for real.
     assert brin.reduce(removal, APP) is False
     assert removal.reduce(brin, APP) is False
+
+
+@pytest.mark.django_db(transaction=True)
+def test_an_index_whose_sql_holds_a_percent_sign_is_added() -> None:
+    """The CREATE INDEX is not %-formatted, as in Django's own ``add_index()`` (params=None).
+
+    Given params=() MySQLdb %-formats the statement: "%" in an expression
+    (MySQL 8) or a name fails. (Removal goes through Django's
+    ``remove_index()``, which formats on every database: not the operation's
+    to change.)
+    """
+    percent = models.Index(fields=["updated_at"], name="idempotency_pct%_test")
+    try:
+        # Out of the model state (vendors): Django %-formats the names of Meta.indexes.
+        apply(AddIndexWithoutBlocking("idempotencyrecord", percent, vendors=[connection.vendor]))
+        assert indexes()[percent.name]["columns"] == ["updated_at"]
+    finally:
+        if percent.name in indexes():
+            on = f" ON {TABLE}" if connection.vendor == "mysql" else ""
+            with connection.cursor() as cursor:
+                cursor.execute(f"DROP INDEX {connection.ops.quote_name(percent.name)}{on}", None)
 
 
 @pytest.mark.django_db(transaction=True)
@@ -228,12 +259,8 @@ def index_row(name: str) -> tuple[Any, ...] | None:
         return row
 
 
-@pytest.mark.postgres
-@pytest.mark.django_db(transaction=True)
-def test_an_invalid_index_left_by_a_failed_concurrent_build_is_dropped_and_built_again(
-    at_0006: None,
-) -> None:
-    # A concurrent build that fails half way: a unique index over duplicates.
+def leave_a_failed_build() -> tuple[Any, ...]:
+    """A concurrent build of the BRIN's name that fails half way: a unique index over duplicates."""
     now = timezone.now()
     for key in ("one", "two"):
         IdempotencyRecord.objects.create(
@@ -247,9 +274,67 @@ def test_an_invalid_index_left_by_a_failed_concurrent_build_is_dropped_and_built
         cursor.execute(f'CREATE UNIQUE INDEX CONCURRENTLY "{BRIN}" ON {TABLE} (created_at)')
     left = index_row(BRIN)
     assert left is not None and left[1:] == ("btree", False)  # INVALID, in the way
+    return left
+
+
+@pytest.mark.postgres
+@pytest.mark.django_db(transaction=True)
+def test_an_invalid_index_left_by_a_failed_concurrent_build_is_dropped_and_built_again(
+    at_0006: None,
+) -> None:
+    left = leave_a_failed_build()
 
     migrate_to(AFTER)
 
+    rebuilt = index_row(BRIN)
+    assert rebuilt is not None and rebuilt[1:] == ("brin", True)
+    assert rebuilt[0] != left[0]
+
+
+@pytest.mark.postgres
+@pytest.mark.django_db(transaction=True)
+def test_a_leftover_whose_table_another_session_holds_is_dropped_once_it_lets_go(
+    at_0006: None,
+) -> None:
+    """Another session holds the table's SHARE UPDATE EXCLUSIVE lock, the lock a build holds.
+
+    Another role's build shows no index in ``pg_stat_progress_create_index``,
+    only this lock (a VACUUM holds it too): the operation waits for it
+    instead of taking the invalid index for a leftover at once, then, the
+    index still invalid and nobody left holding the table, drops it and
+    builds it again.
+    """
+    left = leave_a_failed_build()
+    holder = connections.create_connection("default")
+    done: list[BaseException | None] = []
+
+    def migrate() -> None:
+        try:
+            migrate_to(AFTER)
+            done.append(None)
+        except BaseException as exc:  # read by the test
+            done.append(exc)
+        finally:
+            connections.close_all()
+
+    migrating = threading.Thread(target=migrate, daemon=True)
+    try:
+        holder.set_autocommit(False)
+        with holder.cursor() as cursor:
+            cursor.execute(f"LOCK TABLE {TABLE} IN SHARE UPDATE EXCLUSIVE MODE")
+        migrating.start()
+        deadline = time.monotonic() + 60
+        while waiting_statements("LOCK TABLE") < 1:
+            assert time.monotonic() < deadline and not done, f"migrate never waited: {done}"
+            time.sleep(0.05)
+        assert index_row(BRIN) == left  # not dropped while the table is held
+        holder.rollback()
+        migrating.join(60)
+    finally:
+        holder.rollback()
+        holder.close()
+        migrating.join(60)
+    assert done == [None], done
     rebuilt = index_row(BRIN)
     assert rebuilt is not None and rebuilt[1:] == ("brin", True)
     assert rebuilt[0] != left[0]
@@ -268,6 +353,115 @@ def test_a_valid_index_built_by_hand_beforehand_is_kept(at_0006: None) -> None:
     migrate_to(AFTER)
 
     assert index_row(BRIN) == built
+
+
+@pytest.mark.postgres
+@pytest.mark.django_db(transaction=True)
+def test_two_builds_begun_at_the_same_instant_leave_the_index_to_the_next_migrate(
+    at_0006: None,
+) -> None:
+    """Two ``migrate`` runs that both found no index: PostgreSQL's deadlock, then one more run.
+
+    A third session holds the table's SHARE UPDATE EXCLUSIVE lock (a VACUUM,
+    say), so both CREATE INDEX CONCURRENTLY wait for it, having both seen no
+    index. Two concurrent builds on one table deadlock in PostgreSQL itself
+    (each waits for the other's snapshot or lock): one of them fails with
+    "deadlock detected". Documented (docs/upgrading.md): run migrate again,
+    which keeps a valid index, or drops an invalid leftover and builds it.
+    (A run that finds the other's build already under way waits for it
+    instead: tests/test_review_issue16_migrations.py.)
+    """
+    other = connections.create_connection("default")
+    results: list[BaseException | None] = []
+
+    def build() -> None:
+        try:
+            apply(AddIndexWithoutBlocking("idempotencyrecord", UPDATED))
+            results.append(None)
+        except BaseException as exc:  # read by the test
+            results.append(exc)
+        finally:
+            connections.close_all()
+
+    builders = [threading.Thread(target=build, daemon=True) for _ in range(2)]
+    try:
+        other.set_autocommit(False)
+        with other.cursor() as cursor:
+            cursor.execute(f"LOCK TABLE {TABLE} IN SHARE UPDATE EXCLUSIVE MODE")
+        for builder in builders:
+            builder.start()
+        deadline = time.monotonic() + 60
+        while waiting_statements("CREATE INDEX CONCURRENTLY") < 2:
+            assert time.monotonic() < deadline, f"both builds never waited: {results}"
+            time.sleep(0.05)
+        other.rollback()
+        for builder in builders:
+            builder.join(60)
+        assert len(results) == 2 and results.count(None) >= 1, results
+        for failure in filter(None, results):
+            assert "deadlock detected" in str(failure), results
+
+        apply(AddIndexWithoutBlocking("idempotencyrecord", UPDATED))  # the next migrate
+
+        row = index_row(UPDATED.name)
+        assert row is not None and row[1:] == ("btree", True)
+    finally:
+        other.rollback()
+        other.close()
+        for builder in builders:
+            builder.join(60)
+        with connection.cursor() as cursor:
+            cursor.execute(f"DROP INDEX IF EXISTS {UPDATED.name}")
+
+
+def waiting_statements(query_start: str) -> int:
+    with connection.cursor() as cursor:
+        cursor.execute(
+            "SELECT count(*) FROM pg_stat_activity WHERE datname = current_database() "
+            "AND wait_event_type = 'Lock' AND query ILIKE %s",
+            [query_start + "%"],
+        )
+        return int(cursor.fetchone()[0])
+
+
+@pytest.mark.postgres
+@pytest.mark.django_db(transaction=True)
+def test_a_lock_timeout_makes_the_build_fail_and_the_next_migrate_cleans_up(
+    at_0006: None,
+) -> None:
+    """What docs/upgrading.md advises against a build that waits without end.
+
+    A session keeps an old snapshot open (a worker cut off mid-transaction):
+    CREATE INDEX CONCURRENTLY waits for it with no bound. With
+    ``lock_timeout`` set for the migrate session, the build fails instead,
+    leaving an invalid index; the next migrate drops it and builds again.
+    """
+    snapshot = connections.create_connection("default")
+    try:
+        snapshot.set_autocommit(False)
+        with snapshot.cursor() as cursor:
+            cursor.execute("SET TRANSACTION ISOLATION LEVEL REPEATABLE READ")
+            cursor.execute(f"SELECT count(*) FROM {TABLE}")
+        with connection.cursor() as cursor:
+            cursor.execute("SET lock_timeout = '1s'")
+        try:
+            with pytest.raises(Exception, match="lock timeout"):
+                migrate_to(AFTER)
+        finally:
+            with connection.cursor() as cursor:
+                cursor.execute("RESET lock_timeout")
+        left = index_row(BRIN)
+        assert left is not None and left[1:] == ("brin", False)  # the failed build's leftover
+        assert AFTER not in MigrationExecutor(connection).loader.applied_migrations
+    finally:
+        snapshot.rollback()
+        snapshot.close()
+
+    migrate_to(AFTER)
+
+    rebuilt = index_row(BRIN)
+    assert rebuilt is not None and rebuilt[1:] == ("brin", True)
+    assert rebuilt[0] != left[0]
 
 
 # -- MariaDB: the online build --------------------------------------------------------------
