@@ -44,9 +44,11 @@ def take_over_where(
     no row. The new lease (none if ``lease`` is None) ends that long after
     the database's current time.
 
-    ``wait_at_most`` (PostgreSQL): how long the UPDATE may wait on another
-    transaction's lock on the row before it raises ``OperationalError``
-    (SQLSTATE 55P03). A request's takeover needs the bound: the row's holder
+    ``wait_at_most`` (PostgreSQL; MySQL/MariaDB in whole seconds): how long
+    the UPDATE may wait on another transaction's lock on the row before it
+    raises ``OperationalError`` (SQLSTATE 55P03; error 1205 on InnoDB), the
+    database's contention, never an outage. A request's takeover needs the
+    bound: the row's holder
     may be a worker cut off from the database between two statements of its
     transaction (``begin_external()``'s, say), whose locks the server keeps
     until TCP keepalive or ``idle_in_transaction_session_timeout`` ends its
