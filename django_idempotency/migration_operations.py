@@ -65,7 +65,7 @@ from __future__ import annotations
 
 import logging
 import time
-from collections.abc import Iterable, Sequence
+from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass
 from typing import Any
 
@@ -91,6 +91,19 @@ class _WithoutBlocking:
 
     def _applies(self, schema_editor: Any) -> bool:
         return self.vendors is None or schema_editor.connection.vendor in self.vendors
+
+    def _change(
+        self,
+        change: Callable[[type[models.Model], Any], None],
+        app_label: str,
+        schema_editor: Any,
+        state: ProjectState,
+    ) -> None:
+        """``change`` (add or remove) the index of ``state``'s model, where it applies."""
+        model = state.apps.get_model(app_label, self.model_name)
+        allowed = self.allow_migrate_model(schema_editor.connection.alias, model)  # type: ignore[attr-defined]
+        if allowed and self._applies(schema_editor):
+            change(model, schema_editor)
 
     def _outside_a_transaction(self, schema_editor: Any) -> None:
         if schema_editor.connection.in_atomic_block:
@@ -262,20 +275,12 @@ class AddIndexWithoutBlocking(_WithoutBlocking, IndexOperation):
     def database_forwards(
         self, app_label: str, schema_editor: Any, from_state: ProjectState, to_state: ProjectState
     ) -> None:
-        model = to_state.apps.get_model(app_label, self.model_name)
-        if self.allow_migrate_model(schema_editor.connection.alias, model) and self._applies(
-            schema_editor
-        ):
-            self._add(model, schema_editor)
+        self._change(self._add, app_label, schema_editor, to_state)
 
     def database_backwards(
         self, app_label: str, schema_editor: Any, from_state: ProjectState, to_state: ProjectState
     ) -> None:
-        model = from_state.apps.get_model(app_label, self.model_name)
-        if self.allow_migrate_model(schema_editor.connection.alias, model) and self._applies(
-            schema_editor
-        ):
-            self._remove(model, schema_editor)
+        self._change(self._remove, app_label, schema_editor, from_state)
 
     def describe(self) -> str:
         if self.index.expressions:
@@ -336,20 +341,12 @@ class RemoveIndexWithoutBlocking(_WithoutBlocking, IndexOperation):
     def database_forwards(
         self, app_label: str, schema_editor: Any, from_state: ProjectState, to_state: ProjectState
     ) -> None:
-        model = from_state.apps.get_model(app_label, self.model_name)
-        if self.allow_migrate_model(schema_editor.connection.alias, model) and self._applies(
-            schema_editor
-        ):
-            self._remove(model, schema_editor)
+        self._change(self._remove, app_label, schema_editor, from_state)
 
     def database_backwards(
         self, app_label: str, schema_editor: Any, from_state: ProjectState, to_state: ProjectState
     ) -> None:
-        model = to_state.apps.get_model(app_label, self.model_name)
-        if self.allow_migrate_model(schema_editor.connection.alias, model) and self._applies(
-            schema_editor
-        ):
-            self._add(model, schema_editor)
+        self._change(self._add, app_label, schema_editor, to_state)
 
     def describe(self) -> str:
         return (

@@ -102,7 +102,7 @@ def _update_in_callers_transaction(
         )
         callers = cursor.fetchone()[0]
         updated = matching.update(**values)
-        cursor.execute("SELECT set_config('lock_timeout', %s, true)", [callers])
+        cursor.execute(f"SELECT {wait_bounds.exactly('lock_timeout')}", [callers])
     return updated
 
 

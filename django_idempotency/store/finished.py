@@ -18,6 +18,7 @@ from django_idempotency.digests import Fingerprint
 from django_idempotency.models import IdempotencyRecord
 from django_idempotency.responses import StoredResponse, Verdict
 from django_idempotency.scope import Scope
+from django_idempotency.store import wait_bounds
 from django_idempotency.store.claims import lookup
 from django_idempotency.store.sealing import seal
 from django_idempotency.store.statements import record_from_row, statements_for
@@ -44,11 +45,10 @@ def lookup_waiting_at_most(
     connection = connections[using]
     if connection.vendor != "postgresql":
         return lookup(scope, using=using)
-    timeout_ms = max(1, round(wait.total_seconds() * 1000))
     with connection.cursor() as cursor:
         cursor.execute(
             statements_for(connection).find_waiting_at_most,
-            [str(timeout_ms), scope.tenant, scope.operation, scope.key],
+            [wait_bounds.milliseconds(wait), scope.tenant, scope.operation, scope.key],
         )
         row = cursor.fetchone()
     # One row whatever is found: the record's columns are NULL without one.

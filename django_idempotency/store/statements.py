@@ -256,7 +256,7 @@ def _build(connection: BaseDatabaseWrapper, clock: DatabaseClock) -> Statements:
     )
     find_waiting_at_most = (
         f"SELECT {qualified_columns}{read_time} "
-        "FROM (SELECT set_config('lock_timeout', %s, true)) AS waiting "
+        f"FROM (SELECT {wait_bounds.exactly('lock_timeout')}) AS waiting "
         f"LEFT JOIN {table} ON {scoped}"
     )
     finished_columns = ", ".join(quote(name) for name in (*_FINISHED_COLUMNS, *_FINISHED_TIMES))

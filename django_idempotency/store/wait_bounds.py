@@ -55,5 +55,5 @@ def at_most_params(wait: timedelta) -> list[str]:
 
 
 def exactly(setting: str) -> str:
-    """SQL setting ``setting`` for this transaction to one parameter's milliseconds."""
+    """SQL setting ``setting`` for this transaction to one parameter (``milliseconds()``'s, say)."""
     return f"set_config('{setting}', %s, true)"
