@@ -85,13 +85,16 @@ from benchmarks.benchlib import (  # noqa: E402
     postgres_url,
     server_facts,
 )
-from benchmarks.scale import configure_django, migrate_all  # noqa: E402
+from benchmarks.scale import (  # noqa: E402
+    LEASE,
+    OPERATIONS,
+    TABLE,
+    TENANTS,
+    configure_django,
+    migrate_all,
+)
 from benchmarks.wal_per_request import counters, wal_of_this_database  # noqa: E402
 
-TABLE = "django_idempotency_record"
-TENANTS = 5000
-OPERATIONS = ["POST v1/payments", "POST v1/refunds", "POST v1/customers", "POST v1/payouts"]
-LEASE = timedelta(minutes=2)
 LONG_TTL = timedelta(hours=24)
 BATCH = 1000  # records per transaction in the bulk loads
 #: The autovacuum policies of the bloat phase: the reloptions set on the
