@@ -1,0 +1,168 @@
+"""How many records there are in each state, and what needs an operator: read-only.
+
+What ``idempotency_health``, the admin's overview page and the gauges of
+``django_idempotency.metrics`` report. Every figure has a bounded cost
+however large the table grows (a hundred million records a day is the
+size we plan for):
+
+- the unresolved states (CLAIMED, IN_PROGRESS, UNCERTAIN) are counted
+  exactly: they are few, and the recovery index leads with ``state``;
+- the resolved ones (COMPLETED, FAILED) are counted exactly up to
+  ``EXACT_UP_TO`` and beyond that taken from the planner's estimate
+  (PostgreSQL's column statistics, InnoDB's index dives), which the
+  ``estimated`` set names;
+- the purge backlog is counted up to ``BACKLOG_CAP`` and reported as "at
+  least" beyond it: a purge that fell behind by millions needs the same
+  action as one behind by ten thousand.
+"""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Mapping
+from dataclasses import dataclass, field
+from datetime import datetime, timedelta
+
+from django.db import connections
+from django.db.models import Count, Min, QuerySet
+
+from django_idempotency.models import RESOLVED_STATES, UNRESOLVED_STATES, IdempotencyRecord
+from django_idempotency.recovery import reconciler_for
+from django_idempotency.store.database_time import DatabaseNow, database_now
+
+__all__ = [
+    "BACKLOG_CAP",
+    "EXACT_UP_TO",
+    "Census",
+    "take_census",
+]
+
+#: A resolved state with more records than this is reported as estimated.
+EXACT_UP_TO = 100_000
+
+#: The purge backlog is counted up to this many records.
+BACKLOG_CAP = 100_000
+
+#: At most this many operation names are read for the reconciler check.
+_OPERATIONS_READ = 1_000
+
+#: States whose records recovery hands to a reconciler (a CLAIMED record is
+#: released without one: its view never called out).
+_RECONCILED_STATES = (IdempotencyRecord.State.IN_PROGRESS, IdempotencyRecord.State.UNCERTAIN)
+
+
+@dataclass(frozen=True)
+class Census:
+    """The records of one database, as of ``taken_at`` (the database's clock)."""
+
+    database: str
+    taken_at: datetime
+    #: Records per state, every state present (0 when there are none).
+    counts: Mapping[str, int]
+    #: The states whose count is the planner's estimate, not a count.
+    estimated: frozenset[str]
+    #: When the oldest record of each unresolved state was created; absent: none.
+    oldest: Mapping[str, datetime]
+    #: Resolved records past retention that a purge would now delete or
+    #: make tombstones of, counted up to ``BACKLOG_CAP``.
+    purge_backlog: int
+    #: Whether there are more than ``purge_backlog`` (the count stopped at the cap).
+    purge_backlog_capped: bool
+    #: Operations with IN_PROGRESS or UNCERTAIN records and no reconciler:
+    #: recovery cannot settle those records (sorted).
+    unreconciled_operations: tuple[str, ...] = field(default=())
+
+    @property
+    def unresolved(self) -> int:
+        """Records still CLAIMED, IN_PROGRESS or UNCERTAIN: an exact count."""
+        return sum(self.counts[state] for state in UNRESOLVED_STATES)
+
+    def age(self, state: str) -> timedelta | None:
+        """How long ago the oldest record in unresolved ``state`` was created; None: none."""
+        created = self.oldest.get(state)
+        return None if created is None else max(self.taken_at - created, timedelta(0))
+
+    @property
+    def oldest_unresolved_age(self) -> timedelta | None:
+        """The age of the oldest unresolved record, whatever its state."""
+        ages = [age for state in UNRESOLVED_STATES if (age := self.age(state)) is not None]
+        return max(ages, default=None)
+
+
+def take_census(database: str) -> Census:
+    """Count the records of ``database`` (a records alias), in a few bounded queries."""
+    records = IdempotencyRecord.objects.using(database)
+    taken_at = database_now(database)
+    counts = dict.fromkeys(IdempotencyRecord.State.values, 0)
+    oldest: dict[str, datetime] = {}
+    for row in (
+        records.filter(state__in=UNRESOLVED_STATES)
+        .values("state")
+        .annotate(count=Count("pk"), oldest=Min("created_at"))
+        .order_by()
+    ):
+        counts[row["state"]] = row["count"]
+        oldest[row["state"]] = row["oldest"]
+    estimated: set[str] = set()
+    for state in RESOLVED_STATES:
+        count, is_estimate = _count_or_estimate(records.filter(state=state))
+        counts[state] = count
+        if is_estimate:
+            estimated.add(state)
+    backlog = _count_up_to(
+        records.filter(state__in=RESOLVED_STATES, expires_at__lte=DatabaseNow()), BACKLOG_CAP
+    )
+    return Census(
+        database=database,
+        taken_at=taken_at,
+        counts=counts,
+        estimated=frozenset(estimated),
+        oldest=oldest,
+        purge_backlog=min(backlog, BACKLOG_CAP),
+        purge_backlog_capped=backlog > BACKLOG_CAP,
+        unreconciled_operations=_unreconciled_operations(records),
+    )
+
+
+def _count_up_to(records: QuerySet[IdempotencyRecord], cap: int) -> int:
+    """``records.count()``, reading at most ``cap + 1`` rows (a count over a LIMIT)."""
+    return records.order_by()[: cap + 1].count()
+
+
+def _count_or_estimate(records: QuerySet[IdempotencyRecord]) -> tuple[int, bool]:
+    """An exact count up to ``EXACT_UP_TO``; beyond it, the planner's estimate."""
+    count = _count_up_to(records, EXACT_UP_TO)
+    if count <= EXACT_UP_TO:
+        return count, False
+    # At least EXACT_UP_TO + 1 in any case: statistics not refreshed since a
+    # bulk load may say far fewer.
+    return max(_planner_estimate(records), count), True
+
+
+def _planner_estimate(records: QuerySet[IdempotencyRecord]) -> int:
+    """How many rows the database's planner expects ``records`` to return."""
+    connection = connections[records.db]
+    sql, params = records.order_by().values("pk").query.sql_with_params()
+    with connection.cursor() as cursor:
+        if connection.vendor == "postgresql":
+            cursor.execute(f"EXPLAIN (FORMAT JSON) {sql}", params)
+            plan = cursor.fetchone()[0]
+            plan = json.loads(plan) if isinstance(plan, str) else plan
+            return int(plan[0]["Plan"]["Plan Rows"])
+        if connection.vendor == "mysql":
+            cursor.execute(f"EXPLAIN {sql}", params)
+            names = [column[0].lower() for column in cursor.description]
+            return int(cursor.fetchone()[names.index("rows")] or 0)
+    # SQLite (and any other backend) has no row estimate: the embedded
+    # default holds a demo's or a test's records, which count quickly.
+    return records.count()
+
+
+def _unreconciled_operations(records: QuerySet[IdempotencyRecord]) -> tuple[str, ...]:
+    operations = (
+        records.filter(state__in=_RECONCILED_STATES)
+        .order_by()
+        .values_list("operation", flat=True)
+        .distinct()[:_OPERATIONS_READ]
+    )
+    return tuple(sorted(name for name in set(operations) if reconciler_for(name) is None))
