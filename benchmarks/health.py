@@ -170,9 +170,17 @@ def report(name: str, times: list[float]) -> None:
     )
 
 
-def subprocess_command(database: Database) -> None:
+def subprocess_command(database: Database, *extra: str) -> None:
     result = subprocess.run(
-        [sys.executable, "-m", "django", "idempotency_health", "--settings", BENCH_SETTINGS],
+        [
+            sys.executable,
+            "-m",
+            "django",
+            "idempotency_health",
+            "--settings",
+            BENCH_SETTINGS,
+            *extra,
+        ],
         cwd=_HERE.parent,
         env=django_env(database),
         capture_output=True,
@@ -235,6 +243,12 @@ def measure(database: Database, rounds: int) -> None:
     report(
         "python -m django idempotency_health",
         time_rounds(rounds, lambda: subprocess_command(database)),
+    )
+    # The same process start-up (interpreter, django.setup(), the command's
+    # import) with no query: what a probe pays whatever the table holds.
+    report(
+        "  of which start-up (... --version)",
+        time_rounds(rounds, lambda: subprocess_command(database, "--version")),
     )
     out = io.StringIO()
     call_command("idempotency_health", stdout=out)
