@@ -132,7 +132,7 @@ RECORDS = Instrument(
     "idempotency_records",
     "gauge",
     "{record}",
-    "Records per state; COMPLETED and FAILED are the planner's estimates past 100,000.",
+    "Records per state; COMPLETED and FAILED are the planner's estimates past 200,000.",
     ("database", "state"),
 )
 OLDEST_UNRESOLVED_AGE = Instrument(
