@@ -42,11 +42,11 @@ __all__ = [
     "take_census",
 ]
 
-#: A resolved state with more records than this is reported as estimated.
 EXACT_UP_TO = 100_000
+"""COMPLETED and FAILED are counted exactly up to this; estimated past twice it."""
 
-#: The purge backlog is counted up to this many records.
 BACKLOG_CAP = 100_000
+"""The purge backlog is counted up to this many records, and is "at least" beyond."""
 
 #: At most this many operation names are read for the reconciler check.
 _OPERATIONS_READ = 1_000

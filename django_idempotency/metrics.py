@@ -182,6 +182,7 @@ INSTRUMENTS = (
     UNRECONCILED_OPERATIONS,
     CENSUS_TIMESTAMP,
 )
+"""Every metric the package records, with its OpenTelemetry and Prometheus names."""
 
 #: Buckets of the duration histogram (seconds): a claim and a completion
 #: take about a millisecond; the "wait" mode and a busy database, seconds.
