@@ -28,6 +28,7 @@ from django_idempotency.responses import replay
 from django_idempotency.retention_header import advertise_replay
 from django_idempotency.scope import Scope
 from django_idempotency.store.sealing import UnreadableRecord, unseal
+from django_idempotency.tracing import step_span
 from django_idempotency.view_transactions import run_unprotected
 
 if TYPE_CHECKING:
@@ -77,16 +78,21 @@ def answer_settled(
         raise KeyReused()
     if store.kept_as_tombstone(record):
         logger.info("Refused a retry of %s: past retention, kept as a tombstone.", scope)
+        signals.notify(signals.key_expired, request, scope)
         raise KeyExpired()
-    try:
-        headers, body = unseal(
-            record.response_headers, record.response_body, sealed=record.response_sealed
-        )
-    except UnreadableRecord as exc:
-        logger.error("Cannot replay record %s (%s): %s", record.pk, scope, exc)
-        raise StoreUnavailable(str(UNREADABLE_RECORD), retry_after=UNAVAILABLE_RETRY_AFTER) from exc
-    signals.notify(signals.response_replayed, request, scope, status=record.response_status)
-    return advertise_replay(replay(record.response_status or 200, headers, body), record)
+    with step_span("idempotency.replay", scope) as span:
+        span.set_attribute("http.response.status_code", record.response_status or 200)
+        try:
+            headers, body = unseal(
+                record.response_headers, record.response_body, sealed=record.response_sealed
+            )
+        except UnreadableRecord as exc:
+            logger.error("Cannot replay record %s (%s): %s", record.pk, scope, exc)
+            raise StoreUnavailable(
+                str(UNREADABLE_RECORD), retry_after=UNAVAILABLE_RETRY_AFTER
+            ) from exc
+        signals.notify(signals.response_replayed, request, scope, status=record.response_status)
+        return advertise_replay(replay(record.response_status or 200, headers, body), record)
 
 
 def store_unavailable(

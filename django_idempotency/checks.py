@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import ast
 import difflib
+import importlib.util
 import inspect
 import re
 import textwrap
@@ -365,6 +366,47 @@ def _check_tombstone_ttl(value: Any) -> Iterator[CheckMessage]:
         )
 
 
+#: The sinks IDEMPOTENCY["METRICS"] may name, and the module each needs.
+_METRICS_SINKS = {"opentelemetry": "opentelemetry", "prometheus": "prometheus_client"}
+
+
+def _check_metrics(value: Any) -> Iterator[CheckMessage]:
+    sinks = (value,) if isinstance(value, str) else value
+    if not isinstance(sinks, (list, tuple)) or not all(isinstance(s, str) for s in sinks):
+        yield _error(
+            37,
+            f"IDEMPOTENCY['METRICS'] = {value!r} is not a tuple of sink names.",
+            'Set it to ("opentelemetry",), ("prometheus",), both, or () for no metrics.',
+        )
+        return
+    for sink in sinks:
+        if sink not in _METRICS_SINKS:
+            yield _error(
+                37,
+                f"IDEMPOTENCY['METRICS'] names {sink!r}, which is not a metrics sink.",
+                f"The sinks are {', '.join(map(repr, _METRICS_SINKS))}.",
+            )
+        elif sink == "prometheus" and importlib.util.find_spec("prometheus_client") is None:
+            # The OpenTelemetry API missing is no error: the default sink is
+            # then a no-op, as it is without an SDK.
+            yield _error(
+                37,
+                "IDEMPOTENCY['METRICS'] names 'prometheus', but prometheus_client is not "
+                "installed.",
+                'pip install "django-idempotency[prometheus]"',
+            )
+
+
+def _check_metrics_operations(value: Any) -> Iterator[CheckMessage]:
+    if isinstance(value, bool) or not isinstance(value, int) or value < 1:
+        yield _error(
+            38,
+            f"IDEMPOTENCY['METRICS_OPERATIONS'] = {value!r} is not a positive integer.",
+            "Give the number of distinct operation names to label metrics with (100 by "
+            "default); later ones are counted as 'other'.",
+        )
+
+
 _CHECKS: Mapping[str, Callable[[Any], Iterator[CheckMessage]]] = {
     "HEADER": _check_header,
     "REQUIRED": _check_bool("REQUIRED", 3),
@@ -389,6 +431,10 @@ _CHECKS: Mapping[str, Callable[[Any], Iterator[CheckMessage]]] = {
     "INTENT_DATABASES": _check_intent_databases,
     "TOMBSTONE_TTL": _check_tombstone_ttl,
     "ADVERTISE_RETENTION": _check_bool("ADVERTISE_RETENTION", 34),
+    "METRICS": _check_metrics,
+    "METRICS_OPERATIONS": _check_metrics_operations,
+    "METRICS_TENANT": _check_bool("METRICS_TENANT", 39),
+    "TRACING": _check_bool("TRACING", 40),
 }
 
 

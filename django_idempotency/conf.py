@@ -71,6 +71,18 @@ DEFAULTS: Mapping[str, Any] = {
     #: Whether protected responses say how long their outcome is still kept
     #: (``retention_header.RETENTION_HEADER``); see retention_header.py.
     "ADVERTISE_RETENTION": False,
+    #: Where metrics go: "opentelemetry" (the API; a no-op without an SDK)
+    #: and/or "prometheus" (prometheus_client); () for none. See metrics.py.
+    "METRICS": ("opentelemetry",),
+    #: Distinct ``operation`` values a process labels metrics with; later
+    #: ones are counted as "other", so a route with ids in it cannot flood
+    #: the metrics backend.
+    "METRICS_OPERATIONS": 100,
+    #: Whether the request counter is labelled with the tenant too.
+    "METRICS_TENANT": False,
+    #: Spans for the claim, the view, the completion, begin_external() and
+    #: replays, through the OpenTelemetry API (tracing.py).
+    "TRACING": True,
 }
 
 
@@ -254,6 +266,23 @@ class IdempotencySettings:
     @_resolved
     def ADVERTISE_RETENTION(self) -> bool:
         return bool(self._get("ADVERTISE_RETENTION"))
+
+    @_resolved
+    def METRICS(self) -> tuple[str, ...]:
+        value = self._get("METRICS")
+        return (value,) if isinstance(value, str) else tuple(value or ())
+
+    @_resolved
+    def METRICS_OPERATIONS(self) -> int:
+        return cast(int, self._get("METRICS_OPERATIONS"))
+
+    @_resolved
+    def METRICS_TENANT(self) -> bool:
+        return bool(self._get("METRICS_TENANT"))
+
+    @_resolved
+    def TRACING(self) -> bool:
+        return bool(self._get("TRACING"))
 
 
 idempotency_settings = IdempotencySettings()

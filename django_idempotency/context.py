@@ -16,6 +16,7 @@ from django_idempotency.scope import Scope
 from django_idempotency.simulated_crash import SimulatedCrash, crash_requested
 from django_idempotency.store.connections import snapshot_isolated
 from django_idempotency.store.steps import StepWrite, steps_of
+from django_idempotency.tracing import step_span
 
 __all__ = [
     "IdempotencyContext",
@@ -280,12 +281,14 @@ class IdempotencyContext:
             _checked_step_name(step)
         self._refuse_snapshot_isolation()
         held_for = as_timedelta(lease) if lease is not None else idempotency_settings.LEASE
-        if step is None:
-            provider_key = self.provider_key
-            store.begin_external(self._held, provider_key, lease=held_for)
-            self._record_call_begun = True
-        else:
-            provider_key = self._begin_step(step, held_for)
+        with step_span("idempotency.begin_external", self._held.scope) as span:
+            if step is None:
+                provider_key = self.provider_key
+                store.begin_external(self._held, provider_key, lease=held_for)
+                self._record_call_begun = True
+            else:
+                span.set_attribute("idempotency.step", step)
+                provider_key = self._begin_step(step, held_for)
         self.external_begun = True
         if crash_requested():
             raise SimulatedCrash(self._held.scope)

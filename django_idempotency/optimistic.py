@@ -54,6 +54,7 @@ from django_idempotency.responses import StoredResponse, Verdict, capture
 from django_idempotency.retention_header import mark_stored
 from django_idempotency.scope import Scope
 from django_idempotency.simulated_crash import SimulatedCrash
+from django_idempotency.tracing import step_span
 from django_idempotency.view_transactions import view_transactions, writes_discarded
 
 if TYPE_CHECKING:
@@ -233,7 +234,13 @@ def _view_then_record(
             refusal = stored if verdict is Verdict.FAILED else None
             return _Run(response, verdict, discarded=True, store_after=refusal)
         stored = capture(response, conf.STORED_HEADERS, conf.MAX_STORED_BODY)
-        if store.record_finished(scope, fingerprint, verdict, stored, ttl=ttl, using=database):
+        with step_span("idempotency.complete", scope) as span:
+            span.set_attribute("idempotency.outcome", verdict.value)
+            recorded = store.record_finished(
+                scope, fingerprint, verdict, stored, ttl=ttl, using=database
+            )
+            span.set_attribute("idempotency.recorded", recorded)
+        if recorded:
             return _Run(response, verdict, recorded=True)
         _roll_back(everything)
         return _Run(response, verdict, lost=True)

@@ -39,6 +39,7 @@ from django_idempotency.retention_header import mark_stored
 from django_idempotency.scope import Scope
 from django_idempotency.simulated_crash import SimulatedCrash
 from django_idempotency.store.connections import close_independent_connections
+from django_idempotency.tracing import step_span
 from django_idempotency.view_transactions import (
     view_transactions,
     writes_discarded,
@@ -65,6 +66,12 @@ class _Step(enum.Enum):
     VIEW = "view"
     COMPLETING = "completing"
     COMMITTING = "committing"
+
+
+def _complete(held: store.Claim, verdict: Verdict, stored: StoredResponse, ttl: timedelta) -> None:
+    with step_span("idempotency.complete", held.scope) as span:
+        span.set_attribute("idempotency.outcome", verdict.value)
+        store.complete(held, verdict, stored, ttl=ttl)
 
 
 def run_owned(
@@ -104,11 +111,11 @@ def run_owned(
                     # writes are undone, so the refusal is stored on its own.
                     store_after = stored
                 else:
-                    store.complete(held, verdict, stored, ttl=ttl)
+                    _complete(held, verdict, stored, ttl)
             step = _Step.COMMITTING
         if store_after is not None:
             step = _Step.COMPLETING
-            store.complete(held, verdict, store_after, ttl=ttl)
+            _complete(held, verdict, store_after, ttl)
     except StaleOwner:
         signals.notify(signals.request_in_flight, request, held.scope, state="taken over")
         raise RequestInProgress(retry_after=IN_FLIGHT_RETRY_AFTER) from None

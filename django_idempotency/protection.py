@@ -9,6 +9,7 @@ answers to everybody else in ``answers``.
 
 from __future__ import annotations
 
+import contextlib
 import time
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
@@ -31,6 +32,7 @@ from django_idempotency.databases import database_for
 from django_idempotency.digests import Fingerprint
 from django_idempotency.exceptions import (
     BodyTooLarge,
+    IdempotencyRefusal,
     InputUnreadable,
     KeyMissing,
 )
@@ -40,12 +42,14 @@ from django_idempotency.fingerprint import (
     request_fingerprint,
 )
 from django_idempotency.key_sources import KeySource
+from django_idempotency.metrics import RequestObservation, observe_request
 from django_idempotency.optimistic import run_optimistically
 from django_idempotency.outcomes import Outcome, standard, webhook
 from django_idempotency.owned_run import run_owned
 from django_idempotency.retention_header import advertise_first_execution
 from django_idempotency.scope import OperationSpec, Scope, resolve_operation, resolve_tenant
 from django_idempotency.single_transaction import claim_in_one_transaction
+from django_idempotency.tracing import step_span, traced
 from django_idempotency.view_transactions import run_unprotected
 
 if TYPE_CHECKING:
@@ -123,6 +127,28 @@ def protect(
             return refusal
     if request.method not in PROTECTED_METHODS:
         return run_unprotected(view)
+    observation = observe_request(request)
+    if observation is None:
+        return _protect(request, view, options, view_args, view_kwargs, None)
+    try:
+        return _protect(request, view, options, view_args, view_kwargs, observation)
+    except IdempotencyRefusal:
+        if observation.scope is None:  # refused before it had one: no key, a body too large
+            with contextlib.suppress(Exception):
+                observation.operation = resolve_operation(request, options.operation)
+        raise
+    finally:
+        observation.finish()
+
+
+def _protect(
+    request: HttpRequest,
+    view: Callable[[], HttpResponseBase],
+    options: Options,
+    view_args: Sequence[Any],
+    view_kwargs: Mapping[str, Any],
+    observation: RequestObservation | None,
+) -> HttpResponseBase:
     conf = idempotency_settings
     if options.key.kind == "body":
         _refuse_a_body_too_large(request)  # before it is parsed for the key
@@ -139,6 +165,10 @@ def protect(
         operation=resolve_operation(request, options.operation),
         key=key,
     )
+    if observation is not None:
+        observation.scope = scope
+        view = observation.timed(view)
+    view = traced("idempotency.view", scope, view)
     _refuse_a_body_too_large(request)
     try:
         fingerprint = request_fingerprint(request, options.fingerprint, view_args, view_kwargs)
@@ -182,6 +212,16 @@ def protect(
     return response
 
 
+def _describe_claim(span: Any, attempt: store.Attempt) -> None:
+    if attempt.held is not None:
+        span.set_attribute("idempotency.outcome", "claimed")
+        span.set_attribute("idempotency.fencing_token", attempt.held.fencing_token)
+    else:
+        span.set_attribute("idempotency.outcome", "held")
+        state = attempt.last_seen if attempt.record is None else attempt.record.state
+        span.set_attribute("idempotency.record.state", state)
+
+
 def _refuse_a_body_too_large(request: HttpRequest) -> None:
     limit = idempotency_settings.MAX_FINGERPRINTED_BODY
     if _declared_length(request) > limit:
@@ -215,9 +255,11 @@ def _claim_or_answer(
     poll = _FIRST_POLL
     while True:
         try:
-            attempt = store.claim_or_take_over(
-                scope, fingerprint, ttl=ttl, lease=lease, using=database
-            )
+            with step_span("idempotency.claim", scope) as span:
+                attempt = store.claim_or_take_over(
+                    scope, fingerprint, ttl=ttl, lease=lease, using=database
+                )
+                _describe_claim(span, attempt)
         except UNREACHABLE_ERRORS as exc:
             if is_contention(exc):  # a busy database, most likely this very key
                 in_flight(request, scope, state="contended", cause=exc)

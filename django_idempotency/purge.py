@@ -12,7 +12,7 @@ from time import monotonic, sleep
 
 from django.db.models import Q
 
-from django_idempotency import store
+from django_idempotency import metrics, store
 from django_idempotency.conf import idempotency_settings
 from django_idempotency.databases import records_database_named, sweep
 from django_idempotency.models import RESOLVED_STATES, IdempotencyRecord
@@ -165,6 +165,7 @@ def _purge_one(
         took = monotonic() - started
         if not deleted + tombstoned:
             break
+        metrics.count_purged(database, deleted=deleted, tombstoned=tombstoned)
         report.batches += 1
         report.deleted += deleted
         report.tombstoned += tombstoned

@@ -44,7 +44,7 @@ from typing import Any, TypeAlias
 from django.db import transaction
 from django.db.models import Count, Min
 
-from django_idempotency import signals, store
+from django_idempotency import metrics, signals, store
 from django_idempotency.conf import as_timedelta, idempotency_settings
 from django_idempotency.databases import records_database_named, sweep
 from django_idempotency.exceptions import StaleOwner
@@ -385,7 +385,10 @@ def recover_stale_records(*, batch_size: int = 100, database: str | None = None)
             except StaleOwner:
                 report.stale += 1
 
-    sweep(records_database_named(database), recover_in)
+    try:
+        sweep(records_database_named(database), recover_in)
+    finally:  # a database that failed still leaves the others' outcomes to count
+        metrics.count_recovery(report)
     return report
 
 

@@ -11,6 +11,9 @@ from typing import TYPE_CHECKING, Any
 
 from django.dispatch import Signal
 
+from django_idempotency import metrics
+from django_idempotency.conf import idempotency_settings
+
 if TYPE_CHECKING:
     from django.http import HttpRequest
 
@@ -18,6 +21,7 @@ if TYPE_CHECKING:
 
 __all__ = [
     "claim_released",
+    "key_expired",
     "key_reused",
     "notify",
     "record_uncertain",
@@ -49,6 +53,9 @@ request_in_flight = Signal()
 key_reused = Signal()
 """Refused with 422: the key was used with different input."""
 
+key_expired = Signal()
+"""Refused with 422: the key is past retention, kept as a tombstone (``TOMBSTONE_TTL``)."""
+
 claim_released = Signal()
 """The claim was given up so that a retry runs.
 
@@ -76,8 +83,11 @@ def notify(signal: Signal, request: HttpRequest | None, scope: Scope, **kwargs: 
     """Send ``signal``; a failing receiver is logged, never fails the request.
 
     Receivers count things. A metrics backend that is down must not turn a
-    replay into a 500, nor leave a claim behind that nobody releases.
+    replay into a 500, nor leave a claim behind that nobody releases. The
+    package's own metrics (``IDEMPOTENCY["METRICS"]``) count from here too.
     """
+    if idempotency_settings.METRICS:
+        metrics.note(signal, request, scope, kwargs)
     if not signal.receivers:
         return  # the common case, on every request: nothing to build or look up
     from django_idempotency.models import IdempotencyRecord

@@ -46,6 +46,7 @@ from django_idempotency.owned_run import (
 )
 from django_idempotency.responses import StoredResponse, Verdict, capture
 from django_idempotency.scope import Scope
+from django_idempotency.tracing import step_span
 from django_idempotency.view_transactions import (
     view_transactions,
     writes_discarded,
@@ -84,14 +85,16 @@ def claim_in_one_transaction(
     run: _SingleRun | None = None
     try:
         with transaction.atomic(using=database):
-            held = store.claim(
-                scope,
-                fingerprint,
-                ttl=ttl,
-                lease=conf.LEASE,
-                using=database,
-                wait_at_most=conf.IN_FLIGHT_WAIT,
-            )
+            with step_span("idempotency.claim", scope) as span:
+                held = store.claim(
+                    scope,
+                    fingerprint,
+                    ttl=ttl,
+                    lease=conf.LEASE,
+                    using=database,
+                    wait_at_most=conf.IN_FLIGHT_WAIT,
+                )
+                span.set_attribute("idempotency.outcome", "held" if held is None else "claimed")
             if held is None:
                 record = store.lookup(scope, using=database)
             else:
@@ -174,7 +177,9 @@ def _view_in_the_claims_transaction(
         stored = capture(response, conf.STORED_HEADERS, conf.MAX_STORED_BODY)
         if rolled_back:
             return _SingleRun(held, response, verdict, stored=False, store_after=stored)
-        store.complete(held, verdict, stored, ttl=ttl)
+        with step_span("idempotency.complete", held.scope) as span:
+            span.set_attribute("idempotency.outcome", verdict.value)
+            store.complete(held, verdict, stored, ttl=ttl)
         return _SingleRun(held, response, verdict, stored=True)
 
 

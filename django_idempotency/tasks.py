@@ -40,6 +40,7 @@ __all__ = [
     "TaskOutcomeUncertain",
     "idempotent_task",
     "message_id",
+    "observe_records",
     "purge_expired_records",
     "recover_stale_records",
     "task_idempotency",
@@ -106,6 +107,45 @@ def purge_expired_records(
     return asdict(report)
 
 
+@shared_task(name="django_idempotency.tasks.observe_records", ignore_result=False)
+def observe_records(database: str | None = None) -> dict[str, dict[str, Any]]:
+    """Take the census of each records database and set the metrics' gauges.
+
+    Celery task ``django_idempotency.tasks.observe_records``: one process
+    (the worker that runs it) reads the counts, so the gauges are read from
+    the database once a minute, not once per web worker; see
+    docs/observability.md for where the values go.
+
+    Args:
+        database: Only this records database; ``None``: every one.
+
+    Returns:
+        Per database: ``counts`` per state, ``estimated`` (the states whose
+        count is an estimate), ``oldest_unresolved_age`` (seconds or None),
+        ``purge_backlog`` and ``unreconciled_operations``.
+    """
+    from django_idempotency.census import take_census
+    from django_idempotency.databases import records_database_named, sweep
+    from django_idempotency.metrics import publish_census
+
+    observed: dict[str, dict[str, Any]] = {}
+
+    def observe(alias: str) -> None:
+        census = take_census(alias)
+        publish_census(census)
+        age = census.oldest_unresolved_age
+        observed[alias] = {
+            "counts": dict(census.counts),
+            "estimated": sorted(census.estimated),
+            "oldest_unresolved_age": None if age is None else age.total_seconds(),
+            "purge_backlog": census.purge_backlog,
+            "unreconciled_operations": list(census.unreconciled_operations),
+        }
+
+    sweep(records_database_named(database), observe)
+    return observed
+
+
 BEAT_SCHEDULE: dict[str, dict[str, Any]] = {
     "django-idempotency-recover-stale-records": {
         "task": "django_idempotency.tasks.recover_stale_records",
@@ -115,9 +155,14 @@ BEAT_SCHEDULE: dict[str, dict[str, Any]] = {
         "task": "django_idempotency.tasks.purge_expired_records",
         "schedule": 600.0,
     },
+    "django-idempotency-observe-records": {
+        "task": "django_idempotency.tasks.observe_records",
+        "schedule": 60.0,
+    },
 }
 """Celery beat entries to merge into ``CELERY_BEAT_SCHEDULE``.
 
 Recovery every minute (a record is stuck at most LEASE plus a minute);
-purge every ten minutes, bounded per run so it never hogs a worker.
+purge every ten minutes, bounded per run so it never hogs a worker; the
+metrics' gauges every minute (a few indexed queries per records database).
 """

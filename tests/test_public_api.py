@@ -289,6 +289,7 @@ def test_the_celery_tasks_spec_fixes_are_registered_under_their_dotted_names() -
     assert {entry["task"] for entry in tasks.BEAT_SCHEDULE.values()} == {
         "django_idempotency.tasks.recover_stale_records",
         "django_idempotency.tasks.purge_expired_records",
+        "django_idempotency.tasks.observe_records",
     }
     assert callable(tasks.idempotent_task(key="event_id"))
 

@@ -1,0 +1,420 @@
+"""Metrics: what the protection did, counted, timed and sent to the configured sinks.
+
+``IDEMPOTENCY["METRICS"]`` names the sinks: ``"opentelemetry"`` (the
+default: the OpenTelemetry API, a no-op until the project configures an
+SDK, and when the API is not installed) and ``"prometheus"``
+(``prometheus_client``, across gunicorn's workers in its multiprocess
+mode). ``INSTRUMENTS`` is the catalogue both build from; docs/observability.md
+lists it with what to watch.
+
+Where the figures come from:
+
+- per request, from ``protect()``: one ``requests`` count with its outcome,
+  and the protection's own time (the view's time taken out);
+- per event, from ``signals.notify``: releases, UNCERTAIN outcomes,
+  records recovery could not reconcile;
+- per run, from recovery and the purge;
+- the gauges, from ``census.take_census``, taken by ONE process (the
+  beat-driven ``observe_records`` task): read by every worker they would
+  multiply the queries, and each worker would report its own stale copy.
+
+Labels are bounded: ``operation`` (at most ``METRICS_OPERATIONS`` distinct
+values per process, the rest are "other"), ``outcome``, ``reason``,
+``state``, ``database``, and ``tenant`` only with ``METRICS_TENANT``.
+Keys are never labels. A failing sink is logged and never fails a request.
+"""
+
+from __future__ import annotations
+
+import functools
+import logging
+import time
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass
+from typing import TYPE_CHECKING, Any, Literal, Protocol
+
+from django.core.signals import setting_changed
+
+from django_idempotency.conf import idempotency_settings
+
+if TYPE_CHECKING:
+    from django.dispatch import Signal
+    from django.http import HttpRequest, HttpResponseBase
+
+    from django_idempotency.census import Census
+    from django_idempotency.recovery import RecoveryReport
+    from django_idempotency.scope import Scope
+
+__all__ = [
+    "INSTRUMENTS",
+    "Instrument",
+    "RequestObservation",
+    "count_purged",
+    "count_recovery",
+    "observe_request",
+    "publish_census",
+]
+
+logger = logging.getLogger("django_idempotency")
+
+
+@dataclass(frozen=True)
+class Instrument:
+    """One metric: its OpenTelemetry name and its Prometheus name.
+
+    The Prometheus name is what an OpenTelemetry collector's Prometheus
+    exporter makes of the OpenTelemetry one (dots to underscores, ``_total``
+    after a counter, ``_seconds`` for the unit "s"), so alert rules and
+    dashboards work with either sink.
+    """
+
+    name: str
+    prometheus_name: str
+    kind: Literal["counter", "histogram", "gauge"]
+    unit: str
+    description: str
+    labels: tuple[str, ...]
+
+
+REQUESTS = Instrument(
+    "idempotency.requests",
+    "idempotency_requests",
+    "counter",
+    "{request}",
+    "Protected requests by outcome: executed, replayed, key_reused, key_expired, "
+    "in_flight, store_unavailable, unprotected, rejected.",
+    ("operation", "outcome", "tenant"),
+)
+PROTECTION_DURATION = Instrument(
+    "idempotency.protection.duration",
+    "idempotency_protection_duration_seconds",
+    "histogram",
+    "s",
+    "Time a protected request spent in the protection itself, the view's time taken out.",
+    ("operation", "outcome"),
+)
+RELEASES = Instrument(
+    "idempotency.releases",
+    "idempotency_releases",
+    "counter",
+    "{record}",
+    "Claims given up so that a retry runs: exception, status, recovery, reconciled.",
+    ("operation", "reason"),
+)
+UNCERTAIN = Instrument(
+    "idempotency.uncertain",
+    "idempotency_uncertain",
+    "counter",
+    "{record}",
+    "Records that became UNCERTAIN: a view failed after begin_external().",
+    ("operation",),
+)
+UNRECONCILED = Instrument(
+    "idempotency.unreconciled",
+    "idempotency_unreconciled",
+    "counter",
+    "{record}",
+    "Unresolved records recovery left as they were: their operation has no reconciler.",
+    ("operation",),
+)
+RECOVERY = Instrument(
+    "idempotency.recovery",
+    "idempotency_recovery",
+    "counter",
+    "{record}",
+    "Records recovery handled, by outcome: released, handed_back, completed, failed, "
+    "retried, unreconciled, stale.",
+    ("outcome",),
+)
+PURGED = Instrument(
+    "idempotency.purged",
+    "idempotency_purged",
+    "counter",
+    "{record}",
+    "Records the purge deleted or made tombstones of.",
+    ("database", "action"),
+)
+RECORDS = Instrument(
+    "idempotency.records",
+    "idempotency_records",
+    "gauge",
+    "{record}",
+    "Records per state; COMPLETED and FAILED are the planner's estimates past 100,000.",
+    ("database", "state"),
+)
+OLDEST_UNRESOLVED_AGE = Instrument(
+    "idempotency.oldest_unresolved.age",
+    "idempotency_oldest_unresolved_age_seconds",
+    "gauge",
+    "s",
+    "Age of the oldest record in each unresolved state; 0 when there is none.",
+    ("database", "state"),
+)
+PURGE_BACKLOG = Instrument(
+    "idempotency.purge.backlog",
+    "idempotency_purge_backlog",
+    "gauge",
+    "{record}",
+    "Resolved records past retention not yet purged, counted up to 100,000.",
+    ("database",),
+)
+UNRECONCILED_OPERATIONS = Instrument(
+    "idempotency.unreconciled_operations",
+    "idempotency_unreconciled_operations",
+    "gauge",
+    "{operation}",
+    "Operations with IN_PROGRESS or UNCERTAIN records and no reconciler.",
+    ("database",),
+)
+CENSUS_TIMESTAMP = Instrument(
+    "idempotency.census.timestamp",
+    "idempotency_census_timestamp_seconds",
+    "gauge",
+    "s",
+    "When the gauges were last taken (Unix time, the database's clock).",
+    ("database",),
+)
+
+INSTRUMENTS = (
+    REQUESTS,
+    PROTECTION_DURATION,
+    RELEASES,
+    UNCERTAIN,
+    UNRECONCILED,
+    RECOVERY,
+    PURGED,
+    RECORDS,
+    OLDEST_UNRESOLVED_AGE,
+    PURGE_BACKLOG,
+    UNRECONCILED_OPERATIONS,
+    CENSUS_TIMESTAMP,
+)
+
+#: Buckets of the duration histogram (seconds): a claim and a completion
+#: take about a millisecond; the "wait" mode and a busy database, seconds.
+DURATION_BUCKETS = (
+    0.0005,
+    0.001,
+    0.0025,
+    0.005,
+    0.01,
+    0.025,
+    0.05,
+    0.1,
+    0.25,
+    0.5,
+    1.0,
+    2.5,
+    5.0,
+    10.0,
+)
+
+
+class Sink(Protocol):
+    def add(self, instrument: Instrument, amount: float, labels: Mapping[str, str]) -> None: ...
+
+    def record(self, instrument: Instrument, value: float, labels: Mapping[str, str]) -> None: ...
+
+    def set(self, instrument: Instrument, value: float, labels: Mapping[str, str]) -> None: ...
+
+
+@functools.cache
+def _sinks_for(names: tuple[str, ...]) -> tuple[Sink, ...]:
+    found: list[Sink] = []
+    if "opentelemetry" in names:
+        from django_idempotency.metrics_opentelemetry import opentelemetry_sink
+
+        sink = opentelemetry_sink()
+        if sink is not None:
+            found.append(sink)
+    if "prometheus" in names:
+        from django_idempotency.prometheus import prometheus_sink
+
+        found.append(prometheus_sink())
+    return tuple(found)
+
+
+def sinks() -> tuple[Sink, ...]:
+    """The configured sinks; () when metrics are off (or no sink is installed)."""
+    return _sinks_for(idempotency_settings.METRICS)
+
+
+def _send(method: str, instrument: Instrument, value: float, labels: Mapping[str, str]) -> None:
+    for sink in sinks():
+        try:
+            getattr(sink, method)(instrument, value, labels)
+        except Exception:  # a metrics backend must never fail the request
+            logger.exception("Metrics sink %r failed on %s.", sink, instrument.name)
+
+
+_seen_operations: set[str] = set()
+
+
+def _operation_label(operation: str) -> str:
+    """``operation``, or "other" once the process labelled ``METRICS_OPERATIONS`` others."""
+    if operation in _seen_operations:
+        return operation
+    if len(_seen_operations) >= idempotency_settings.METRICS_OPERATIONS:
+        return "other"
+    _seen_operations.add(operation)
+    return operation
+
+
+class RequestObservation:
+    """One protected request's outcome and timing, counted once it is answered."""
+
+    __slots__ = ("operation", "outcome", "scope", "started", "view_seconds")
+
+    def __init__(self) -> None:
+        self.started = time.perf_counter()
+        self.view_seconds = 0.0
+        self.outcome: str | None = None
+        #: The request's scope, once it has one.
+        self.scope: Scope | None = None
+        #: The operation of a request refused before it had a scope.
+        self.operation: str | None = None
+
+    def timed(self, view: Callable[[], HttpResponseBase]) -> Callable[[], HttpResponseBase]:
+        """``view``, its time added up so that it can be taken out of the protection's."""
+
+        def run() -> HttpResponseBase:
+            started = time.perf_counter()
+            try:
+                return view()
+            finally:
+                self.view_seconds += time.perf_counter() - started
+
+        return run
+
+    def finish(self) -> None:
+        """Count the request: its outcome ("rejected" for refused input) and its time."""
+        elapsed = time.perf_counter() - self.started - self.view_seconds
+        scope = self.scope
+        operation = scope.operation if scope is not None else self.operation
+        if operation is None:
+            return  # not a protected request after all (a GET, a key-less call)
+        outcome = self.outcome or "rejected"
+        labels = {"operation": _operation_label(operation), "outcome": outcome}
+        _send("record", PROTECTION_DURATION, elapsed, labels)
+        if idempotency_settings.METRICS_TENANT and scope is not None:
+            labels = {**labels, "tenant": scope.tenant}
+        _send("add", REQUESTS, 1, labels)
+
+
+_OBSERVATION = "_idempotency_observation"
+
+
+def observe_request(request: HttpRequest) -> RequestObservation | None:
+    """Start observing ``request`` (None when no sink is configured: nothing to do)."""
+    if not sinks():
+        return None
+    observation = RequestObservation()
+    setattr(request, _OBSERVATION, observation)
+    return observation
+
+
+def _outcome_of(name: str, kwargs: Mapping[str, Any]) -> str | None:
+    if name == "request_claimed" or name == "response_stored":
+        return "executed"
+    if name == "response_replayed":
+        return "replayed"
+    if name == "key_reused":
+        return "key_reused"
+    if name == "key_expired":
+        return "key_expired"
+    if name == "request_in_flight":
+        return "in_flight"
+    if name == "store_unavailable":
+        return "unprotected" if kwargs.get("fail_open") else "store_unavailable"
+    return None
+
+
+def note(
+    signal: Signal, request: HttpRequest | None, scope: Scope, kwargs: Mapping[str, Any]
+) -> None:
+    """Count what ``signal`` reports (called by ``signals.notify`` when metrics are on)."""
+    name = _signal_names().get(id(signal))
+    if name is None:
+        return
+    observation = getattr(request, _OBSERVATION, None) if request is not None else None
+    if observation is not None:
+        outcome = _outcome_of(name, kwargs)
+        # A claim counts as executed once: the stored response (or a
+        # release) that follows does not change it; a replay, a refusal or a
+        # lost lease after it does (the optimistic mode's losers, say).
+        if outcome is not None and not (outcome == "executed" and observation.outcome):
+            observation.outcome = outcome
+        elif name == "claim_released" and observation.outcome is None:
+            observation.outcome = "executed"  # the optimistic mode runs the view unclaimed
+    if name == "claim_released":
+        reason = kwargs.get("reason")
+        label = "status" if isinstance(reason, int) else str(reason)
+        _send("add", RELEASES, 1, {"operation": _operation_label(scope.operation), "reason": label})
+    elif name == "record_uncertain":
+        _send("add", UNCERTAIN, 1, {"operation": _operation_label(scope.operation)})
+    elif name == "record_unreconciled":
+        _send("add", UNRECONCILED, 1, {"operation": _operation_label(scope.operation)})
+
+
+@functools.cache
+def _signal_names() -> dict[int, str]:
+    from django_idempotency import signals
+
+    return {id(getattr(signals, name)): name for name in signals.__all__ if name != "notify"}
+
+
+def count_recovery(report: RecoveryReport) -> None:
+    """Count one recovery run's outcomes."""
+    if not sinks():
+        return
+    for outcome in (
+        "released",
+        "handed_back",
+        "completed",
+        "failed",
+        "retried",
+        "unreconciled",
+        "stale",
+    ):
+        amount = getattr(report, outcome)
+        if amount:
+            _send("add", RECOVERY, amount, {"outcome": outcome})
+
+
+def count_purged(database: str, *, deleted: int, tombstoned: int) -> None:
+    """Count what one purge batch did on ``database``."""
+    if not sinks():
+        return
+    if deleted:
+        _send("add", PURGED, deleted, {"database": database, "action": "deleted"})
+    if tombstoned:
+        _send("add", PURGED, tombstoned, {"database": database, "action": "tombstoned"})
+
+
+def publish_census(census: Census) -> None:
+    """Set the gauges from ``census`` (what the ``observe_records`` task does)."""
+    from django_idempotency.models import UNRESOLVED_STATES
+
+    database = census.database
+    for state, count in census.counts.items():
+        _send("set", RECORDS, count, {"database": database, "state": state})
+    for state in UNRESOLVED_STATES:
+        age = census.age(state)
+        seconds = 0.0 if age is None else age.total_seconds()
+        _send("set", OLDEST_UNRESOLVED_AGE, seconds, {"database": database, "state": state})
+    _send("set", PURGE_BACKLOG, census.purge_backlog, {"database": database})
+    _send(
+        "set",
+        UNRECONCILED_OPERATIONS,
+        len(census.unreconciled_operations),
+        {"database": database},
+    )
+    _send("set", CENSUS_TIMESTAMP, census.taken_at.timestamp(), {"database": database})
+
+
+def _forget(*, setting: str, **kwargs: Any) -> None:
+    if setting == "IDEMPOTENCY":
+        _seen_operations.clear()
+
+
+setting_changed.connect(_forget, dispatch_uid="django_idempotency.metrics")
