@@ -17,12 +17,18 @@ skip, or fail with ``IDEMPOTENCY_REQUIRE_SERVICES=1`` (CI).
 
 from __future__ import annotations
 
+import functools
+import json
+import os
 import re
 import subprocess
+import sys
+from dataclasses import dataclass
 from pathlib import Path
 
 import yaml
 
+from django_idempotency.models import IdempotencyRecord
 from tests.live.prometheus_docs import (
     ALERT_RULES,
     ALERT_TESTS,
@@ -180,28 +186,93 @@ def test_promtool_parses_every_dashboard_query(tmp_path: Path) -> None:
 
 # -- metric names -------------------------------------------------------------------------
 
-#: The names of the design note (issue 17), series name -> label names.
-DEFINED: dict[str, set[str]] = {
-    "idempotency_requests_total": {"operation", "outcome"},
-    "idempotency_releases_total": {"operation", "reason"},
-    "idempotency_uncertain_total": {"operation"},
-    "idempotency_unreconciled_total": {"operation"},
-    "idempotency_recovery_total": {"outcome"},
-    "idempotency_purged_total": {"database", "action"},
-    "idempotency_protection_duration_seconds_bucket": {"operation", "outcome", "le"},
-    "idempotency_protection_duration_seconds_count": {"operation", "outcome"},
-    "idempotency_protection_duration_seconds_sum": {"operation", "outcome"},
-    "idempotency_records": {"database", "state"},
-    "idempotency_oldest_unresolved_age_seconds": {"database", "state"},
-    "idempotency_purge_backlog": {"database"},
-    "idempotency_unreconciled_operations": {"database"},
-    "idempotency_census_timestamp_seconds": {"database"},
-}
+#: Run in a process of its own, so that its values stay out of this
+#: process's registry (other tests read theirs): every instrument of the
+#: Prometheus sink given one value, recovery's and the purge's real calls
+#: made, and the default registry scraped.
+_SCRAPE = """
+import django, json, sys
+django.setup()
+import prometheus_client
+from prometheus_client.parser import text_string_to_metric_families
+from django_idempotency import metrics
+from django_idempotency.prometheus import prometheus_sink
+from django_idempotency.recovery import RecoveryReport
+
+sink = prometheus_sink()
+for instrument in metrics.INSTRUMENTS:
+    labels = {name: "probe" for name in instrument.labels}
+    method = {"counter": sink.add, "histogram": sink.record, "gauge": sink.set}[instrument.kind]
+    method(instrument, 1, labels)
+names = [field for field in vars(RecoveryReport()) if not field.startswith("_")]
+metrics.count_recovery(RecoveryReport(**{name: 1 for name in names}))
+metrics.count_purged("probe", deleted=1, tombstoned=1)
+families = text_string_to_metric_families(prometheus_client.generate_latest().decode())
+json.dump(
+    [
+        {"help": family.documentation, "samples": [[s.name, s.labels] for s in family.samples]}
+        for family in families
+        if family.name.startswith("idempotency_")
+    ],
+    sys.stdout,
+)
+"""
 
 
-def defined_series() -> dict[str, set[str]]:
-    """Every series name the package exposes, with the label names it carries."""
-    return DEFINED
+@dataclass(frozen=True)
+class Exposed:
+    """What the package's Prometheus sink exposes."""
+
+    #: Series name -> the label names it carries.
+    labels: dict[str, set[str]]
+    #: (series name, label) -> the values the package gives that label.
+    values: dict[tuple[str, str], set[str]]
+
+
+@functools.cache
+def exposed() -> Exposed:
+    env = {name: value for name, value in os.environ.items() if name != "PROMETHEUS_MULTIPROC_DIR"}
+    env["DJANGO_SETTINGS_MODULE"] = "tests.live.prometheus_settings"
+    result = subprocess.run(
+        [sys.executable, "-c", _SCRAPE],
+        cwd=REPO_ROOT,
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=120,
+        check=False,
+    )
+    assert result.returncode == 0, result.stderr
+    labels: dict[str, set[str]] = {}
+    values: dict[tuple[str, str], set[str]] = {}
+    for family in json.loads(result.stdout):
+        for name, sample_labels in family["samples"]:
+            labels.setdefault(name, set()).update(sample_labels)
+            for label, value in sample_labels.items():
+                if value != "probe":  # the real calls' values
+                    values.setdefault((name, label), set()).add(value)
+        # The request outcomes, as the metric's help lists them to operators.
+        listed = re.search(r"by outcome: ([a-z_, ]+)\.", family["help"])
+        if listed and family["samples"]:
+            outcomes = {value.strip() for value in listed[1].split(",")}
+            for name, _ in family["samples"]:
+                values.setdefault((name, "outcome"), set()).update(outcomes)
+    for name in labels:
+        if "state" in labels[name]:
+            values[(name, "state")] = set(IdempotencyRecord.State.values)
+    return Exposed(labels, values)
+
+
+def test_the_package_exposes_the_metrics_of_the_design() -> None:
+    """The scrape above sees what it should, or the checks below would prove little."""
+    series = exposed().labels
+    assert series["idempotency_requests_total"] >= {"operation", "outcome"}
+    assert series["idempotency_protection_duration_seconds_bucket"] >= {"operation", "le"}
+    assert series["idempotency_census_timestamp_seconds"] == {"database"}
+    assert {"replayed", "store_unavailable", "key_reused"} <= exposed().values[
+        ("idempotency_requests_total", "outcome")
+    ]
+    assert exposed().values[("idempotency_purged_total", "action")] == {"deleted", "tombstoned"}
 
 
 def _expressions() -> list[tuple[str, str]]:
@@ -220,7 +291,7 @@ def _expressions() -> list[tuple[str, str]]:
 
 
 def test_rules_and_dashboard_read_only_metrics_the_package_defines() -> None:
-    defined = defined_series()
+    defined = exposed().labels
     used: set[str] = set()
     for where, expr in _expressions():
         names = metric_names(expr)
@@ -228,30 +299,35 @@ def test_rules_and_dashboard_read_only_metrics_the_package_defines() -> None:
         unknown = names - set(defined)
         assert not unknown, f"{where} reads {sorted(unknown)}, not defined: {expr}"
         used |= names
-    # The dashboard shows them all (the _count and _sum of the histogram aside).
-    assert {name for name in defined if not name.endswith(("_count", "_sum"))} <= used
+    # The dashboard shows them all (the histogram's _count and _sum, and
+    # the counters' _created, aside).
+    assert {name for name in defined if not name.endswith(("_count", "_sum", "_created"))} <= used
 
 
 _SELECTOR = re.compile(r"\b(idempotency_[a-z_]+)\s*\{([^}]*)\}")
+_MATCHER = re.compile(r"(\w+)\s*(=~|!~|!=|=)\s*\"([^\"]*)\"")
 _GROUPING = re.compile(r"\b(?:by|without)\s*\(([^)]*)\)")
-
-
-def _labels(expr: str) -> list[tuple[str, set[str]]]:
-    """(metric, label names it is selected by), for each selector with matchers."""
-    return [
-        (metric, set(re.findall(r"(\w+)\s*(?:=~|!~|!=|=)", matchers)))
-        for metric, matchers in _SELECTOR.findall(expr)
-    ]
+#: Prometheus adds these to every series it scrapes.
+_TARGET_LABELS = {"job", "instance"}
 
 
 def test_rules_and_dashboard_select_and_group_by_labels_the_metrics_carry() -> None:
-    defined = defined_series()
-    # Prometheus adds these to every series it scrapes; `le` is the histogram's.
-    scrape_labels = {"job", "instance", "le"}
+    defined = exposed()
     for where, expr in _expressions():
-        carried = set().union(*(defined[name] for name in metric_names(expr))) | scrape_labels
-        for metric, labels in _labels(expr):
-            assert labels <= defined[metric] | scrape_labels, f"{where}: {metric} has no {labels}"
+        carried = set().union(*(defined.labels[name] for name in metric_names(expr)))
+        for metric, matchers in _SELECTOR.findall(expr):
+            for label, operator, value in _MATCHER.findall(matchers):
+                assert label in defined.labels[metric] | _TARGET_LABELS, (
+                    f"{where}: {metric} has no label {label}"
+                )
+                known = defined.values.get((metric, label))
+                if known is None or value.startswith("$"):
+                    continue  # free values (operation, database), or Grafana's
+                wanted = set(value.split("|")) if operator == "=~" else {value}
+                assert wanted <= known, (
+                    f"{where}: {metric}{{{label}}} is never {sorted(wanted - known)} "
+                    f"(the package gives {sorted(known)})"
+                )
         for grouping in _GROUPING.findall(expr):
             names = {name.strip() for name in grouping.split(",") if name.strip()}
-            assert names <= carried, f"{where} groups by {names - carried}: {expr}"
+            assert names <= carried | _TARGET_LABELS, f"{where} groups by {names - carried}"
