@@ -118,14 +118,13 @@ class PrometheusServer(BackgroundProcess):
     def wait_until(
         self, condition: Callable[[], bool], what: str, timeout: float = STARTUP_TIMEOUT
     ) -> None:
-        """Poll ``condition`` until true; a RuntimeError naming ``what`` after ``timeout``."""
-        deadline = time.monotonic() + timeout
-        while time.monotonic() < deadline:
+        """Poll ``condition`` while Prometheus runs; a RuntimeError after ``timeout``."""
+
+        def alive_and(condition: Callable[[], bool] = condition) -> bool:
             self._check_alive()
-            if condition():
-                return
-            time.sleep(0.2)
-        raise RuntimeError(f"prometheus never {what} within {timeout:.0f}s.\n" + self.diagnostics())
+            return condition()
+
+        poll(alive_and, f"prometheus never {what}", timeout, self.diagnostics)
 
     # -- the HTTP API ----------------------------------------------------------------------
 
@@ -178,6 +177,21 @@ class PrometheusServer(BackgroundProcess):
 
     def samples(self, promql: str) -> Sequence[float]:
         return [float(series["value"][1]) for series in self.query(promql)]
+
+
+def poll(
+    condition: Callable[[], bool],
+    failure: str,
+    timeout: float,
+    diagnostics: Callable[[], str] = str,
+) -> None:
+    """Call ``condition`` until it is true; a RuntimeError saying ``failure`` after ``timeout``."""
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        if condition():
+            return
+        time.sleep(0.2)
+    raise RuntimeError(f"{failure} within {timeout:.0f}s.\n{diagnostics()}")
 
 
 def _unix_time(rfc3339: str) -> float:

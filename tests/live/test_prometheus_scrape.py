@@ -13,7 +13,7 @@ Each scrape lands on whichever worker accepts it, and requests on any
 other: the sums must still rise by exactly the executions and replays
 sent, and a worker killed with SIGKILL must not take its counts with it.
 Which worker served which request is read from gunicorn's access log
-(``pid=``); the test sends until at least two workers served replays.
+(``pid=``, gunicorn writes ``<pid>``); the test sends until at least two workers served replays.
 
 The rules of docs/prometheus/alerts.yml are loaded into the server and
 must evaluate without error on the live metrics; so must every query of
@@ -38,7 +38,7 @@ from pathlib import Path
 import pytest
 
 from tests.live.prometheus_docs import ALERT_RULES, dashboard_queries
-from tests.live.prometheus_server import PrometheusServer, require_binary
+from tests.live.prometheus_server import PrometheusServer, poll, require_binary
 from tests.live.server import (
     DEFAULT_APP,
     Call,
@@ -64,7 +64,7 @@ MAX_ROUNDS = 20
 PROMETHEUS_PROJECT = Project(
     settings="tests.live.prometheus_settings", app=DEFAULT_APP, ready_path=PATH
 )
-ACCESS_LINE = re.compile(r"access pid=(\d+) \"POST [^\"]*\" (\d+) .* key=(\S+) replayed=(\S+)")
+ACCESS_LINE = re.compile(r"access pid=<?(\d+)>? \"POST [^\"]*\" (\d+) .* key=(\S+) replayed=(\S+)")
 
 
 @dataclass
@@ -182,15 +182,29 @@ def replays_on_two_workers(stack: Stack, keys: list[str]) -> tuple[int, Counter[
     """
     offset = stack.server.log_offset()
     sent = 0
+    served: Counter[int] = Counter()
     for _ in range(MAX_ROUNDS):
         sent += len(replays(stack, keys, REPLAYS_PER_ROUND))
-        served = replays_by_pid(stack, offset)
+        served = logged_replays(stack, offset, sent)
         if len(served) >= 2:
-            assert sum(served.values()) == sent, stack.explain(
-                f"the access log shows {dict(served)} replays, {sent} sent"
-            )
             return sent, served
     raise AssertionError(stack.explain(f"{sent} replays all served by one worker: {dict(served)}"))
+
+
+def logged_replays(stack: Stack, offset: int, sent: int) -> Counter[int]:
+    """Replays per pid once the access log shows all ``sent`` (logged after the answer)."""
+    served: Counter[int] = Counter()
+
+    def all_logged() -> bool:
+        served.clear()
+        served.update(replays_by_pid(stack, offset))
+        return sum(served.values()) >= sent
+
+    poll(all_logged, f"gunicorn never logged {sent} replays", 30, stack.server.diagnostics)
+    assert sum(served.values()) == sent, stack.explain(
+        f"the access log shows {dict(served)} replays, {sent} sent"
+    )
+    return served
 
 
 # -- the tests --------------------------------------------------------------------------
@@ -242,9 +256,11 @@ def test_a_killed_workers_replays_stay_counted(stack: Lazy[Stack]) -> None:
     booted = live.server.log_text().count("Booting worker with pid")
     os.kill(victim, signal.SIGKILL)
     # gunicorn's master reaps it (child_exit runs) and boots a replacement.
-    live.prometheus.wait_until(
+    poll(
         lambda: live.server.log_text().count("Booting worker with pid") > booted,
-        "saw gunicorn replace the killed worker",
+        f"gunicorn never replaced the killed worker {victim}",
+        60,
+        live.server.diagnostics,
     )
     live.settle()
     after_kill = live.total("replayed")
@@ -255,10 +271,58 @@ def test_a_killed_workers_replays_stay_counted(stack: Lazy[Stack]) -> None:
 
     more, served_after = replays_on_two_workers(live, keys)
     live.settle()
+    print(
+        f"\n[prometheus] worker {victim} killed after {victim_replays} of {sent} replays "
+        f"({dict(served)}): replayed stayed at {after_kill:.0f}; {more} more replays "
+        f"({dict(served_after)}): {live.total('replayed'):.0f}"
+    )
     assert victim not in served_after, live.explain(f"the killed worker {victim} served requests")
     assert live.total("replayed") - after_kill == more, live.explain(
         f"{more} replays after the kill counted as {live.total('replayed') - after_kill}"
     )
+
+
+def test_the_census_taken_by_another_process_is_scraped_from_the_web_workers(
+    stack: Lazy[Stack],
+) -> None:
+    """The gauges as in production: set by the process running ``observe_records``.
+
+    Here a management command's process with the same PROMETHEUS_MULTIPROC_DIR,
+    gone before the scrape (``mostrecent`` gauges outlive it), and read from
+    whichever gunicorn worker answers the scrape.
+    """
+    live = stack.get()
+    first_executions(live, 2)
+    database_now = "SELECT extract(epoch FROM clock_timestamp())::float8"
+    before = float(live.server.database.query(database_now)[0][0])
+    live.server.manage(
+        "shell",
+        "-c",
+        "from django_idempotency.tasks import observe_records; observe_records()",
+    )
+    after = float(live.server.database.query(database_now)[0][0])
+    live.settle()
+
+    rows = live.server.database.query(
+        "SELECT state, count(*) FROM django_idempotency_record GROUP BY state"
+    )
+    counts = {str(state): int(count) for state, count in rows}
+    assert counts.get("COMPLETED", 0) >= 2
+    for state in ("COMPLETED", "CLAIMED", "UNCERTAIN"):
+        scraped = live.prometheus.scalar(
+            f'max(idempotency_records{{database="default",state="{state}"}})'
+        )
+        assert scraped == counts.get(state, 0), live.explain(
+            f"{state}: Prometheus has {scraped}, the database {counts.get(state, 0)}"
+        )
+    taken = live.prometheus.scalar('max(idempotency_census_timestamp_seconds{database="default"})')
+    assert taken is not None and before <= taken <= after, live.explain(
+        f"census timestamp {taken} not within the command's run [{before}, {after}]"
+    )
+    age = live.prometheus.scalar(
+        'max(idempotency_oldest_unresolved_age_seconds{database="default",state="UNCERTAIN"})'
+    )
+    assert age == 0, live.explain(f"no UNCERTAIN record, yet the oldest is {age} s old")
 
 
 def test_alert_rules_and_dashboard_queries_evaluate_on_live_metrics(stack: Lazy[Stack]) -> None:
