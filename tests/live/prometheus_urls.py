@@ -3,8 +3,8 @@
 from __future__ import annotations
 
 from django.urls import path
-from django_idempotency.prometheus import metrics_view
 
+from django_idempotency.prometheus import metrics_view
 from tests.testapp.urls import urlpatterns as testapp_urlpatterns
 
 urlpatterns = [
