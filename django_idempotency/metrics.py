@@ -62,10 +62,10 @@ logger = logging.getLogger("django_idempotency")
 class Instrument:
     """One metric: its OpenTelemetry name and its Prometheus name.
 
-    The Prometheus name is what an OpenTelemetry collector's Prometheus
-    exporter makes of the OpenTelemetry one (dots to underscores, ``_total``
-    after a counter, ``_seconds`` for the unit "s"), so alert rules and
-    dashboards work with either sink.
+    The Prometheus name, the one queries use, is what an OpenTelemetry
+    collector's Prometheus exporter makes of the OpenTelemetry one (dots to
+    underscores, ``_total`` after a counter, ``_seconds`` for the unit
+    "s"), so alert rules and dashboards work with either sink.
     """
 
     name: str
@@ -78,7 +78,7 @@ class Instrument:
 
 REQUESTS = Instrument(
     "idempotency.requests",
-    "idempotency_requests",
+    "idempotency_requests_total",
     "counter",
     "{request}",
     "Protected requests by outcome: executed, replayed, key_reused, key_expired, "
@@ -95,7 +95,7 @@ PROTECTION_DURATION = Instrument(
 )
 RELEASES = Instrument(
     "idempotency.releases",
-    "idempotency_releases",
+    "idempotency_releases_total",
     "counter",
     "{record}",
     "Claims given up so that a retry runs: exception, status, recovery, reconciled.",
@@ -103,7 +103,7 @@ RELEASES = Instrument(
 )
 UNCERTAIN = Instrument(
     "idempotency.uncertain",
-    "idempotency_uncertain",
+    "idempotency_uncertain_total",
     "counter",
     "{record}",
     "Records that became UNCERTAIN: a view failed after begin_external().",
@@ -111,7 +111,7 @@ UNCERTAIN = Instrument(
 )
 UNRECONCILED = Instrument(
     "idempotency.unreconciled",
-    "idempotency_unreconciled",
+    "idempotency_unreconciled_total",
     "counter",
     "{record}",
     "Unresolved records recovery left as they were: their operation has no reconciler.",
@@ -119,7 +119,7 @@ UNRECONCILED = Instrument(
 )
 RECOVERY = Instrument(
     "idempotency.recovery",
-    "idempotency_recovery",
+    "idempotency_recovery_total",
     "counter",
     "{record}",
     "Records recovery handled, by outcome: released, handed_back, completed, failed, "
@@ -128,7 +128,7 @@ RECOVERY = Instrument(
 )
 PURGED = Instrument(
     "idempotency.purged",
-    "idempotency_purged",
+    "idempotency_purged_total",
     "counter",
     "{record}",
     "Records the purge deleted or made tombstones of.",

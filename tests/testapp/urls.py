@@ -2,6 +2,7 @@ from django.contrib import admin
 from django.urls import include, path
 from rest_framework.routers import DefaultRouter
 
+from django_idempotency.prometheus import metrics_view
 from tests.testapp import (
     keyed_views,
     optimistic_live_views,
@@ -15,6 +16,7 @@ router.register("viewset/charges", views.ChargeViewSet, basename="viewset-charge
 
 urlpatterns = [
     path("admin/", admin.site.urls),
+    path("metrics", metrics_view),
     path("api-view/charges", views.api_view_charges),
     path("api-view/fields", views.api_view_selected_fields),
     path("api-view/optional", views.api_view_optional_key),

@@ -1,0 +1,324 @@
+"""The metrics, as an OpenTelemetry SDK's in-memory reader and prometheus_client see them."""
+
+from __future__ import annotations
+
+import itertools
+import uuid
+from collections.abc import Callable, Iterator
+from datetime import timedelta
+from typing import Any
+
+import pytest
+from django.test import Client
+from django.utils import timezone
+from rest_framework.test import APIClient
+
+from django_idempotency import metrics, purge, recovery
+from django_idempotency.models import IdempotencyRecord
+from django_idempotency.store.database_time import DatabaseLater
+from django_idempotency.tasks import observe_records
+from tests.factories import RecordFactory
+from tests.telemetry import Readings, installed
+from tests.test_store_unavailable import unreachable_store  # noqa: F401  (a fixture)
+from tests.utils import post
+
+pytestmark = pytest.mark.django_db(transaction=True)
+
+URL = "/api-view/charges"
+OPERATION = "POST api-view/charges"
+State = IdempotencyRecord.State
+
+
+@pytest.fixture
+def read() -> Callable[[], Readings]:
+    reader, _ = installed()
+    return lambda: Readings(reader)
+
+
+@pytest.fixture
+def counted(read: Callable[[], Readings]) -> Callable[..., float]:
+    """How much an instrument's matching points rose since the test began."""
+    before = read()
+
+    def rise(name: str, **attributes: Any) -> float:
+        return read().value(name, **attributes) - before.value(name, **attributes)
+
+    return rise
+
+
+def test_a_first_execution_and_its_replay_are_counted_by_outcome(
+    api: APIClient, counted: Callable[..., float]
+) -> None:
+    post(api, URL, {"amount": 1}, "m-1")
+    post(api, URL, {"amount": 1}, "m-1")
+    post(api, URL, {"amount": 1}, "m-1")
+
+    requests = "idempotency.requests"
+    assert counted(requests, operation=OPERATION, outcome="executed") == 1
+    assert counted(requests, operation=OPERATION, outcome="replayed") == 2
+    assert counted("idempotency.protection.duration", operation=OPERATION) == 3
+
+
+def test_the_optimistic_mode_counts_its_execution_once(
+    api: APIClient, counted: Callable[..., float]
+) -> None:
+    post(api, "/api-view/optimistic", {"amount": 1}, "m-opt")
+    post(api, "/api-view/optimistic", {"amount": 1}, "m-opt")
+
+    assert counted("idempotency.requests", outcome="executed") == 1
+    assert counted("idempotency.requests", outcome="replayed") == 1
+
+
+def test_refusals_are_counted_by_their_outcome(
+    api: APIClient, counted: Callable[..., float]
+) -> None:
+    post(api, URL, {"amount": 1}, "m-2")
+    assert post(api, URL, {"amount": 2}, "m-2").status_code == 422
+    post(api, URL, {"amount": 1}, "m-busy")
+    IdempotencyRecord.objects.filter(key="m-busy").update(
+        state=State.CLAIMED,
+        lease_owner="elsewhere:1:1",
+        lease_expires_at=DatabaseLater(timedelta(minutes=5)),
+    )
+    assert post(api, URL, {"amount": 1}, "m-busy").status_code == 409
+    assert post(api, URL, {"amount": 1}, None).status_code == 400
+
+    assert counted("idempotency.requests", outcome="executed") == 2
+    assert counted("idempotency.requests", outcome="key_reused") == 1
+    assert counted("idempotency.requests", outcome="in_flight") == 1
+    # Refused before it had a key: counted under its operation all the same.
+    assert counted("idempotency.requests", operation=OPERATION, outcome="rejected") == 1
+
+
+def test_a_key_past_retention_kept_as_a_tombstone_is_counted_expired(
+    api: APIClient, counted: Callable[..., float], settings: Any
+) -> None:
+    settings.IDEMPOTENCY = {"TOMBSTONE_TTL": timedelta(days=7)}
+    post(api, URL, {"amount": 5}, "m-late")
+    IdempotencyRecord.objects.update(expires_at=DatabaseLater(-timedelta(hours=1)))
+
+    assert post(api, URL, {"amount": 5}, "m-late").status_code == 422
+
+    assert counted("idempotency.requests", outcome="key_expired") == 1
+
+
+def test_releases_are_counted_by_reason(api: APIClient, counted: Callable[..., float]) -> None:
+    with pytest.raises(Exception, match="failed after writing"):
+        post(api, URL, {"amount": 1, "raise": True}, "m-raise")
+    post(api, URL, {"amount": 1, "status": 503}, "m-503")
+
+    assert counted("idempotency.releases", operation=OPERATION, reason="exception") == 1
+    assert counted("idempotency.releases", operation=OPERATION, reason="status") == 1
+    # The view ran each time: both requests executed, and are counted so.
+    assert counted("idempotency.requests", outcome="executed") == 2
+
+
+def test_an_uncertain_outcome_is_counted(api: APIClient, counted: Callable[..., float]) -> None:
+    with pytest.raises(Exception, match="connection dropped"):
+        post(api, "/api-view/external", {"amount": 1, "then": "raise"}, "m-unsure")
+
+    assert counted("idempotency.uncertain", operation="POST api-view/external") == 1
+
+
+@pytest.mark.usefixtures("unreachable_store")
+def test_an_unreachable_store_is_counted(
+    api: APIClient, counted: Callable[..., float], settings: Any
+) -> None:
+    assert post(api, URL, {"amount": 1}, "m-down").status_code == 503
+    settings.IDEMPOTENCY = {**settings.IDEMPOTENCY, "FAIL_OPEN": True}
+    assert post(api, URL, {"amount": 1}, "m-open").status_code == 201
+
+    assert counted("idempotency.requests", outcome="store_unavailable") == 1
+    assert counted("idempotency.requests", outcome="unprotected") == 1
+
+
+@pytest.fixture
+def operation() -> Iterator[str]:
+    name = f"POST metrics-test/{uuid.uuid4().hex[:10]}"
+    yield name
+    recovery._reconcilers.pop(name, None)
+
+
+def stale(state: str, operation: str) -> IdempotencyRecord:
+    return RecordFactory.create(
+        state=state,
+        operation=operation,
+        lease_owner="dead-host:1:1",
+        lease_expires_at=timezone.now() - timedelta(minutes=1),
+        response_status=None,
+        response_body=None,
+        provider_key=uuid.uuid4().hex,
+    )
+
+
+def test_recovery_is_counted_by_outcome(operation: str, counted: Callable[..., float]) -> None:
+    stale(State.CLAIMED, operation)
+    stale(State.UNCERTAIN, operation)
+
+    report = recovery.recover_stale_records()
+
+    assert (report.released, report.unreconciled) == (1, 1)
+    assert counted("idempotency.recovery", outcome="released") == 1
+    assert counted("idempotency.recovery", outcome="unreconciled") == 1
+    assert counted("idempotency.releases", operation=operation, reason="recovery") == 1
+    assert counted("idempotency.unreconciled", operation=operation) == 1
+
+
+def test_the_purge_is_counted(counted: Callable[..., float]) -> None:
+    past = timezone.now() - timedelta(hours=1)
+    RecordFactory.create_batch(3, expires_at=past)
+
+    assert purge.purge_expired_records(pause_factor=0).deleted == 3
+
+    assert counted("idempotency.purged", database="default", action="deleted") == 3
+
+
+def test_the_gauges_are_set_by_the_observe_task(
+    operation: str, read: Callable[[], Readings]
+) -> None:
+    RecordFactory.create_batch(2, state=State.COMPLETED)
+    RecordFactory.create(state=State.FAILED, expires_at=timezone.now() - timedelta(hours=1))
+    stale(State.UNCERTAIN, operation)
+    RecordFactory.create(
+        state=State.UNCERTAIN,
+        operation=operation,
+        created_at=timezone.now() - timedelta(hours=2),
+        response_status=None,
+        response_body=None,
+    )
+
+    result = observe_records.run()
+
+    readings = read()
+    assert readings.value("idempotency.records", database="default", state="COMPLETED") == 2
+    assert readings.value("idempotency.records", database="default", state="FAILED") == 1
+    assert readings.value("idempotency.records", database="default", state="UNCERTAIN") == 2
+    assert readings.value("idempotency.records", database="default", state="CLAIMED") == 0
+    age = readings.value("idempotency.oldest_unresolved.age", database="default", state="UNCERTAIN")
+    assert 2 * 3600 - 60 < age < 2 * 3600 + 600
+    assert (
+        readings.value("idempotency.oldest_unresolved.age", database="default", state="CLAIMED")
+        == 0
+    )
+    assert readings.value("idempotency.purge.backlog", database="default") == 1
+    assert readings.value("idempotency.unreconciled_operations", database="default") == 1
+    assert readings.value("idempotency.census.timestamp", database="default") > 0
+    assert result["default"]["unreconciled_operations"] == [operation]
+    assert result["default"]["counts"]["UNCERTAIN"] == 2
+
+
+def test_operations_past_the_cap_are_counted_as_other(
+    api: APIClient, counted: Callable[..., float], settings: Any
+) -> None:
+    settings.IDEMPOTENCY = {"METRICS_OPERATIONS": 1}
+    post(api, URL, {"amount": 1}, "m-cap-1")
+    post(api, "/api-view/optimistic", {"amount": 1}, "m-cap-2")
+
+    assert counted("idempotency.requests", operation=OPERATION, outcome="executed") == 1
+    assert counted("idempotency.requests", operation="other", outcome="executed") == 1
+
+
+def test_the_tenant_is_a_label_only_when_asked_and_the_key_never(
+    api: APIClient, read: Callable[[], Readings], settings: Any
+) -> None:
+    post(api, URL, {"amount": 1}, "m-secret-key-1")
+    assert not any("tenant" in labels for labels in read().labels("idempotency.requests"))
+
+    settings.IDEMPOTENCY = {"METRICS_TENANT": True}
+    post(api, URL, {"amount": 1}, "m-secret-key-2")
+
+    labelled = read().labels("idempotency.requests")
+    assert {"tenant": "anonymous"}.items() <= next(
+        labels for labels in labelled if "tenant" in labels
+    ).items()
+    every_value = {value for labels in labelled for value in labels.values()}
+    assert not any("secret-key" in str(value) for value in every_value)
+
+
+def test_with_metrics_off_nothing_is_counted(
+    api: APIClient, counted: Callable[..., float], settings: Any
+) -> None:
+    settings.IDEMPOTENCY = {"METRICS": ()}
+    post(api, URL, {"amount": 1}, "m-off")
+    post(api, URL, {"amount": 1}, "m-off")
+
+    assert counted("idempotency.requests") == 0
+
+
+def test_the_protection_time_leaves_the_views_time_out(
+    api: APIClient, read: Callable[[], Readings], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A clock that the view moves on by 1,000 s: none of it is the protection's."""
+    ticks = itertools.count()
+    view_runs: list[float] = []
+    clock = {"offset": 0.0}
+
+    def perf_counter() -> float:
+        return next(ticks) * 0.001 + clock["offset"]
+
+    real_timed = metrics.RequestObservation.timed
+
+    def timed(self: metrics.RequestObservation, view: Callable[[], Any]) -> Callable[[], Any]:
+        def slow_view() -> Any:
+            clock["offset"] += 1000.0
+            view_runs.append(clock["offset"])
+            return view()
+
+        return real_timed(self, slow_view)
+
+    monkeypatch.setattr("django_idempotency.metrics.time.perf_counter", perf_counter)
+    monkeypatch.setattr(metrics.RequestObservation, "timed", timed)
+    before = read().matching("idempotency.protection.duration", {"outcome": "executed"})
+    before_sum = sum(point.sum for point in before)
+
+    post(api, URL, {"amount": 1}, "m-clock")
+
+    after = read().matching("idempotency.protection.duration", {"outcome": "executed"})
+    recorded = sum(point.sum for point in after) - before_sum
+    assert view_runs == [1000.0]
+    assert 0 < recorded < 1.0
+
+
+def test_a_failing_sink_never_fails_the_request(
+    api: APIClient, monkeypatch: pytest.MonkeyPatch, caplog: pytest.LogCaptureFixture
+) -> None:
+    class Broken:
+        def add(self, *args: Any) -> None:
+            raise ConnectionError("metrics backend down")
+
+        record = set = add
+
+    monkeypatch.setattr(metrics, "sinks", lambda: (Broken(),))
+
+    first = post(api, URL, {"amount": 1}, "m-broken")
+    retry = post(api, URL, {"amount": 1}, "m-broken")
+
+    assert (first.status_code, retry.status_code) == (201, 201)
+    assert retry["Idempotent-Replayed"] == "true"
+    assert "Metrics sink" in caplog.text
+
+
+def test_prometheus_serves_the_same_counts_under_the_prometheus_names(
+    api: APIClient, settings: Any
+) -> None:
+    from prometheus_client import REGISTRY
+
+    settings.IDEMPOTENCY = {"METRICS": ("prometheus",)}
+
+    def replayed() -> float:
+        value = REGISTRY.get_sample_value(
+            "idempotency_requests_total",
+            {"operation": OPERATION, "outcome": "replayed", "tenant": ""},
+        )
+        return value or 0.0
+
+    before = replayed()
+    post(api, URL, {"amount": 1}, "m-prom")
+    post(api, URL, {"amount": 1}, "m-prom")
+    post(api, URL, {"amount": 1}, "m-prom")
+
+    assert replayed() - before == 2
+    page = Client().get("/metrics").content.decode()
+    for instrument in metrics.INSTRUMENTS:
+        assert f"# TYPE {instrument.prometheus_name} " in page, instrument.prometheus_name
+    assert 'idempotency_requests_total{operation="POST api-view/charges",outcome="replayed"' in page
