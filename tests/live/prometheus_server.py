@@ -14,10 +14,12 @@ from __future__ import annotations
 import contextlib
 import json
 import os
+import re
 import shutil
 import tempfile
 import time
 from collections.abc import Callable, Sequence
+from datetime import datetime
 from pathlib import Path
 from typing import Any
 
@@ -25,7 +27,7 @@ import pytest
 import requests
 
 from tests.live.processes import BackgroundProcess
-from tests.live.server import REPO_ROOT, free_port
+from tests.live.server import KEEP_LOGS_ENV, REPO_ROOT, free_port
 from tests.live.services import REQUIRE_SERVICES_ENV, services_required
 
 STARTUP_TIMEOUT = 60.0
@@ -55,9 +57,9 @@ class PrometheusServer(BackgroundProcess):
         job: str = "app",
         rule_files: Sequence[Path] = (),
     ) -> None:
+        self.binary = require_binary("prometheus")  # before anything needs removing
         self.work_dir = Path(tempfile.mkdtemp(prefix="idem-prometheus-"))
         super().__init__(self.work_dir)
-        self.binary = require_binary("prometheus")
         self.port = free_port()
         self.url = f"http://127.0.0.1:{self.port}"
         self.job = job
@@ -91,7 +93,7 @@ class PrometheusServer(BackgroundProcess):
 
     def __exit__(self, *exc_info: object) -> None:
         self.stop()
-        if os.environ.get("IDEMPOTENCY_LIVE_KEEP_LOGS") == "1":
+        if os.environ.get(KEEP_LOGS_ENV) == "1":
             print(f"\nprometheus files kept in {self.work_dir}")
         else:
             shutil.rmtree(self.work_dir, ignore_errors=True)
@@ -120,11 +122,11 @@ class PrometheusServer(BackgroundProcess):
     ) -> None:
         """Poll ``condition`` while Prometheus runs; a RuntimeError after ``timeout``."""
 
-        def alive_and(condition: Callable[[], bool] = condition) -> bool:
+        def running_and_true() -> bool:
             self._check_alive()
             return condition()
 
-        poll(alive_and, f"prometheus never {what}", timeout, self.diagnostics)
+        poll(running_and_true, f"prometheus never {what}", timeout, self.diagnostics)
 
     # -- the HTTP API ----------------------------------------------------------------------
 
@@ -175,9 +177,6 @@ class PrometheusServer(BackgroundProcess):
 
         self.wait_until(scraped, f"scraped {scrapes} times after {moment:.3f}", timeout=30)
 
-    def samples(self, promql: str) -> Sequence[float]:
-        return [float(series["value"][1]) for series in self.query(promql)]
-
 
 def poll(
     condition: Callable[[], bool],
@@ -195,13 +194,6 @@ def poll(
 
 
 def _unix_time(rfc3339: str) -> float:
-    """Prometheus's ``lastScrape`` (RFC 3339 with nanoseconds) as unix time."""
-    from datetime import datetime
-
-    # Python parses at most microseconds: cut the fraction to six digits.
-    head, _, rest = rfc3339.partition(".")
-    digits = "".join(c for c in rest if c.isdigit())
-    zone = rest[len(digits) :]
-    if zone in ("Z", ""):
-        zone = "+00:00"
-    return datetime.fromisoformat(f"{head}.{(digits or '0')[:6]:0<6}{zone}").timestamp()
+    """Prometheus's ``lastScrape`` (RFC 3339, nanoseconds) as unix time."""
+    # Python reads at most microseconds.
+    return datetime.fromisoformat(re.sub(r"(\.\d{6})\d+", r"\1", rfc3339)).timestamp()

@@ -74,8 +74,15 @@ class Stack:
     multiprocess_dir: Path
 
     def total(self, outcome: str) -> float:
-        """``sum(idempotency_requests_total{outcome=...})`` as Prometheus last scraped it."""
-        value = self.prometheus.scalar(f'sum(idempotency_requests_total{{outcome="{outcome}"}})')
+        """The sum over all series of ``idempotency_requests_total{outcome=...}``, last scraped.
+
+        Each series' last sample of the last 10 seconds, rather than the
+        instant vector: a scrape that timed out on a loaded machine marks
+        the series stale, and the sum would vanish until the next one.
+        """
+        value = self.prometheus.scalar(
+            f'sum(last_over_time(idempotency_requests_total{{outcome="{outcome}"}}[10s]))'
+        )
         return 0.0 if value is None else value
 
     def settle(self) -> None:
