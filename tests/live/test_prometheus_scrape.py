@@ -4,20 +4,23 @@ The deployment Django teams run: gunicorn with several worker processes,
 prometheus_client's multiprocess mode (``PROMETHEUS_MULTIPROC_DIR``, a
 fresh directory; ``child_exit`` marks dead workers, from
 ``tests.live.prometheus_gunicorn``), ``IDEMPOTENCY["METRICS"] =
-("prometheus",)`` and ``django_idempotency.prometheus.metrics_view`` at
-``/metrics`` (``tests.live.prometheus_settings``). A real Prometheus server
-(Debian's ``prometheus``) scrapes it every second, and the test reads what
-Grafana and the alert rules would read: PromQL over the HTTP API.
+("prometheus",)`` (``tests.live.prometheus_settings``) and
+``django_idempotency.prometheus.metrics_view`` at ``/metrics``
+(``tests.testapp.urls``). A real Prometheus server (Debian's
+``prometheus``) scrapes it every second, and the test reads what Grafana
+and the alert rules would read: PromQL over the HTTP API.
 
 Each scrape lands on whichever worker accepts it, and requests on any
 other: the sums must still rise by exactly the executions and replays
 sent, and a worker killed with SIGKILL must not take its counts with it.
 Which worker served which request is read from gunicorn's access log
-(``pid=``, gunicorn writes ``<pid>``); the test sends until at least two workers served replays.
+(``pid=<pid>``); the test sends until at least two workers served replays.
 
-The rules of docs/prometheus/alerts.yml are loaded into the server and
-must evaluate without error on the live metrics; so must every query of
-the Grafana dashboard (docs/grafana/django-idempotency.json).
+The census gauges, set by another process (``observe_records`` run by a
+management command, as a Celery worker would), are scraped from the web
+workers. The rules of docs/prometheus/alerts.yml are loaded into the
+server and must evaluate without error on the live metrics; so must every
+query of the Grafana dashboard (docs/grafana/django-idempotency.json).
 """
 
 from __future__ import annotations
