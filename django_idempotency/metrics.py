@@ -45,15 +45,8 @@ if TYPE_CHECKING:
     from django_idempotency.recovery import RecoveryReport
     from django_idempotency.scope import Scope
 
-__all__ = [
-    "INSTRUMENTS",
-    "Instrument",
-    "RequestObservation",
-    "count_purged",
-    "count_recovery",
-    "observe_request",
-    "publish_census",
-]
+# The rest (the recording functions) is the package's own plumbing.
+__all__ = ["INSTRUMENTS", "Instrument"]
 
 logger = logging.getLogger("django_idempotency")
 

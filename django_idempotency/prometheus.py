@@ -43,7 +43,7 @@ except ImportError as exc:  # pragma: no cover - depends on the installed extras
 
 from django_idempotency.metrics import DURATION_BUCKETS, INSTRUMENTS, Instrument
 
-__all__ = ["PrometheusSink", "metrics_view", "prometheus_sink"]
+__all__ = ["metrics_view"]
 
 
 class PrometheusSink:
