@@ -25,6 +25,7 @@ from django_idempotency.overview import UNRESOLVED, hourly_counts, unresolved_ag
 from django_idempotency.store.database_time import database_now
 from django_idempotency.svg_charts import Series, bar_chart, compact_number, nice_ceiling
 from tests.factories import RecordFactory, UserFactory
+from tests.utils import SHARD_TEST_ALIASES, record_in, routed_by_tenant
 
 pytestmark = pytest.mark.django_db(transaction=True)
 State = IdempotencyRecord.State
@@ -336,3 +337,47 @@ def test_stacked_bars_have_heights_in_proportion() -> None:
     # The axis ends at a round number above the tallest bar (40: 4 ticks of 10).
     assert [tick.label for tick in chart.y_ticks] == ["0", "10", "20", "30", "40"]
     assert chart.rows[1].values == (0, 20)
+
+
+# -- several records databases ------------------------------------------------------------
+
+
+@pytest.mark.django_db(databases=SHARD_TEST_ALIASES, transaction=True)
+def test_each_records_database_has_its_counts_and_one_has_the_charts() -> None:
+    now = database_now("default")
+    with routed_by_tenant():
+        record_in("shard_a", tenant="tenant-a", created_at=now - timedelta(hours=2))
+        for _ in range(2):
+            record_in("shard_b", tenant="tenant-b", created_at=now - timedelta(hours=2))
+        stuck_in_b = record_in(
+            "shard_b",
+            tenant="tenant-b",
+            key="stuck-b",
+            state=State.UNCERTAIN,
+            created_at=now - timedelta(hours=3),
+            response_status=None,
+            response_body=None,
+            lease_expires_at=now - timedelta(hours=2),
+        )
+        client = viewer("view_idempotencyrecord")
+        first = client.get(OVERVIEW).content.decode()
+        second = client.get(OVERVIEW, {"database": "shard_b"}).content.decode()
+        changelist = client.get(CHANGELIST, {"database": "shard_b"}).content.decode()
+        refused = client.get(OVERVIEW, {"database": "default"})
+
+    # Both shards' counts on either page, one row each.
+    for page in (first, second):
+        rows = {
+            alias: census_counts(row)
+            for alias, row in re.findall(r'<tr data-database="(\w+)">(.*?)</tr>', page, re.S)
+        }
+        assert rows["shard_a"]["COMPLETED"] == 1 and rows["shard_a"]["UNCERTAIN"] == 0
+        assert rows["shard_b"]["COMPLETED"] == 2 and rows["shard_b"]["UNCERTAIN"] == 1
+    # The charts and the oldest records are the chosen shard's (the first by default).
+    assert "completed 1, failed 0, still unresolved 0" in first
+    assert "completed 2, failed 0, still unresolved 1" in second
+    assert "stuck-b" not in first
+    change = f"{CHANGELIST}{stuck_in_b.pk}/change/?_changelist_filters=database%3Dshard_b"
+    assert f'href="{change}">stuck-b</a>' in second
+    assert f'href="{OVERVIEW}?database=shard_b" class="idempotency-overview-link"' in changelist
+    assert refused.status_code == 400  # not a records database
