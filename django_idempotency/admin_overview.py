@@ -22,6 +22,9 @@ from django_idempotency.svg_charts import Chart, Series, bar_chart
 
 __all__ = [
     "TEMPLATE",
+    "age_chart",
+    "census_row",
+    "hourly_chart",
     "overview_context",
 ]
 
@@ -45,7 +48,8 @@ def _duration(age: timedelta | None, now: datetime) -> str:
     return "-" if age is None else timesince(now - age, now=now)
 
 
-def _census_row(census: Census, several: bool) -> dict[str, Any]:
+def census_row(census: Census, several: bool) -> dict[str, Any]:
+    """A database's line of the counts: estimates read "about", a capped backlog "at least"."""
     query = QueryDict(mutable=True)
     if several:
         query["database"] = census.database
@@ -159,7 +163,7 @@ def overview_context(overview: Overview) -> dict[str, Any]:
         "title": _("Overview of idempotency records"),
         "database": overview.database,
         "several_databases": several,
-        "censuses": [_census_row(census, several) for census in overview.censuses],
+        "censuses": [census_row(census, several) for census in overview.censuses],
         "states": State.choices,
         "hourly_chart": hourly_chart(overview.hourly),
         "sample_percent": overview.hourly.sample_percent,

@@ -42,6 +42,8 @@ __all__ = [
     "HOURS",
     "OLDEST_SHOWN",
     "SAMPLED_ROWS",
+    "SAMPLE_READ_CAP",
+    "SERIES",
     "UNRESOLVED",
     "AgeCounts",
     "HourlyCounts",
@@ -210,9 +212,9 @@ def _per_hour_and_state(
     scale = 100 / percent
     with connections[records.db].cursor() as cursor:
         cursor.execute(sampled, params)
-        found = cursor.fetchall()
-    # The columns as selected: hour, state, count (values() then annotate()).
-    return [(_normal(hour), state, round(count * scale)) for hour, state, count in found]
+        names = [column[0] for column in cursor.description]
+        found = [dict(zip(names, row, strict=True)) for row in cursor.fetchall()]
+    return [(_normal(row["hour"]), row["state"], round(row["count"] * scale)) for row in found]
 
 
 def _sample_percent(window: QuerySet[IdempotencyRecord]) -> float | None:

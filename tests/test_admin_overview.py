@@ -18,8 +18,8 @@ from django.db import connection
 from django.test import Client
 from django.test.utils import CaptureQueriesContext
 
-from django_idempotency import overview
-from django_idempotency.census import take_census
+from django_idempotency import admin_overview, overview
+from django_idempotency.census import Census, take_census
 from django_idempotency.models import IdempotencyRecord
 from django_idempotency.overview import UNRESOLVED, hourly_counts, unresolved_ages
 from django_idempotency.store.database_time import database_now
@@ -296,6 +296,35 @@ def test_the_page_costs_the_census_and_four_queries_however_many_records() -> No
     expected = 4 + len(census.captured_queries) + 4
     shown = "\n".join(q["sql"][:90] for q in filled.captured_queries)
     assert len(filled.captured_queries) == len(empty.captured_queries) == expected, shown
+
+
+def test_estimated_counts_read_about_and_a_capped_backlog_at_least() -> None:
+    taken_at = datetime(2026, 12, 2, 12, 0, tzinfo=UTC)
+    census = Census(
+        database="default",
+        taken_at=taken_at,
+        counts={
+            "CLAIMED": 0,
+            "IN_PROGRESS": 0,
+            "UNCERTAIN": 2,
+            "COMPLETED": 9_512_345,
+            "FAILED": 31,
+        },
+        estimated=frozenset({"COMPLETED"}),
+        oldest={"UNCERTAIN": taken_at - timedelta(hours=3)},
+        purge_backlog=100_000,
+        purge_backlog_capped=True,
+        unreconciled_operations=("POST v1/payouts",),
+    )
+
+    row = admin_overview.census_row(census, several=False)
+
+    shown = {state["value"]: state["shown"] for state in row["states"]}
+    assert shown["COMPLETED"] == "about 9,512,345"
+    assert shown["FAILED"] == "31" and shown["UNCERTAIN"] == "2"
+    assert row["purge_backlog"] == "at least 100,000"
+    assert row["oldest_unresolved"] == "3\xa0hours"
+    assert row["unreconciled_operations"] == ("POST v1/payouts",)
 
 
 # -- the charts ---------------------------------------------------------------------------
