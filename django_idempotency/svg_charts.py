@@ -1,7 +1,7 @@
 """Bar charts as geometry for an inline SVG template: no JavaScript, nothing fetched.
 
-The admin must work offline and under a strict Content-Security-Policy, so
-the overview's charts are drawn on the server: ``bar_chart()`` lays out
+The admin must work offline, with no script from a CDN, so the overview's
+charts are drawn on the server: ``bar_chart()`` lays out
 (stacked) bars, axis ticks and labels in SVG user units, and the template
 ``admin/django_idempotency/idempotencyrecord/svg_chart.html`` writes them
 out, with a ``<title>`` and ``<desc>`` for screen readers, a ``<title>`` on
