@@ -16,19 +16,20 @@ from typing import Any, cast
 from django.contrib import admin
 from django.contrib.admin.helpers import ACTION_CHECKBOX_NAME
 from django.contrib.admin.models import LogEntry
-from django.core.exceptions import BadRequest
+from django.core.exceptions import BadRequest, PermissionDenied
 from django.core.paginator import Paginator
 from django.db import connections
 from django.db.models import CharField, Q, QuerySet
 from django.http import HttpRequest, QueryDict
 from django.template.response import TemplateResponse
+from django.urls import URLPattern, path
 from django.utils.formats import number_format
 from django.utils.functional import cached_property
 from django.utils.html import format_html, format_html_join
 from django.utils.timesince import timesince
 from django.utils.translation import gettext_lazy as _
 
-from django_idempotency import admin_actions, admin_input
+from django_idempotency import admin_actions, admin_input, admin_overview
 from django_idempotency.clock import to_the_second
 from django_idempotency.databases import record_databases
 from django_idempotency.models import (
@@ -38,6 +39,7 @@ from django_idempotency.models import (
     IdempotencyRecord,
     IdempotencyStep,
 )
+from django_idempotency.overview import overview_of
 from django_idempotency.store import sealing
 from django_idempotency.store.database_time import (
     DatabaseLater,
@@ -539,3 +541,23 @@ class IdempotencyRecordAdmin(admin.ModelAdmin):  # type: ignore[type-arg]
             counts.append({"value": value, "label": label, "count": shown, "query": on.urlencode()})
         extra_context = {**(extra_context or {}), "state_counts": counts}
         return super().changelist_view(request, extra_context)  # type: ignore[return-value]
+
+    def get_urls(self) -> list[URLPattern]:
+        overview = path(
+            "overview/",
+            self.admin_site.admin_view(self.overview_view),
+            name=f"{self.opts.app_label}_{self.opts.model_name}_overview",
+        )
+        # Before the model's own URLs, whose "<path:object_id>/" would take it.
+        return [overview, *super().get_urls()]
+
+    def overview_view(self, request: HttpRequest) -> TemplateResponse:
+        """State counts, charts of the last two days and the oldest unresolved records."""
+        if not self.has_view_permission(request):
+            raise PermissionDenied
+        context = {
+            **self.admin_site.each_context(request),
+            **admin_overview.overview_context(overview_of(records_database_of(request))),
+            "opts": self.opts,
+        }
+        return TemplateResponse(request, admin_overview.TEMPLATE, context)

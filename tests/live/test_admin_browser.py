@@ -399,3 +399,134 @@ def test_operator_reconciles_a_stuck_payment(demo: AdminDemo) -> None:
             "SELECT provider_charge_id FROM payments_payment WHERE id = %s", [stored["id"]]
         )
         assert [charge["id"] for charge in charges] == [charge_id]
+
+
+# -- the overview page --------------------------------------------------------------------
+
+OVERVIEW = f"{CHANGELIST}overview/"
+#: Two days of earlier traffic, a record every few minutes, busier by day; one
+#: in sixteen FAILED; and four payments left UNCERTAIN at known ages.
+HISTORY = """
+INSERT INTO django_idempotency_record (
+    tenant, operation, "key", fingerprint, state, lease_owner, lease_expires_at,
+    fencing_token, provider_key, provider_operation_id, response_status,
+    response_headers, response_body, created_at, updated_at, expires_at
+)
+SELECT 'history', 'POST v1/payments', 'history-' || i, md5(i::text),
+    CASE WHEN i %% 16 = 0 THEN 'FAILED' ELSE 'COMPLETED' END, '', NULL, 1, '', '',
+    CASE WHEN i %% 16 = 0 THEN 402 ELSE 201 END, '[]'::jsonb, convert_to('{}', 'UTF8'),
+    created, created, created + interval '72 hours'
+FROM (
+    SELECT i, statement_timestamp() - i * interval '97 seconds'
+        - (1 + sin(i / 300.0)) * interval '40 seconds' AS created
+    FROM generate_series(1, 1750) AS i
+) AS spread
+WHERE i %% (2 + (i / 150) %% 3) = 0
+UNION ALL
+SELECT 'history', 'POST v1/payouts', 'history-stuck-' || minutes, md5(minutes::text),
+    'UNCERTAIN', 'web-1:4242', statement_timestamp() - interval '1 minute', 1, 'pk_h', '',
+    NULL, '[]'::jsonb, NULL, created, created, created + interval '72 hours'
+FROM (
+    SELECT minutes, statement_timestamp() - minutes * interval '1 minute' AS created
+    FROM unnest(ARRAY[3, 20, 300, 1800]) AS minutes
+) AS stuck
+RETURNING id
+"""
+
+
+def svg_values(page: Any, chart: str) -> dict[str, int]:
+    """The bars' figures (their ``data-value``) of one chart, summed per series."""
+    totals: dict[str, int] = {}
+    for bar in page.locator(f"#{chart} svg rect[data-series]").all():
+        series = str(bar.get_attribute("data-series"))
+        totals[series] = totals.get(series, 0) + int(str(bar.get_attribute("data-value")))
+    return totals
+
+
+def table_rows(page: Any, chart: str) -> dict[str, list[int]]:
+    """A chart's fallback table (hidden in its <details>): row label -> the figures."""
+    rows = {}
+    for row in page.locator(f'table[data-chart="{chart}"] tbody tr').all():
+        label = str(row.locator("th").text_content()).strip()
+        rows[label] = [int(str(cell).strip()) for cell in row.locator("td").all_text_contents()]
+    return rows
+
+
+def test_operator_opens_the_overview_from_the_list(demo: AdminDemo) -> None:
+    admin = demo.get()
+    assert admin.site is not None
+    database = admin.site.database
+    database.query(HISTORY)
+    with logged_in(admin) as page:
+        page.click("a.idempotency-overview-link")
+        page.wait_for_url(f"**{OVERVIEW}")
+        assert page.locator("#content h1").inner_text() == "Overview of idempotency records"
+
+        # The counts per state are the table's.
+        in_database = dict(
+            database.query("SELECT state, count(*) FROM django_idempotency_record GROUP BY state")
+        )
+        shown = {
+            str(cell.get_attribute("data-state")): int(str(cell.get_attribute("data-count")))
+            for cell in page.locator("#idempotency-census td.census-count").all()
+        }
+        states = ("CLAIMED", "IN_PROGRESS", "UNCERTAIN", "COMPLETED", "FAILED")
+        assert shown == {state: in_database.get(state, 0) for state in states}
+        assert page.locator("#idempotency-census td.purge-backlog").inner_text() == "0"
+
+        # Two charts, drawn in the page (no script), each named for screen readers.
+        for chart, title in [
+            ("idempotency-hourly", "Records created per hour, by final state"),
+            ("idempotency-ages", "Ages of unresolved records"),
+        ]:
+            svg = page.locator(f"#{chart} > svg[role=img]")
+            assert svg.is_visible()
+            assert svg.locator(":scope > title").text_content() == title
+            assert svg.get_attribute("aria-labelledby") == f"{chart}-title {chart}-desc"
+        assert page.locator("script[src*='//']").count() == 0  # nothing from elsewhere
+
+        # Every hour the chart shows holds the records created in it, per final state.
+        by_hour: dict[str, dict[str, int]] = {}
+        for hour, state, count in database.query(
+            "SELECT to_char(date_trunc('hour', created_at AT TIME ZONE 'UTC'), "
+            "'YYYY-MM-DD HH24:00 \"UTC\"'), CASE WHEN state IN ('COMPLETED', 'FAILED') "
+            "THEN state ELSE 'UNRESOLVED' END, count(*) FROM django_idempotency_record "
+            "GROUP BY 1, 2"
+        ):
+            by_hour.setdefault(hour, {})[state] = count
+        hours = table_rows(page, "idempotency-hourly")
+        assert len(hours) == 48
+        for hour, figures in hours.items():
+            expected = by_hour.get(hour, {})
+            series = ("COMPLETED", "FAILED", "UNRESOLVED")
+            assert figures == [expected.get(name, 0) for name in series], hour
+        assert sum(sum(figures) for figures in hours.values()) > 600  # the history is in it
+        drawn = svg_values(page, "idempotency-hourly")
+        assert drawn == {
+            name: total
+            for name, total in (
+                (name, sum(figures[index] for figures in hours.values()))
+                for index, name in enumerate(("COMPLETED", "FAILED", "UNRESOLVED"))
+            )
+            if total
+        }
+
+        # The ages: every unresolved record, in its bucket.
+        unresolved = sum(in_database.get(state, 0) for state in states[:3])
+        assert sum(svg_values(page, "idempotency-ages").values()) == unresolved
+        ages = table_rows(page, "idempotency-ages")
+        assert ages["< 5 min"][0] >= 1 and ages["< 1 h"][0] >= 1
+        assert ages["< 1 day"][0] >= 1 and ages["older"][0] >= 1
+        shoot(page, "admin-overview.png", full_page=True)
+
+        # The oldest unresolved record first; its link opens it.
+        [(oldest_key, oldest_id)] = database.query(
+            'SELECT "key", id FROM django_idempotency_record WHERE state IN '
+            "('CLAIMED', 'IN_PROGRESS', 'UNCERTAIN') ORDER BY created_at LIMIT 1"
+        )
+        assert oldest_key == "history-stuck-1800"
+        first = page.locator("#idempotency-oldest tbody tr").first.locator("a")
+        assert first.inner_text() == oldest_key
+        first.click()
+        page.wait_for_url(re.compile(rf"{CHANGELIST}{oldest_id}/change/"))
+        assert field(page, "state") == "uncertain"
