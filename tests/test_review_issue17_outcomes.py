@@ -20,12 +20,11 @@ from django.views.decorators.csrf import csrf_exempt
 from rest_framework.test import APIClient
 
 from django_idempotency import idempotent
-from tests.testapp import review15_views
-from tests.testapp.models import Charge
-
 from tests.telemetry import Readings, installed
 from tests.test_review_issue15_behaviour import _commit_kills_the_session
 from tests.test_review_issue15_races import _send
+from tests.testapp import review15_views
+from tests.testapp.models import Charge
 from tests.utils import post
 
 pytestmark = pytest.mark.django_db(transaction=True)
