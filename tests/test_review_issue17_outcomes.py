@@ -150,3 +150,25 @@ def test_a_view_whose_success_was_rolled_back_is_not_counted_as_refused_input(
     assert post(api, url, body, "r17-doomed").status_code == 500
 
     assert by_outcome(counted) == {"executed": 1}
+
+
+#: docs/observability.md's values of ``idempotency_releases_total``'s ``reason``.
+DOCUMENTED_RELEASE_REASONS = {"exception", "status", "recovery", "reconciled"}
+
+
+@pytest.mark.postgres
+@pytest.mark.urls(__name__)
+def test_a_release_after_the_store_was_lost_has_a_documented_reason() -> None:
+    """owned_run releases with ``reason="store unavailable"`` after a lost connection.
+
+    ``metrics.note`` turns every non-int reason into a label as it is, so
+    the series ``reason="store unavailable"`` appears: a value the docs,
+    the signal's docstring, the alert rules and the dashboard do not know.
+    """
+    reader, _ = installed()
+    lost = _send("/default/loses-connection", {"amount": 1}, "k", {})
+    connections.close_all()
+    assert lost.status_code == 503
+
+    reasons = {labels.get("reason") for labels in Readings(reader).labels("idempotency.releases")}
+    assert reasons <= DOCUMENTED_RELEASE_REASONS, reasons

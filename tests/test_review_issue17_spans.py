@@ -74,3 +74,30 @@ def test_a_duplicate_refused_409_in_a_single_transaction_is_no_error_span(
         if span.name.startswith("idempotency.") and span.status.status_code is StatusCode.ERROR
     ]
     assert errors == []
+
+
+@pytest.mark.postgres
+@pytest.mark.not_under(
+    "atomic-requests", reason="single_transaction has no effect under ATOMIC_REQUESTS (W002)"
+)
+def test_a_single_transaction_claim_span_says_what_the_docs_say(
+    api: APIClient, exporter: InMemorySpanExporter
+) -> None:
+    """docs/observability.md: ``claimed`` (then ``idempotency.fencing_token``) or ``held``
+    (then ``idempotency.record.state``).
+
+    single_transaction.py sets only ``idempotency.outcome`` on its claim span.
+    """
+    post(api, "/api-view/single", {"amount": 1}, "r17-single")
+    post(api, "/api-view/single", {"amount": 1}, "r17-single")
+
+    claims = [
+        dict(span.attributes or {})
+        for span in exporter.get_finished_spans()
+        if span.name == "idempotency.claim"
+    ]
+    claimed = [found for found in claims if found.get("idempotency.outcome") == "claimed"]
+    held = [found for found in claims if found.get("idempotency.outcome") == "held"]
+    assert claimed and held, claims
+    assert all("idempotency.fencing_token" in found for found in claimed), claims
+    assert all("idempotency.record.state" in found for found in held), claims
