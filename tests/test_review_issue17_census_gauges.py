@@ -85,9 +85,9 @@ class Child:
         return dict(json.loads(line))
 
     def close(self) -> None:
-        if self.process.stdin is not None:
+        with self.process:  # closes the pipes, then waits for the process
+            assert self.process.stdin is not None
             self.process.stdin.close()
-        self.process.wait(timeout=60)
 
 
 def test_a_resolved_uncertain_record_stops_showing_in_what_the_worker_exports() -> None:
