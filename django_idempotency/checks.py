@@ -9,6 +9,7 @@ import ast
 import difflib
 import importlib.util
 import inspect
+import os
 import re
 import textwrap
 from collections.abc import Callable, Iterator, Mapping
@@ -797,6 +798,33 @@ def _identity(alias: str) -> tuple[Any, ...] | None:
     finally:
         connection.close()
     return tuple(row) if row is not None else None
+
+
+@register(Tags.compatibility)
+def check_prometheus_directory(app_configs: Any = None, **kwargs: Any) -> list[CheckMessage]:
+    """W022: the Prometheus sink without (or with a missing) multiprocess directory."""
+    sinks = getattr(settings, "IDEMPOTENCY", {}).get("METRICS", DEFAULTS["METRICS"])
+    if "prometheus" not in ((sinks,) if isinstance(sinks, str) else sinks or ()):
+        return []
+    directory = os.environ.get("PROMETHEUS_MULTIPROC_DIR")
+    if directory and os.path.isdir(directory):
+        return []
+    problem = (
+        "PROMETHEUS_MULTIPROC_DIR is not set"
+        if not directory
+        else f"PROMETHEUS_MULTIPROC_DIR names {directory!r}, which is not a directory"
+    )
+    return [
+        Warning(
+            f"IDEMPOTENCY['METRICS'] names 'prometheus', but {problem}: each process "
+            "serves only its own counts, and a scrape reaches one gunicorn worker of several.",
+            hint="Under gunicorn (or uWSGI) with several workers, set PROMETHEUS_MULTIPROC_DIR "
+            "to a directory shared by every process before they start (docs/observability.md, "
+            "Prometheus under gunicorn). A single process (runserver, one worker) needs "
+            "none: silence this warning there.",
+            id="django_idempotency.W022",
+        )
+    ]
 
 
 @register(Tags.compatibility)

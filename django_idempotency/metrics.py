@@ -28,8 +28,9 @@ from __future__ import annotations
 
 import functools
 import logging
+import threading
 import time
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Iterator, Mapping
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any, Literal, Protocol
 
@@ -75,7 +76,7 @@ REQUESTS = Instrument(
     "counter",
     "{request}",
     "Protected requests by outcome: executed, replayed, key_reused, key_expired, "
-    "in_flight, store_unavailable, unprotected, rejected.",
+    "in_flight, store_unavailable, outcome_uncertain, unprotected, rejected, error.",
     ("operation", "outcome", "tenant"),
 )
 PROTECTION_DURATION = Instrument(
@@ -91,7 +92,8 @@ RELEASES = Instrument(
     "idempotency_releases_total",
     "counter",
     "{record}",
-    "Claims given up so that a retry runs: exception, status, recovery, reconciled.",
+    "Claims given up so that a retry runs: exception, status, store_unavailable, recovery, "
+    "reconciled.",
     ("operation", "reason"),
 )
 UNCERTAIN = Instrument(
@@ -212,25 +214,49 @@ class Sink(Protocol):
     def set(self, instrument: Instrument, value: float, labels: Mapping[str, str]) -> None: ...
 
 
-@functools.cache
-def _sinks_for(names: tuple[str, ...]) -> tuple[Sink, ...]:
-    found: list[Sink] = []
-    if "opentelemetry" in names:
-        from django_idempotency.metrics_opentelemetry import opentelemetry_sink
-
-        sink = opentelemetry_sink()
-        if sink is not None:
-            found.append(sink)
-    if "prometheus" in names:
-        from django_idempotency.prometheus import prometheus_sink
-
-        found.append(prometheus_sink())
-    return tuple(found)
+_made_sinks: dict[tuple[str, ...], tuple[Sink, ...]] = {}
+_making_sinks = threading.Lock()
 
 
 def sinks() -> tuple[Sink, ...]:
-    """The configured sinks; () when metrics are off (or no sink is installed)."""
-    return _sinks_for(idempotency_settings.METRICS)
+    """The configured sinks; () when metrics are off (or no sink could be made)."""
+    names = idempotency_settings.METRICS
+    try:
+        return _made_sinks[names]
+    except KeyError:
+        pass
+    # Made once per process, under a lock: two threads of a gthread worker
+    # registering the same Prometheus names at once would collide.
+    with _making_sinks:
+        if names not in _made_sinks:
+            _made_sinks[names] = tuple(_made(names))
+    return _made_sinks[names]
+
+
+def _made(names: tuple[str, ...]) -> Iterator[Sink]:
+    """Each named sink that can be made; one that cannot is logged once and left out.
+
+    A sink that cannot be made (an older OpenTelemetry API, a project that
+    registered one of these Prometheus names itself) must not fail the
+    requests it would have counted.
+    """
+    for name in names:
+        try:
+            if name == "opentelemetry":
+                from django_idempotency.metrics_opentelemetry import opentelemetry_sink
+
+                sink: Sink | None = opentelemetry_sink()
+            elif name == "prometheus":
+                from django_idempotency.prometheus import prometheus_sink
+
+                sink = prometheus_sink()
+            else:
+                sink = None  # check E037 names it
+        except Exception:
+            logger.exception("The %r metrics sink could not be made; it is left out.", name)
+            continue
+        if sink is not None:
+            yield sink
 
 
 def _send(method: str, instrument: Instrument, value: float, labels: Mapping[str, str]) -> None:
@@ -257,11 +283,12 @@ def _operation_label(operation: str) -> str:
 class RequestObservation:
     """One protected request's outcome and timing, counted once it is answered."""
 
-    __slots__ = ("operation", "outcome", "scope", "started", "view_seconds")
+    __slots__ = ("operation", "outcome", "scope", "started", "view_ran", "view_seconds")
 
     def __init__(self) -> None:
         self.started = time.perf_counter()
         self.view_seconds = 0.0
+        self.view_ran = False
         self.outcome: str | None = None
         #: The request's scope, once it has one.
         self.scope: Scope | None = None
@@ -272,6 +299,7 @@ class RequestObservation:
         """``view``, its time added up so that it can be taken out of the protection's."""
 
         def run() -> HttpResponseBase:
+            self.view_ran = True
             started = time.perf_counter()
             try:
                 return view()
@@ -280,20 +308,44 @@ class RequestObservation:
 
         return run
 
+    def refused(self, refusal: Exception) -> None:
+        """The request was answered with ``refusal``: that answer is its outcome."""
+        self.outcome = _REFUSALS.get(getattr(refusal, "default_code", ""), "rejected")
+
     def finish(self) -> None:
-        """Count the request: its outcome ("rejected" for refused input) and its time."""
+        """Count the request: its outcome and its time."""
         elapsed = time.perf_counter() - self.started - self.view_seconds
         scope = self.scope
         operation = scope.operation if scope is not None else self.operation
         if operation is None:
             return  # not a protected request after all (a GET, a key-less call)
-        outcome = self.outcome or "rejected"
+        # No outcome: an exception that is no refusal ended the request (the
+        # view's own, or a bug before it ran).
+        outcome = self.outcome or ("executed" if self.view_ran else "error")
         labels = {"operation": _operation_label(operation), "outcome": outcome}
         _send("record", PROTECTION_DURATION, elapsed, labels)
         if idempotency_settings.METRICS_TENANT and scope is not None:
             labels = {**labels, "tenant": scope.tenant}
         _send("add", REQUESTS, 1, labels)
 
+
+#: Refusals by their code; any other (no key, a key too long, a body too
+#: large or unreadable) is refused input, "rejected".
+_REFUSALS = {
+    "idempotency_key_reused": "key_reused",
+    "idempotency_key_expired": "key_expired",
+    "idempotency_request_in_progress": "in_flight",
+    "idempotency_store_unavailable": "store_unavailable",
+    "idempotency_outcome_uncertain": "outcome_uncertain",
+}
+
+#: Release reasons as labels; any other is "other".
+_RELEASE_REASONS = {
+    "exception": "exception",
+    "recovery": "recovery",
+    "reconciled": "reconciled",
+    "store unavailable": "store_unavailable",
+}
 
 _OBSERVATION = "_idempotency_observation"
 
@@ -342,7 +394,7 @@ def note(
             observation.outcome = "executed"  # the optimistic mode runs the view unclaimed
     if name == "claim_released":
         reason = kwargs.get("reason")
-        label = "status" if isinstance(reason, int) else str(reason)
+        label = "status" if isinstance(reason, int) else _RELEASE_REASONS.get(str(reason), "other")
         _send("add", RELEASES, 1, {"operation": _operation_label(scope.operation), "reason": label})
     elif name == "record_uncertain":
         _send("add", UNCERTAIN, 1, {"operation": _operation_label(scope.operation)})
@@ -391,11 +443,12 @@ def publish_census(census: Census) -> None:
 
     database = census.database
     for state, count in census.counts.items():
-        _send("set", RECORDS, count, {"database": database, "state": state})
+        _send("set", RECORDS, count, {"database": database, "state": str(state)})
     for state in UNRESOLVED_STATES:
         age = census.age(state)
         seconds = 0.0 if age is None else age.total_seconds()
-        _send("set", OLDEST_UNRESOLVED_AGE, seconds, {"database": database, "state": state})
+        labels = {"database": database, "state": str(state)}  # the value, not the enum
+        _send("set", OLDEST_UNRESOLVED_AGE, seconds, labels)
     _send("set", PURGE_BACKLOG, census.purge_backlog, {"database": database})
     _send(
         "set",

@@ -9,6 +9,8 @@ installed there is no sink at all.
 
 from __future__ import annotations
 
+import functools
+import threading
 from collections.abc import Mapping
 from typing import Any
 
@@ -19,8 +21,20 @@ __all__ = ["OpenTelemetrySink", "opentelemetry_sink"]
 
 
 class OpenTelemetrySink:
+    """Counters and the histogram are synchronous; the gauges are observed.
+
+    A gauge is reported once per census, at the export that follows it,
+    from the process that took it. A synchronous gauge would keep
+    exporting its last value: under Celery's prefork pool each child that
+    ever ran ``observe_records`` would go on reporting its own old census
+    (an UNCERTAIN record long resolved, still "old"), and the alert rules'
+    ``max by (database)`` would keep firing on it.
+    """
+
     def __init__(self, meter: Any) -> None:
         self.instruments: dict[str, Any] = {}
+        self.pending: dict[str, dict[frozenset[tuple[str, str]], float]] = {}
+        self.lock = threading.Lock()
         for instrument in INSTRUMENTS:
             if instrument.kind == "counter":
                 made = meter.create_counter(
@@ -34,8 +48,12 @@ class OpenTelemetrySink:
                     explicit_bucket_boundaries_advisory=DURATION_BUCKETS,
                 )
             else:
-                made = meter.create_gauge(
-                    instrument.name, unit=instrument.unit, description=instrument.description
+                self.pending[instrument.name] = {}
+                made = meter.create_observable_gauge(
+                    instrument.name,
+                    callbacks=[functools.partial(self.observe, instrument.name)],
+                    unit=instrument.unit,
+                    description=instrument.description,
                 )
             self.instruments[instrument.name] = made
 
@@ -46,7 +64,16 @@ class OpenTelemetrySink:
         self.instruments[instrument.name].record(value, labels)
 
     def set(self, instrument: Instrument, value: float, labels: Mapping[str, str]) -> None:
-        self.instruments[instrument.name].set(value, labels)
+        with self.lock:
+            self.pending[instrument.name][frozenset(labels.items())] = value
+
+    def observe(self, name: str, options: Any) -> list[Any]:
+        """The gauge's values set since the last export, handed over once."""
+        from opentelemetry.metrics import Observation
+
+        with self.lock:
+            taken, self.pending[name] = self.pending[name], {}
+        return [Observation(value, dict(labels)) for labels, value in taken.items()]
 
     def __repr__(self) -> str:
         return "OpenTelemetrySink()"

@@ -25,8 +25,8 @@ Then route ``metrics_view`` (where only Prometheus reaches it)::
 
 from __future__ import annotations
 
-import functools
 import os
+import threading
 from collections.abc import Mapping
 from typing import Any
 
@@ -87,10 +87,17 @@ def _made(instrument: Instrument) -> Any:
     return prometheus_client.Gauge(name, text, labels, multiprocess_mode="mostrecent")
 
 
-@functools.cache
+_sink: PrometheusSink | None = None
+_making = threading.Lock()
+
+
 def prometheus_sink() -> PrometheusSink:
     """The process's one sink: ``prometheus_client`` allows each name once per registry."""
-    return PrometheusSink()
+    global _sink
+    with _making:  # two threads registering the same names at once would collide
+        if _sink is None:
+            _sink = PrometheusSink()
+        return _sink
 
 
 def metrics_view(request: HttpRequest) -> HttpResponse:

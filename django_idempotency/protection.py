@@ -49,7 +49,7 @@ from django_idempotency.owned_run import run_owned
 from django_idempotency.retention_header import advertise_first_execution
 from django_idempotency.scope import OperationSpec, Scope, resolve_operation, resolve_tenant
 from django_idempotency.single_transaction import claim_in_one_transaction
-from django_idempotency.tracing import step_span, traced
+from django_idempotency.tracing import contended, step_span, traced_view
 from django_idempotency.view_transactions import run_unprotected
 
 if TYPE_CHECKING:
@@ -132,7 +132,8 @@ def protect(
         return _protect(request, view, options, view_args, view_kwargs, None)
     try:
         return _protect(request, view, options, view_args, view_kwargs, observation)
-    except IdempotencyRefusal:
+    except IdempotencyRefusal as refusal:
+        observation.refused(refusal)
         if observation.scope is None:  # refused before it had one: no key, a body too large
             with contextlib.suppress(Exception):
                 observation.operation = resolve_operation(request, options.operation)
@@ -168,7 +169,7 @@ def _protect(
     if observation is not None:
         observation.scope = scope
         view = observation.timed(view)
-    view = traced("idempotency.view", scope, view)
+    view = traced_view(scope, view)
     _refuse_a_body_too_large(request)
     try:
         fingerprint = request_fingerprint(request, options.fingerprint, view_args, view_kwargs)
@@ -255,7 +256,7 @@ def _claim_or_answer(
     poll = _FIRST_POLL
     while True:
         try:
-            with step_span("idempotency.claim", scope) as span:
+            with step_span("idempotency.claim", scope, expected=contended) as span:
                 attempt = store.claim_or_take_over(
                     scope, fingerprint, ttl=ttl, lease=lease, using=database
                 )

@@ -46,7 +46,7 @@ from django_idempotency.owned_run import (
 )
 from django_idempotency.responses import StoredResponse, Verdict, capture
 from django_idempotency.scope import Scope
-from django_idempotency.tracing import step_span
+from django_idempotency.tracing import contended, step_span
 from django_idempotency.view_transactions import (
     view_transactions,
     writes_discarded,
@@ -85,7 +85,7 @@ def claim_in_one_transaction(
     run: _SingleRun | None = None
     try:
         with transaction.atomic(using=database):
-            with step_span("idempotency.claim", scope) as span:
+            with step_span("idempotency.claim", scope, expected=contended) as span:
                 held = store.claim(
                     scope,
                     fingerprint,
@@ -94,10 +94,15 @@ def claim_in_one_transaction(
                     using=database,
                     wait_at_most=conf.IN_FLIGHT_WAIT,
                 )
-                span.set_attribute("idempotency.outcome", "held" if held is None else "claimed")
-            if held is None:
-                record = store.lookup(scope, using=database)
-            else:
+                if held is None:
+                    record = store.lookup(scope, using=database)
+                    span.set_attribute("idempotency.outcome", "held")
+                    if record is not None:
+                        span.set_attribute("idempotency.record.state", record.state)
+                else:
+                    span.set_attribute("idempotency.outcome", "claimed")
+                    span.set_attribute("idempotency.fencing_token", held.fencing_token)
+            if held is not None:
                 request.idempotency = IdempotencyContext(held, single_transaction=True)  # type: ignore[attr-defined]
                 signals.notify(
                     signals.request_claimed, request, scope, fencing_token=held.fencing_token

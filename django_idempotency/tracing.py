@@ -19,15 +19,17 @@ from __future__ import annotations
 import contextlib
 import functools
 from collections.abc import Callable, Iterator
-from typing import TYPE_CHECKING, Any, TypeVar
+from typing import TYPE_CHECKING, Any
 
 from django_idempotency import __version__
 from django_idempotency.conf import idempotency_settings
 
 if TYPE_CHECKING:
+    from django.http import HttpResponseBase
+
     from django_idempotency.scope import Scope
 
-__all__ = ["SPAN_NAMES", "step_span", "traced"]
+__all__ = ["SPAN_NAMES", "contended", "step_span", "traced_view"]
 
 SPAN_NAMES = (
     "idempotency.claim",
@@ -36,8 +38,6 @@ SPAN_NAMES = (
     "idempotency.begin_external",
     "idempotency.replay",
 )
-
-T = TypeVar("T")
 
 
 @functools.cache
@@ -60,30 +60,68 @@ _NO_SPAN = _NoSpan()
 
 
 @contextlib.contextmanager
-def step_span(name: str, scope: Scope) -> Iterator[Any]:
+def step_span(
+    name: str, scope: Scope, *, expected: Callable[[BaseException], str | None] | None = None
+) -> Iterator[Any]:
     """A span named ``name`` around a step of ``scope``'s protection.
 
     Yields the span, for the step to add what it found (``set_attribute``).
     An exception leaving the block is recorded on it and marks it an error,
-    as the OpenTelemetry API does by default.
+    unless ``expected`` names it an ordinary outcome (a claim that waited
+    out its bound is a 409, not a failure): then that name is the span's
+    ``idempotency.outcome``.
     """
     tracer = _tracer() if idempotency_settings.TRACING else None
     if tracer is None:
         yield _NO_SPAN
         return
+    from opentelemetry.trace import Status, StatusCode
+
     with tracer.start_as_current_span(
-        name, attributes={"idempotency.operation": scope.operation}
+        name,
+        attributes={"idempotency.operation": scope.operation},
+        record_exception=False,
+        set_status_on_exception=False,
     ) as span:
-        yield span
+        try:
+            yield span
+        except BaseException as exc:
+            outcome = expected(exc) if expected is not None else None
+            if outcome is not None:
+                span.set_attribute("idempotency.outcome", outcome)
+            else:
+                span.record_exception(exc)
+                span.set_status(Status(StatusCode.ERROR, f"{type(exc).__name__}: {exc}"))
+            raise
 
 
-def traced(name: str, scope: Scope, call: Callable[[], T]) -> Callable[[], T]:
-    """``call``, run inside ``step_span(name, scope)``."""
+def contended(exc: BaseException) -> str | None:
+    """ "contended" for a claim that waited out its bound (answered 409), else None."""
+    from django_idempotency.database_errors import is_contention
+
+    return "contended" if is_contention(exc) else None
+
+
+def traced_view(
+    scope: Scope, view: Callable[[], HttpResponseBase]
+) -> Callable[[], HttpResponseBase]:
+    """``view``, inside an ``idempotency.view`` span that says how it answered.
+
+    A 5xx response is an error of the span, like an exception: DRF turns a
+    view's ``APIException`` into a response before the span ends, and a
+    provider's failure answered with 502 would otherwise look clean.
+    """
     if not idempotency_settings.TRACING or _tracer() is None:
-        return call
+        return view
 
-    def run() -> T:
-        with step_span(name, scope):
-            return call()
+    def run() -> HttpResponseBase:
+        with step_span("idempotency.view", scope) as span:
+            response = view()
+            span.set_attribute("http.response.status_code", response.status_code)
+            if response.status_code >= 500:
+                from opentelemetry.trace import Status, StatusCode
+
+                span.set_status(Status(StatusCode.ERROR))
+            return response
 
     return run

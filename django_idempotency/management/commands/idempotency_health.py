@@ -10,6 +10,7 @@ argparse would exit 2 and be taken for an unreadable database).
 from __future__ import annotations
 
 import json
+import logging
 import re
 import sys
 from dataclasses import dataclass
@@ -35,6 +36,9 @@ _STATUS_TEXT = {
 }
 
 _DURATION = re.compile(r"(?:(\d+)d)?(?:(\d+)h)?(?:(\d+)m)?(?:(\d+(?:\.\d+)?)s)?")
+
+
+logger = logging.getLogger("django_idempotency")
 
 
 def duration(text: str) -> float:
@@ -226,7 +230,11 @@ class Command(BaseCommand):
         for alias in records_database_named(database):
             try:
                 entries.append((alias, take_census(alias), None))
-            except DatabaseError as exc:
+            except Exception as exc:
+                # Any failure to read is status 2, never 1: a probe must not
+                # take an alias missing from DATABASES for a crossed threshold.
+                if not isinstance(exc, DatabaseError):
+                    logger.exception("Could not take the census of %r.", alias)
                 entries.append((alias, None, " ".join(str(exc).split()) or type(exc).__name__))
         found = [item for _, taken, _ in entries if taken for item in crossed(taken, options)]
         unreadable = [alias for alias, taken, _ in entries if taken is None]
