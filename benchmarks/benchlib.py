@@ -107,7 +107,8 @@ class Gunicorn:
 
     ``threads`` above 1 runs gthread workers; ``app``, ``settings``, ``env``
     and ``ready_path`` (a GET answering 200 once it serves) serve another
-    project, as benchmarks/contention.py serves the test project.
+    project, as benchmarks/contention.py serves the test project; ``args``
+    go to gunicorn as they are (``-c`` a configuration with hooks, say).
     """
 
     def __init__(
@@ -120,6 +121,7 @@ class Gunicorn:
         settings: str = BENCH_SETTINGS,
         env: dict[str, str] | None = None,
         ready_path: str = "/health",
+        args: Sequence[str] = (),
     ) -> None:
         self.database = database
         self.workers = workers
@@ -128,6 +130,7 @@ class Gunicorn:
         self.settings = settings
         self.env = env or {}
         self.ready_path = ready_path
+        self.args = tuple(args)
         self.port = free_port()
         self.url = f"http://127.0.0.1:{self.port}"
         self.log_dir = Path(tempfile.mkdtemp(prefix="idem-bench-"))
@@ -144,6 +147,7 @@ class Gunicorn:
             "--timeout", "60", "--graceful-timeout", "5",
             "--no-control-socket",
             "--error-logfile", "-",
+            *self.args,
         ]  # fmt: skip
         # gunicorn's own log and the workers' Django logging (stderr).
         self._log_file = self.log_path.open("ab")

@@ -52,6 +52,11 @@ REST_FRAMEWORK = {
 
 # The documented defaults (24 h retention, 2 min lease, "conflict").
 IDEMPOTENCY: dict[str, object] = {}
+# benchmarks/telemetry_cost.py picks metrics and tracing (see telemetry.py).
+if os.environ.get("IDEMPOTENCY_BENCH_TELEMETRY"):
+    from benchmarks.benchproject import telemetry
+
+    IDEMPOTENCY.update(telemetry.idempotency_settings(telemetry.configuration() or ""))
 
 LOGGING = {
     "version": 1,

@@ -1,8 +1,11 @@
 from __future__ import annotations
 
+import os
+
 from django.urls import path
 
 from benchmarks.benchapp import views
+from benchmarks.benchproject import telemetry
 
 urlpatterns = [
     path("health", views.health),
@@ -16,3 +19,9 @@ urlpatterns = [
     path("floor-optimistic", views.floor_optimistic),
     path("floor-single", views.floor_single),
 ]
+
+if os.environ.get(telemetry.ENV):  # benchmarks/telemetry_cost.py's checks
+    urlpatterns += [
+        path("metrics", telemetry.metrics_view),
+        path("telemetry", telemetry.telemetry_view),
+    ]
