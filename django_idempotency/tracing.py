@@ -18,6 +18,7 @@ from __future__ import annotations
 
 import contextlib
 import functools
+import logging
 from collections.abc import Callable, Iterator
 from typing import TYPE_CHECKING, Any
 
@@ -30,6 +31,8 @@ if TYPE_CHECKING:
     from django_idempotency.scope import Scope
 
 __all__ = ["SPAN_NAMES", "contended", "step_span", "traced_view"]
+
+logger = logging.getLogger("django_idempotency")
 
 SPAN_NAMES = (
     "idempotency.claim",
@@ -90,29 +93,59 @@ def step_span(
     unless ``expected`` names it an ordinary outcome (a claim that waited
     out its bound is a 409, not a failure): then that name is the span's
     ``idempotency.outcome``.
+
+    A tracing SDK that fails (a span processor raising as the span starts
+    or ends) is logged and never fails the step: the span ends after the
+    claim has committed, and a request failing there would leave its
+    record claimed until the lease runs out.
     """
     tracer = _active_tracer()
     if tracer is None:
         yield _NO_SPAN
         return
-    from opentelemetry.trace import Status, StatusCode
+    try:
+        opened = tracer.start_as_current_span(
+            name,
+            attributes={"idempotency.operation": scope.operation},
+            record_exception=False,
+            set_status_on_exception=False,
+        )
+        span = opened.__enter__()
+    except Exception:
+        logger.exception("The %s span could not be started; the request goes on.", name)
+        yield _NO_SPAN
+        return
+    try:
+        yield span
+    except BaseException as exc:
+        _end(name, opened, span, exc, expected)
+        raise
+    _end(name, opened, span, None, expected)
 
-    with tracer.start_as_current_span(
-        name,
-        attributes={"idempotency.operation": scope.operation},
-        record_exception=False,
-        set_status_on_exception=False,
-    ) as span:
-        try:
-            yield span
-        except BaseException as exc:
+
+def _end(
+    name: str,
+    opened: Any,
+    span: Any,
+    exc: BaseException | None,
+    expected: Callable[[BaseException], str | None] | None,
+) -> None:
+    try:
+        if exc is not None:
+            from opentelemetry.trace import Status, StatusCode
+
             outcome = expected(exc) if expected is not None else None
             if outcome is not None:
                 span.set_attribute("idempotency.outcome", outcome)
             else:
                 span.record_exception(exc)
                 span.set_status(Status(StatusCode.ERROR, f"{type(exc).__name__}: {exc}"))
-            raise
+            opened.__exit__(type(exc), exc, exc.__traceback__)
+        else:
+            opened.__exit__(None, None, None)
+    except Exception as failure:
+        if failure is not exc:
+            logger.exception("The %s span could not be ended; the request goes on.", name)
 
 
 def contended(exc: BaseException) -> str | None:

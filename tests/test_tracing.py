@@ -156,3 +156,32 @@ def test_under_the_django_instrumentation_the_spans_are_children_of_the_request_
         if span.parent and span.parent.span_id == server[0].context.span_id
     }
     assert children == {"idempotency.claim", "idempotency.view", "idempotency.complete"}
+
+
+def test_a_span_processor_that_raises_never_fails_the_request(
+    api: APIClient, exporter: InMemorySpanExporter, caplog: pytest.LogCaptureFixture
+) -> None:
+    """A project's span processor failing as spans end: logged, and the request goes on.
+
+    The claim span ends after the claim committed: a request failing there
+    would leave its record claimed until the lease runs out.
+    """
+    from opentelemetry.sdk.trace import SpanProcessor, TracerProvider
+
+    class Failing(SpanProcessor):
+        def on_end(self, span: ReadableSpan) -> None:
+            raise RuntimeError("the tracing backend is down")
+
+    provider = trace.get_tracer_provider()
+    assert isinstance(provider, TracerProvider)
+    processors = provider._active_span_processor._span_processors
+    provider._active_span_processor._span_processors = (*processors, Failing())
+    try:
+        first = post(api, URL, {"amount": 1}, "t-failing-processor")
+        retry = post(api, URL, {"amount": 1}, "t-failing-processor")
+    finally:
+        provider._active_span_processor._span_processors = processors
+
+    assert (first.status_code, retry.status_code) == (201, 201)
+    assert retry["Idempotent-Replayed"] == "true"
+    assert "span could not be ended" in caplog.text
