@@ -7,7 +7,7 @@ import re
 import subprocess
 import sys
 import textwrap
-from datetime import UTC, datetime, timedelta
+from datetime import UTC, timedelta
 from pathlib import Path
 from zoneinfo import ZoneInfo
 

@@ -7,6 +7,7 @@ import subprocess
 import sys
 import textwrap
 from pathlib import Path
+from typing import Any
 
 import pytest
 from django.test import Client
@@ -18,17 +19,17 @@ ACCEPT_HEADERS = ("", "text/plain;version=0.0.4;q=1,*/*;q=0.1")
 
 
 @pytest.mark.parametrize("accept", ACCEPT_HEADERS, ids=["none", "text-0.0.4"])
-def test_the_content_type_names_the_format_of_the_body(accept: str, settings: object) -> None:
+def test_the_content_type_names_the_format_of_the_body(accept: str, settings: Any) -> None:
     """The view writes ``generate_latest()`` (the 0.0.4 text format) and labels it
     ``CONTENT_TYPE_LATEST``, which prometheus_client 0.26 made
     ``text/plain; version=1.0.0`` (the UTF-8 names format, whose escaping is
     then unstated). prometheus_client's own server answers the same request
     with ``version=0.0.4`` (``choose_encoder``).
     """
-    settings.IDEMPOTENCY = {"METRICS": ("prometheus",)}  # type: ignore[attr-defined]
-    headers = {"HTTP_ACCEPT": accept} if accept else {}
+    settings.IDEMPOTENCY = {"METRICS": ("prometheus",)}
+    headers = {"Accept": accept} if accept else {}
 
-    response = Client().get("/metrics", **headers)
+    response = Client().get("/metrics", headers=headers)
 
     assert response.status_code == 200
     _encoder, content_type = choose_encoder(accept)
