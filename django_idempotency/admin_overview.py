@@ -17,7 +17,7 @@ from django.utils.translation import gettext as _
 
 from django_idempotency.census import Census
 from django_idempotency.models import UNRESOLVED_STATES, IdempotencyRecord
-from django_idempotency.overview import UNRESOLVED, AgeCounts, HourlyCounts, Overview
+from django_idempotency.overview import UNRESOLVED, AgeCounts, HourlyCounts, Overview, chart_zone
 from django_idempotency.svg_charts import Chart, Series, bar_chart
 
 __all__ = [
@@ -84,7 +84,8 @@ def census_row(census: Census, several: bool) -> dict[str, Any]:
 
 
 def hourly_chart(hourly: HourlyCounts) -> Chart:
-    categories = [f"{hour:%Y-%m-%d %H:00} UTC" for hour in hourly.hours]
+    zone = chart_zone()
+    categories = [f"{hour:%Y-%m-%d %H:00} {zone}" for hour in hourly.hours]
     ticks = [f"{hour:%b %d}" if hour.hour == 0 else f"{hour:%H:00}" for hour in hourly.hours]
     totals = ", ".join(
         f"{label} {_grouped(hourly.total(name))}" for name, label, _css in HOURLY_SERIES
@@ -109,7 +110,7 @@ def hourly_chart(hourly: HourlyCounts) -> Chart:
         series=[
             Series(name, _(label), css, hourly.counts[name]) for name, label, css in HOURLY_SERIES
         ],
-        x_axis_label=_("hour created (UTC)"),
+        x_axis_label=_("hour created (%(zone)s)") % {"zone": zone},
         y_axis_label=_("records"),
     )
 

@@ -199,9 +199,12 @@ def _innodb_estimate(cursor: Any, table: str, index: str, state: str) -> int:
     where = f"SELECT 1 FROM {table} FORCE INDEX ({index}) WHERE state"
     estimate = rows(f"{where} = %s", [state])
     total = rows(f"SELECT 1 FROM {table}", [])
+    # Asked whether needed or not: the census makes as many queries however
+    # the records are spread (a query count the tests can hold it to).
+    others = rows(f"{where} <> %s", [state])
     if 2 * estimate + 1 < total:
         return estimate
-    return max(total - rows(f"{where} <> %s", [state]), estimate)
+    return max(total - others, estimate)
 
 
 def _unreconciled_operations(records: QuerySet[IdempotencyRecord]) -> tuple[str, ...]:

@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import functools
 import threading
+import time
 from collections.abc import Mapping
 from typing import Any
 
@@ -20,20 +21,27 @@ from django_idempotency.metrics import DURATION_BUCKETS, INSTRUMENTS, Instrument
 __all__ = ["OpenTelemetrySink", "opentelemetry_sink"]
 
 
+#: How long a process goes on reporting the census it took (seconds): the
+#: beat schedule takes one a minute, so a fresh one replaces it well before.
+CENSUS_REPORTED_FOR = 150.0
+
+
 class OpenTelemetrySink:
     """Counters and the histogram are synchronous; the gauges are observed.
 
-    A gauge is reported once per census, at the export that follows it,
-    from the process that took it. A synchronous gauge would keep
-    exporting its last value: under Celery's prefork pool each child that
-    ever ran ``observe_records`` would go on reporting its own old census
-    (an UNCERTAIN record long resolved, still "old"), and the alert rules'
+    A process reports the census it took at every collection (each reader's,
+    each scrape of a pull exporter) for ``CENSUS_REPORTED_FOR`` seconds,
+    then no more. A synchronous gauge would report its last value for
+    ever: under Celery's prefork pool each child that ever ran
+    ``observe_records`` would go on reporting its own old census (an
+    UNCERTAIN record long resolved, still "old"), and the alert rules'
     ``max by (database)`` would keep firing on it.
     """
 
     def __init__(self, meter: Any) -> None:
         self.instruments: dict[str, Any] = {}
-        self.pending: dict[str, dict[frozenset[tuple[str, str]], float]] = {}
+        #: Gauge -> labels -> (value, when it was set, time.monotonic()).
+        self.census: dict[str, dict[frozenset[tuple[str, str]], tuple[float, float]]] = {}
         self.lock = threading.Lock()
         for instrument in INSTRUMENTS:
             if instrument.kind == "counter":
@@ -48,7 +56,7 @@ class OpenTelemetrySink:
                     explicit_bucket_boundaries_advisory=DURATION_BUCKETS,
                 )
             else:
-                self.pending[instrument.name] = {}
+                self.census[instrument.name] = {}
                 made = meter.create_observable_gauge(
                     instrument.name,
                     callbacks=[functools.partial(self.observe, instrument.name)],
@@ -65,15 +73,18 @@ class OpenTelemetrySink:
 
     def set(self, instrument: Instrument, value: float, labels: Mapping[str, str]) -> None:
         with self.lock:
-            self.pending[instrument.name][frozenset(labels.items())] = value
+            self.census[instrument.name][frozenset(labels.items())] = (value, time.monotonic())
 
     def observe(self, name: str, options: Any) -> list[Any]:
-        """The gauge's values set since the last export, handed over once."""
+        """The gauge's values from this process's census, while it is recent."""
         from opentelemetry.metrics import Observation
 
+        oldest = time.monotonic() - CENSUS_REPORTED_FOR
         with self.lock:
-            taken, self.pending[name] = self.pending[name], {}
-        return [Observation(value, dict(labels)) for labels, value in taken.items()]
+            values = self.census[name]
+            for labels in [labels for labels, (_, at) in values.items() if at < oldest]:
+                del values[labels]
+            return [Observation(value, dict(labels)) for labels, (value, _) in values.items()]
 
     def __repr__(self) -> str:
         return "OpenTelemetrySink()"

@@ -85,7 +85,8 @@ OLDEST_SHOWN = 10
 class HourlyCounts:
     """Records created per hour, oldest hour first, per series (``SERIES``)."""
 
-    #: The start of each hour (UTC); the last one is the current hour.
+    #: The start of each hour (UTC; with ``USE_TZ = False`` the site's
+    #: ``TIME_ZONE``, see ``chart_zone``); the last one is the current hour.
     hours: tuple[datetime, ...]
     #: Series -> a count per hour. Resolved series are estimates when sampled.
     counts: Mapping[str, tuple[int, ...]]
@@ -180,9 +181,24 @@ def hourly_counts(
     )
 
 
+def chart_zone() -> str:
+    """The zone the chart's hours are in: UTC, or the site's with ``USE_TZ = False``.
+
+    Without time zone support the records hold the site's wall-clock times
+    and the database truncates those.
+    """
+    return "UTC" if settings.USE_TZ else settings.TIME_ZONE
+
+
 def _truncated(records: QuerySet[IdempotencyRecord]) -> QuerySet[Any]:
-    # Truncated by the database, in UTC whatever the connection's time zone.
-    hour = Trunc("created_at", "hour", tzinfo=UTC if settings.USE_TZ else None)
+    # Truncated by the database in the zone the column is stored in (UTC,
+    # unless DATABASES[alias]["TIME_ZONE"] says otherwise on MySQL/MariaDB):
+    # truncating in another zone would need CONVERT_TZ and the server's time
+    # zone tables, which many servers lack (it answers NULL). The hours are
+    # made UTC here (_normal).
+    connection = connections[records.db]
+    zone = connection.timezone if settings.USE_TZ and connection.vendor == "mysql" else UTC
+    hour = Trunc("created_at", "hour", tzinfo=zone if settings.USE_TZ else None)
     return records.annotate(hour=hour).order_by()
 
 
@@ -204,7 +220,8 @@ def _per_hour_and_state(
     rows = _truncated(records).values("hour", "state").annotate(count=Count("pk"))
     if percent is None:
         return [(_normal(row["hour"]), row["state"], row["count"]) for row in rows]
-    sql, params = rows.query.sql_with_params()
+    # Compiled for the records' database, not "default" (sql_with_params()).
+    sql, params = rows.query.get_compiler(records.db).as_sql()
     table = connections[records.db].ops.quote_name(IdempotencyRecord._meta.db_table)
     assert sql.count(f"FROM {table}") == 1, sql
     # The ORM has no TABLESAMPLE; the percentage is a float of ours, not input.
@@ -233,7 +250,7 @@ def _sample_percent(window: QuerySet[IdempotencyRecord]) -> float | None:
 
 
 def _planner_rows(records: QuerySet[IdempotencyRecord]) -> int:
-    sql, params = records.order_by().values("pk").query.sql_with_params()
+    sql, params = records.order_by().values("pk").query.get_compiler(records.db).as_sql()
     with connections[records.db].cursor() as cursor:
         cursor.execute(f"EXPLAIN (FORMAT JSON) {sql}", params)
         plan = cursor.fetchone()[0]

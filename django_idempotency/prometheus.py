@@ -36,6 +36,7 @@ from django.http import HttpRequest, HttpResponse
 try:
     import prometheus_client
     from prometheus_client import multiprocess
+    from prometheus_client.exposition import choose_encoder
 except ImportError as exc:  # pragma: no cover - depends on the installed extras
     raise ImproperlyConfigured(
         'IDEMPOTENCY["METRICS"] names "prometheus": pip install "django-idempotency[prometheus]"'
@@ -104,9 +105,12 @@ def metrics_view(request: HttpRequest) -> HttpResponse:
     """Prometheus's text format: every process's values with ``PROMETHEUS_MULTIPROC_DIR``.
 
     Without that variable, this process's default registry (a single
-    process: runserver, one worker, a Celery worker's own HTTP server).
-    Exposes whatever else the project registered with ``prometheus_client``
-    too, as django-prometheus's view does.
+    process: runserver, one worker, a Celery worker's own HTTP server),
+    with whatever else the project registered there. In multiprocess mode
+    only metrics are served (every process's counters, gauges, histograms
+    and summaries, the project's too): ``prometheus_client`` cannot add up
+    custom collectors, ``Info``, ``Enum`` or the process and platform
+    collectors across processes, as with django-prometheus's view.
     """
     prometheus_sink()  # declared even before the first protected request
     if os.environ.get("PROMETHEUS_MULTIPROC_DIR"):
@@ -114,7 +118,7 @@ def metrics_view(request: HttpRequest) -> HttpResponse:
         multiprocess.MultiProcessCollector(registry)  # type: ignore[no-untyped-call]
     else:
         registry = prometheus_client.REGISTRY
-    return HttpResponse(
-        prometheus_client.generate_latest(registry),
-        content_type=prometheus_client.CONTENT_TYPE_LATEST,
-    )
+    # The format Prometheus asks for (its Accept header: OpenMetrics, or the
+    # classic text format), with the Content-Type that names it.
+    encode, content_type = choose_encoder(request.headers.get("Accept", ""))
+    return HttpResponse(encode(registry), content_type=content_type)

@@ -104,10 +104,15 @@ def processes() -> Iterator[list[CeleryProcess]]:
 
 def test_the_shipped_schedule_names_the_shipped_tasks() -> None:
     names = {entry["task"] for entry in tasks.BEAT_SCHEDULE.values()}
-    assert names == {tasks.recover_stale_records.name, tasks.purge_expired_records.name}
+    assert names == {
+        tasks.recover_stale_records.name,
+        tasks.purge_expired_records.name,
+        tasks.observe_records.name,
+    }
     assert names == {
         "django_idempotency.tasks.recover_stale_records",
         "django_idempotency.tasks.purge_expired_records",
+        "django_idempotency.tasks.observe_records",
     }
 
 
