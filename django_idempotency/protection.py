@@ -10,6 +10,7 @@ answers to everybody else in ``answers``.
 from __future__ import annotations
 
 import contextlib
+import logging
 import time
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
@@ -60,6 +61,8 @@ __all__ = [
     "Options",
     "protect",
 ]
+
+logger = logging.getLogger("django_idempotency")
 
 PROTECTED_METHODS = frozenset({"POST", "PUT", "PATCH", "DELETE"})
 
@@ -139,7 +142,10 @@ def protect(
                 observation.operation = resolve_operation(request, options.operation)
         raise
     finally:
-        observation.finish()
+        try:
+            observation.finish()
+        except Exception:  # counting must never replace the answer
+            logger.exception("Counting the request failed; the request goes on.")
 
 
 def _protect(

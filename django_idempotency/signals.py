@@ -87,7 +87,10 @@ def notify(signal: Signal, request: HttpRequest | None, scope: Scope, **kwargs: 
     package's own metrics (``IDEMPOTENCY["METRICS"]``) count from here too.
     """
     if idempotency_settings.METRICS:
-        metrics.note(signal, request, scope, kwargs)
+        try:
+            metrics.note(signal, request, scope, kwargs)
+        except Exception:  # counting must never fail what it counts
+            logger.exception("Counting %r failed; the request goes on.", signal)
     if not signal.receivers:
         return  # the common case, on every request: nothing to build or look up
     from django_idempotency.models import IdempotencyRecord
