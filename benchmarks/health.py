@@ -58,6 +58,7 @@ from benchmarks.benchlib import (  # noqa: E402
     postgres_url,
     server_facts,
 )
+from benchmarks.scale import indexes_dropped  # noqa: E402
 
 TABLE = "django_idempotency_record"
 OPERATIONS = ["POST v1/payments", "POST v1/refunds", "POST v1/customers", "POST v1/payouts"]
@@ -110,29 +111,11 @@ CROSS JOIN LATERAL (
 def fill(database: Database, records: int, *, vacuum: bool) -> None:
     started = time.monotonic()
     with database.connect() as connection:
-        indexes = connection.execute(
-            "SELECT indexname, indexdef FROM pg_indexes WHERE tablename = %s "
-            "AND indexname NOT IN (SELECT conname FROM pg_constraint)",
-            [TABLE],
-        ).fetchall()
-        constraints = connection.execute(
-            "SELECT conname, pg_get_constraintdef(oid) FROM pg_constraint "
-            "WHERE conrelid = %s::regclass AND contype = 'u'",
-            [TABLE],
-        ).fetchall()
-        for name, _ in indexes:
-            connection.execute(f'DROP INDEX "{name}"')
-        for name, _ in constraints:
-            connection.execute(f'ALTER TABLE {TABLE} DROP CONSTRAINT "{name}"')
-        connection.execute("SET maintenance_work_mem = '1GB'")
-        for first in range(1, records + 1, CHUNK):
-            last = min(first + CHUNK - 1, records)
-            connection.execute(fill_sql(first, last, records))
-            print(f"  {last:,} rows ({time.monotonic() - started:.0f} s)", flush=True)
-        for name, definition in constraints:
-            connection.execute(f'ALTER TABLE {TABLE} ADD CONSTRAINT "{name}" {definition}')
-        for _, definition in indexes:
-            connection.execute(definition)
+        with indexes_dropped(connection):
+            for first in range(1, records + 1, CHUNK):
+                last = min(first + CHUNK - 1, records)
+                connection.execute(fill_sql(first, last, records))
+                print(f"  {last:,} rows ({time.monotonic() - started:.0f} s)", flush=True)
         print(f"  indexes rebuilt ({time.monotonic() - started:.0f} s)", flush=True)
         connection.execute(f"VACUUM (ANALYZE) {TABLE}" if vacuum else f"ANALYZE {TABLE}")
         size = connection.execute(

@@ -42,12 +42,14 @@ sys.path[:] = [entry for entry in sys.path if Path(entry or ".").resolve() != _H
 sys.path.insert(0, str(_HERE.parent))
 
 import argparse  # noqa: E402
+import contextlib  # noqa: E402
 import hashlib  # noqa: E402
 import json  # noqa: E402
 import multiprocessing  # noqa: E402
 import random  # noqa: E402
 import time  # noqa: E402
 import uuid  # noqa: E402
+from collections.abc import Iterator  # noqa: E402
 from contextlib import ExitStack  # noqa: E402
 from datetime import timedelta  # noqa: E402
 from typing import Any  # noqa: E402
@@ -119,31 +121,41 @@ CROSS JOIN LATERAL (
 """
 
 
+@contextlib.contextmanager
+def indexes_dropped(connection: Any) -> Iterator[None]:
+    """The record table's indexes and unique constraints dropped, rebuilt after the block.
+
+    A bulk load into an indexed table takes several times as long.
+    """
+    indexes = connection.execute(
+        "SELECT indexname, indexdef FROM pg_indexes WHERE tablename = %s "
+        "AND indexname NOT IN (SELECT conname FROM pg_constraint)",
+        [TABLE],
+    ).fetchall()
+    constraints = connection.execute(
+        "SELECT conname, pg_get_constraintdef(oid) FROM pg_constraint "
+        "WHERE conrelid = %s::regclass AND contype = 'u'",
+        [TABLE],
+    ).fetchall()
+    for name, _ in indexes:
+        connection.execute(f'DROP INDEX "{name}"')
+    for name, _ in constraints:
+        connection.execute(f'ALTER TABLE {TABLE} DROP CONSTRAINT "{name}"')
+    connection.execute("SET maintenance_work_mem = '1GB'")
+    yield
+    for name, definition in constraints:
+        connection.execute(f'ALTER TABLE {TABLE} ADD CONSTRAINT "{name}" {definition}')
+    for _, definition in indexes:
+        connection.execute(definition)
+
+
 def bulk_load(database: Database, rows: int, expired: int) -> dict[str, Any]:
     """Load the rows with the indexes dropped, rebuild them, vacuum; report sizes."""
     started = time.monotonic()
     with database.connect() as connection:
-        indexes = connection.execute(
-            "SELECT indexname, indexdef FROM pg_indexes WHERE tablename = %s "
-            "AND indexname NOT IN (SELECT conname FROM pg_constraint)",
-            [TABLE],
-        ).fetchall()
-        constraints = connection.execute(
-            "SELECT conname, pg_get_constraintdef(oid) FROM pg_constraint "
-            "WHERE conrelid = %s::regclass AND contype = 'u'",
-            [TABLE],
-        ).fetchall()
-        for name, _ in indexes:
-            connection.execute(f'DROP INDEX "{name}"')
-        for name, _ in constraints:
-            connection.execute(f'ALTER TABLE {TABLE} DROP CONSTRAINT "{name}"')
-        connection.execute("SET maintenance_work_mem = '1GB'")
-        connection.execute(load_sql(rows, expired))
-        loaded = time.monotonic() - started
-        for name, definition in constraints:
-            connection.execute(f'ALTER TABLE {TABLE} ADD CONSTRAINT "{name}" {definition}')
-        for _, definition in indexes:
-            connection.execute(definition)
+        with indexes_dropped(connection):
+            connection.execute(load_sql(rows, expired))
+            loaded = time.monotonic() - started
         connection.execute(f"VACUUM (ANALYZE) {TABLE}")
         connection.execute("CHECKPOINT")
         sizes = connection.execute(
