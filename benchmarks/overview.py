@@ -15,7 +15,7 @@
 3. runs ``VACUUM ANALYZE`` (what autovacuum does to a table in steady state:
    statistics, the visibility map, and the BRIN index's summaries of the
    new pages);
-4. times each data function of ``django_idempotency.overview`` and the whole
+4. times each data function of ``django_idempotency._admin.figures`` and the whole
    page (Django's test client, a superuser) over ``--rounds`` rounds after one
    to warm up, printing the median and maximum milliseconds; once, the exact
    hourly count the sample replaces, and how far the sample's totals are
@@ -148,9 +148,9 @@ def measure(rounds: int) -> None:
     from django.test import Client
     from django.test.utils import CaptureQueriesContext
 
-    from django_idempotency import overview
+    from django_idempotency._admin import figures as overview
+    from django_idempotency._store.database_time import database_now
     from django_idempotency.census import take_census
-    from django_idempotency.store.database_time import database_now
 
     now = database_now("default")
     print("\n| what | median ms | max ms | notes |\n| --- | ---: | ---: | --- |")

@@ -201,8 +201,8 @@ def new_scope() -> Any:
 
 
 def timed_claim(alias: str) -> float:
-    from django_idempotency import store
-    from django_idempotency.digests import Fingerprint
+    from django_idempotency import _store as store
+    from django_idempotency._store.digests import Fingerprint
 
     scope = new_scope()
     started = time.perf_counter()
@@ -225,7 +225,7 @@ def latency_summary(samples: list[float]) -> dict[str, float]:
 
 def claim_latency(claims: int, small_rows: int, large_rows: int) -> dict[str, Any]:
     """Alternating blocks of claims (and lookups) on the small and the large database."""
-    from django_idempotency import store
+    from django_idempotency import _store as store
     from django_idempotency.scope import Scope
 
     block = 100
@@ -285,7 +285,8 @@ def purge_under_load(
 ) -> dict[str, Any]:
     from django.db import connections
 
-    from django_idempotency import purge, store
+    from django_idempotency import _store as store
+    from django_idempotency import purge
 
     context = multiprocessing.get_context("spawn")
     stop, ready = context.Event(), context.Event()

@@ -196,7 +196,7 @@ def new_scope() -> Any:
 
 
 def fingerprint_of(scope: Any) -> Any:
-    from django_idempotency.digests import Fingerprint
+    from django_idempotency._store.digests import Fingerprint
 
     digest = hashlib.sha256(scope.key.encode()).hexdigest()
     return Fingerprint(
@@ -217,7 +217,7 @@ def first_execution(alias: str, body: bytes, ttl: timedelta = LONG_TTL) -> Any:
     """What the default mode writes for a first execution: the claim, then the completion."""
     from django.db import transaction
 
-    from django_idempotency import store
+    from django_idempotency import _store as store
     from django_idempotency.responses import Verdict
 
     scope = new_scope()
@@ -244,9 +244,9 @@ def bulk_create(alias: str, count: int, body_of: Any, ttl: timedelta, start: int
     import psycopg
     from django.db import connections
 
+    from django_idempotency._store.claims import _claim_params
+    from django_idempotency._store.statements import statements_for
     from django_idempotency.responses import Verdict
-    from django_idempotency.store.claims import _claim_params
-    from django_idempotency.store.statements import statements_for
 
     connection = connections[alias]
     connection.ensure_connection()
@@ -315,7 +315,7 @@ def close_bulk_connections() -> None:
 def wal_per_request(alias: str, admin: Any, requests: int) -> list[dict[str, Any]]:
     from django.db import connections, transaction
 
-    from django_idempotency import store
+    from django_idempotency import _store as store
     from django_idempotency.responses import Verdict
 
     connection = connections[alias]
@@ -451,7 +451,7 @@ def bytes_per_record(alias: str, admin: Any, rows: int, body_name: str) -> dict[
 
 
 def recovery_sweep(alias: str, stale: int) -> dict[str, Any]:
-    from django_idempotency import store
+    from django_idempotency import _store as store
     from django_idempotency.recovery import recover_stale_records
 
     for _ in range(stale):

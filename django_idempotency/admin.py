@@ -29,9 +29,25 @@ from django.utils.html import format_html, format_html_join
 from django.utils.timesince import timesince
 from django.utils.translation import gettext_lazy as _
 
-from django_idempotency import admin_actions, admin_input, admin_overview
-from django_idempotency.clock import to_the_second
-from django_idempotency.databases import record_databases
+from django_idempotency._admin import actions as admin_actions
+from django_idempotency._admin import overview as admin_overview
+from django_idempotency._admin.actions import (
+    ascii_integer,
+    date_drilldown_allowed,
+    record_state,
+    storable,
+)
+from django_idempotency._admin.figures import overview_of
+from django_idempotency._store import sealing
+from django_idempotency._store.clock import to_the_second
+from django_idempotency._store.database_time import (
+    DatabaseLater,
+    DatabaseNow,
+    database_now,
+    with_read_time,
+)
+from django_idempotency._store.routing import record_databases
+from django_idempotency._store.steps import steps_of
 from django_idempotency.models import (
     OPERATION_MAX_LENGTH,
     RESOLVED_STATES,
@@ -39,15 +55,6 @@ from django_idempotency.models import (
     IdempotencyRecord,
     IdempotencyStep,
 )
-from django_idempotency.overview import overview_of
-from django_idempotency.store import sealing
-from django_idempotency.store.database_time import (
-    DatabaseLater,
-    DatabaseNow,
-    database_now,
-    with_read_time,
-)
-from django_idempotency.store.steps import steps_of
 
 __all__ = [
     "COUNT_CAP",
@@ -172,7 +179,7 @@ class StateFilter(ListFilter):
 
     @classmethod
     def accepts(cls, value: str) -> bool:
-        return value == "stuck" or admin_input.record_state(value) is not None
+        return value == "stuck" or record_state(value) is not None
 
     def lookups(self, request: HttpRequest, model_admin: Any) -> Any:
         return [
@@ -227,7 +234,7 @@ class OperationFilter(ListFilter):
     def accepts(cls, value: str) -> bool:
         # Any operation, not only those listed: the docs show how to ask
         # for an older one in the URL.
-        return admin_input.storable(value, OPERATION_MAX_LENGTH)
+        return storable(value, OPERATION_MAX_LENGTH)
 
     def lookups(self, request: HttpRequest, model_admin: Any) -> Any:
         # Only among the newest records: a DISTINCT over millions of rows on
@@ -336,12 +343,12 @@ class IdempotencyRecordAdmin(admin.ModelAdmin):  # type: ignore[type-arg]
             # never gets here (Django's search form refuses it with a
             # message); it would be a DataError on PostgreSQL.
             column = cast("CharField[Any, Any]", IdempotencyRecord._meta.get_field(name))
-            if admin_input.storable(term, column.max_length or 0):
+            if storable(term, column.max_length or 0):
                 exact |= Q(**{name: term})
         # A step's provider id (begin_external(step=...)): a subquery on its
         # partial index, inside the same statement.
         step_column = IdempotencyStep._meta.get_field("provider_operation_id")
-        if admin_input.storable(term, step_column.max_length or 0):
+        if storable(term, step_column.max_length or 0):
             with_step = IdempotencyStep.objects.filter(provider_operation_id=term)
             exact |= Q(pk__in=with_step.values("record_id"))
         return queryset.filter(exact), False
@@ -355,16 +362,13 @@ class IdempotencyRecordAdmin(admin.ModelAdmin):  # type: ignore[type-arg]
             if lookup == list_filter.parameter_name:
                 return list_filter.accepts(value)
         query = request.GET if request is not None else QueryDict()
-        return admin_input.date_drilldown_allowed(str(self.date_hierarchy), lookup, query)
+        return date_drilldown_allowed(str(self.date_hierarchy), lookup, query)
 
     def response_action(
         self, request: HttpRequest, queryset: QuerySet[Any], *args: Any, **kwargs: Any
     ) -> Any:
         # The selection reaches pk__in=[...] unchecked: "abc" is a ValueError.
-        if any(
-            admin_input.ascii_integer(pk) is None
-            for pk in request.POST.getlist(ACTION_CHECKBOX_NAME)
-        ):
+        if any(ascii_integer(pk) is None for pk in request.POST.getlist(ACTION_CHECKBOX_NAME)):
             raise BadRequest("The selection holds something other than record ids.")
         return super().response_action(request, queryset, *args, **kwargs)
 

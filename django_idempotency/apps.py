@@ -21,4 +21,4 @@ class IdempotencyConfig(AppConfig):
             import drf_spectacular  # noqa: F401
         except ImportError:
             return
-        from django_idempotency import openapi, openapi_status  # noqa: F401  (the extensions)
+        from django_idempotency import _openapi  # noqa: F401  (registers the extensions)

@@ -1,7 +1,7 @@
 """How many records there are in each state, and what needs an operator: read-only.
 
 What ``idempotency_health``, the admin's overview page and the gauges of
-``django_idempotency.metrics`` report. Every figure has a bounded cost
+``django_idempotency._observability.recording`` report. Every figure has a bounded cost
 however large the table grows (a hundred million records a day is the
 size we plan for):
 
@@ -31,9 +31,9 @@ from typing import Any
 from django.db import connections
 from django.db.models import Count, Min, QuerySet
 
+from django_idempotency._store.database_time import DatabaseNow, database_now
 from django_idempotency.models import RESOLVED_STATES, UNRESOLVED_STATES, IdempotencyRecord
 from django_idempotency.recovery import reconciler_for
-from django_idempotency.store.database_time import DatabaseNow, database_now
 
 __all__ = [
     "BACKLOG_CAP",

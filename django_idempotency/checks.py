@@ -22,13 +22,13 @@ from django.core.exceptions import ImproperlyConfigured
 from django.db import connections
 from django.db.utils import load_backend
 
+from django_idempotency._store.routing import routed_record_databases
 from django_idempotency.conf import DEFAULTS, as_timedelta, idempotency_settings, import_callable
-from django_idempotency.databases import routed_record_databases
 from django_idempotency.models import KEY_MAX_LENGTH
 from django_idempotency.scope import OPERATION_NAMES
 
 if TYPE_CHECKING:
-    from django_idempotency.routes import ProtectedURL
+    from django_idempotency._routes import ProtectedURL
 
 __all__ = [
     "check_atomic_requests",
@@ -529,7 +529,7 @@ def check_atomic_requests(app_configs: Any = None, **kwargs: Any) -> list[CheckM
     atomic = {alias for alias in every if settings.DATABASES.get(alias, {}).get("ATOMIC_REQUESTS")}
     if not atomic or not getattr(settings, "ROOT_URLCONF", None):
         return []
-    from django_idempotency.routes import protected_urls
+    from django_idempotency._routes import protected_urls
 
     messages: list[CheckMessage] = []
     for url in protected_urls():
@@ -570,7 +570,7 @@ def check_optimistic_views(app_configs: Any = None, **kwargs: Any) -> list[Check
     """
     if not getattr(settings, "ROOT_URLCONF", None):
         return []
-    from django_idempotency.routes import protected_urls
+    from django_idempotency._routes import protected_urls
 
     messages: list[CheckMessage] = []
     seen: set[tuple[str, str]] = set()
@@ -640,8 +640,8 @@ def check_operations(app_configs: Any = None, **kwargs: Any) -> list[CheckMessag
     """Reconcilers without an operation (W004, W005); operations sharing a name (W006)."""
     if not getattr(settings, "ROOT_URLCONF", None):
         return []  # a worker's settings, say: no URL tells which operations exist
+    from django_idempotency._routes import protected_urls
     from django_idempotency.recovery import reconciler_for, registered_operations
-    from django_idempotency.routes import protected_urls
 
     style = idempotency_settings.OPERATION_NAMES
     urls = list(protected_urls())
@@ -842,7 +842,7 @@ def check_celery_timeouts(app_configs: Any = None, **kwargs: Any) -> list[CheckM
         from celery import current_app
     except ImportError:
         return []
-    from django_idempotency.task_protection import (
+    from django_idempotency._protection.task import (
         broker_visibility_timeout,
         idempotent_task_leases,
     )

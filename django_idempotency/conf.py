@@ -69,7 +69,7 @@ DEFAULTS: Mapping[str, Any] = {
     #: None: no tombstones; a key past retention starts a new operation.
     "TOMBSTONE_TTL": None,
     #: Whether protected responses say how long their outcome is still kept
-    #: (``retention_header.RETENTION_HEADER``); see retention_header.py.
+    #: (``responses.RETENTION_HEADER``).
     "ADVERTISE_RETENTION": False,
     #: Where metrics go: "opentelemetry" (the API; a no-op without an SDK)
     #: and/or "prometheus" (prometheus_client); () for none. See metrics.py.
@@ -226,7 +226,7 @@ class IdempotencySettings:
         """(version, secret) pairs, newest first; the default follows SECRET_KEY."""
         value = self._get("DIGEST_KEYS")
         if value is None:
-            from django_idempotency.digests import default_version
+            from django_idempotency._store.digests import default_version
 
             secrets = [django_settings.SECRET_KEY, *django_settings.SECRET_KEY_FALLBACKS]
             encoded = [_as_bytes(secret) for secret in secrets]

@@ -8,15 +8,16 @@ from datetime import timedelta
 from asgiref.sync import sync_to_async
 from django.core.exceptions import ImproperlyConfigured
 
-from django_idempotency import digests, store
+from django_idempotency import _store as store
+from django_idempotency._observability.tracing import step_span
+from django_idempotency._protection.crash import SimulatedCrash, crash_requested
+from django_idempotency._store import digests
+from django_idempotency._store.connections import snapshot_isolated
+from django_idempotency._store.steps import StepWrite, steps_of
 from django_idempotency.conf import as_timedelta, idempotency_settings
 from django_idempotency.exceptions import IsolationNotSupported
 from django_idempotency.models import STEP_NAME_MAX_LENGTH, IdempotencyStep
 from django_idempotency.scope import Scope
-from django_idempotency.simulated_crash import SimulatedCrash, crash_requested
-from django_idempotency.store.connections import snapshot_isolated
-from django_idempotency.store.steps import StepWrite, steps_of
-from django_idempotency.tracing import step_span
 
 __all__ = [
     "IdempotencyContext",

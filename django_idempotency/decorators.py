@@ -16,15 +16,15 @@ from rest_framework.exceptions import APIException
 from rest_framework.request import Request
 from rest_framework.views import APIView
 
+from django_idempotency._protection.answers import render_refusal, rendered
+from django_idempotency._protection.flow import Options, protect
+from django_idempotency._protection.keys import KeySource, KeySpec
+from django_idempotency._protection.transactions import run_unprotected
 from django_idempotency.conf import as_timedelta
 from django_idempotency.exceptions import IdempotencyRefusal
 from django_idempotency.fingerprint import FingerprintSpec
-from django_idempotency.key_sources import KeySource, KeySpec
 from django_idempotency.outcomes import INPUT_REFUSALS, Outcome, mark_input_refused
-from django_idempotency.protection import Options, protect
-from django_idempotency.refusals import render_refusal, rendered
 from django_idempotency.scope import OperationSpec
-from django_idempotency.view_transactions import run_unprotected
 
 __all__ = [
     "DRF_HANDLED",

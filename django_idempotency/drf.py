@@ -9,11 +9,11 @@ from typing import Any, ClassVar
 from django.http import HttpResponseBase
 from rest_framework.request import Request
 
+from django_idempotency._protection.flow import PROTECTED_METHODS, Options
+from django_idempotency._protection.keys import KeySource, KeySpec
 from django_idempotency.decorators import IdempotentView, mark_views_non_atomic
 from django_idempotency.fingerprint import FingerprintSpec
-from django_idempotency.key_sources import KeySource, KeySpec
 from django_idempotency.outcomes import Outcome
-from django_idempotency.protection import PROTECTED_METHODS, Options
 from django_idempotency.scope import OperationSpec
 
 __all__ = ["IdempotentMixin", "protection_of"]

@@ -39,7 +39,7 @@ from django.http import RawPostDataException
 from django.utils.datastructures import MultiValueDict
 from django.utils.translation import gettext
 
-from django_idempotency.digests import Fingerprint, FingerprintHasher
+from django_idempotency._store.digests import Fingerprint, FingerprintHasher
 
 if TYPE_CHECKING:
     from django.http import HttpRequest

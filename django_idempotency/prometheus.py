@@ -1,104 +1,35 @@
-"""The Prometheus sink of ``metrics``, and a view for Prometheus to scrape.
+"""A view for Prometheus to scrape: the ``"prometheus"`` metrics sink's values.
 
-Why ``prometheus_client`` and its multiprocess mode, rather than the
-OpenTelemetry Prometheus exporter: under gunicorn every worker process
-keeps its own counts, and a scrape reaches one worker at random. The
-OpenTelemetry exporter serves only the process it runs in (it has no
-multiprocess mode); ``prometheus_client`` writes each process's values to
-files in ``PROMETHEUS_MULTIPROC_DIR`` and sums them at the scrape, which is
-also how django-prometheus runs under gunicorn, so its ``/metrics`` shows
-these metrics too. (OTLP to an OpenTelemetry collector is the other way
-that works: the ``"opentelemetry"`` sink with the SDK's OTLP exporter.)
-
-Set ``PROMETHEUS_MULTIPROC_DIR`` to an empty directory before the workers
-start, and in gunicorn's configuration::
+Set ``PROMETHEUS_MULTIPROC_DIR`` to an empty directory before gunicorn's
+workers start, and in gunicorn's configuration::
 
     from prometheus_client import multiprocess
 
     def child_exit(server, worker):
         multiprocess.mark_process_dead(worker.pid)
 
-Then route ``metrics_view`` (where only Prometheus reaches it)::
+Then route ``metrics_view`` where only Prometheus reaches it::
 
     path("metrics", django_idempotency.prometheus.metrics_view)
+
+The sink itself (and why ``prometheus_client``'s multiprocess mode) is in
+``django_idempotency/_observability/prometheus.py``.
 """
 
 from __future__ import annotations
 
 import os
-import threading
-from collections.abc import Mapping
-from typing import Any
 
-from django.core.exceptions import ImproperlyConfigured
 from django.http import HttpRequest, HttpResponse
 
-try:
-    import prometheus_client
-    from prometheus_client import multiprocess
-    from prometheus_client.exposition import choose_encoder
-except ImportError as exc:  # pragma: no cover - depends on the installed extras
-    raise ImproperlyConfigured(
-        'IDEMPOTENCY["METRICS"] names "prometheus": pip install "django-idempotency[prometheus]"'
-    ) from exc
+# First: without the [prometheus] extra it raises ImproperlyConfigured naming it.
+from django_idempotency._observability.prometheus import prometheus_sink  # isort: skip
 
-from django_idempotency.metrics import DURATION_BUCKETS, INSTRUMENTS, Instrument
+import prometheus_client
+from prometheus_client import multiprocess
+from prometheus_client.exposition import choose_encoder
 
 __all__ = ["metrics_view"]
-
-
-class PrometheusSink:
-    """``prometheus_client`` metrics in its default registry (one set per process)."""
-
-    def __init__(self) -> None:
-        self.metrics: dict[str, Any] = {}
-        for instrument in INSTRUMENTS:
-            self.metrics[instrument.name] = _made(instrument)
-
-    def add(self, instrument: Instrument, amount: float, labels: Mapping[str, str]) -> None:
-        self._child(instrument, labels).inc(amount)
-
-    def record(self, instrument: Instrument, value: float, labels: Mapping[str, str]) -> None:
-        self._child(instrument, labels).observe(value)
-
-    def set(self, instrument: Instrument, value: float, labels: Mapping[str, str]) -> None:
-        self._child(instrument, labels).set(value)
-
-    def _child(self, instrument: Instrument, labels: Mapping[str, str]) -> Any:
-        # Every label is declared up front; one a call leaves out (the tenant,
-        # unless METRICS_TENANT) is empty, which Prometheus reads as absent.
-        return self.metrics[instrument.name].labels(
-            *(labels.get(name, "") for name in instrument.labels)
-        )
-
-    def __repr__(self) -> str:
-        return "PrometheusSink()"
-
-
-def _made(instrument: Instrument) -> Any:
-    name = instrument.prometheus_name
-    text = instrument.description
-    labels = instrument.labels
-    if instrument.kind == "counter":
-        return prometheus_client.Counter(name, text, labels)
-    if instrument.kind == "histogram":
-        return prometheus_client.Histogram(name, text, labels, buckets=DURATION_BUCKETS)
-    # The gauges are set by one process at a time (the beat-driven task):
-    # the value it set last is the answer, whichever process serves the scrape.
-    return prometheus_client.Gauge(name, text, labels, multiprocess_mode="mostrecent")
-
-
-_sink: PrometheusSink | None = None
-_making = threading.Lock()
-
-
-def prometheus_sink() -> PrometheusSink:
-    """The process's one sink: ``prometheus_client`` allows each name once per registry."""
-    global _sink
-    with _making:  # two threads registering the same names at once would collide
-        if _sink is None:
-            _sink = PrometheusSink()
-        return _sink
 
 
 def metrics_view(request: HttpRequest) -> HttpResponse:

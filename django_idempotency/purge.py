@@ -12,11 +12,12 @@ from time import monotonic, sleep
 
 from django.db.models import Q
 
-from django_idempotency import metrics, store
+from django_idempotency import _store as store
+from django_idempotency._observability import recording as metrics
+from django_idempotency._store.database_time import DatabaseNow
+from django_idempotency._store.routing import records_database_named, sweep
 from django_idempotency.conf import idempotency_settings
-from django_idempotency.databases import records_database_named, sweep
 from django_idempotency.models import RESOLVED_STATES, IdempotencyRecord
-from django_idempotency.store.database_time import DatabaseNow
 
 __all__ = [
     "PurgeReport",

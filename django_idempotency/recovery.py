@@ -44,13 +44,15 @@ from typing import Any, TypeAlias
 from django.db import transaction
 from django.db.models import Count, Min
 
-from django_idempotency import metrics, signals, store
+from django_idempotency import _store as store
+from django_idempotency import signals
+from django_idempotency._observability import recording as metrics
+from django_idempotency._store.database_time import DatabaseNow
+from django_idempotency._store.routing import records_database_named, sweep
 from django_idempotency.conf import as_timedelta, idempotency_settings
-from django_idempotency.databases import records_database_named, sweep
 from django_idempotency.exceptions import StaleOwner
 from django_idempotency.models import IdempotencyRecord
 from django_idempotency.responses import StoredResponse, Verdict
-from django_idempotency.store.database_time import DatabaseNow
 
 __all__ = [
     "DEFAULT_BACKOFF",

@@ -13,6 +13,7 @@ __all__ = [
     "BASE_HEADERS",
     "BODY_OMITTED_HEADER",
     "REPLAYED_HEADER",
+    "RETENTION_HEADER",
     "RETRYABLE_STATUSES",
     "StoredResponse",
     "Verdict",
@@ -28,6 +29,9 @@ BASE_HEADERS = ("Content-Type", "Location")
 
 REPLAYED_HEADER = "Idempotent-Replayed"
 """Set to ``true`` on every replayed response."""
+
+RETENTION_HEADER = "Idempotency-Key-Expires-In"
+"""Seconds for which a retry with the same key still gets this outcome (``ADVERTISE_RETENTION``)."""
 
 BODY_OMITTED_HEADER = "Idempotent-Body-Omitted"
 """Set to ``true`` on a replay whose body was not stored (too large, or streamed)."""

@@ -11,7 +11,7 @@ from typing import TYPE_CHECKING, Any
 
 from django.dispatch import Signal
 
-from django_idempotency import metrics
+from django_idempotency._observability import recording as metrics
 from django_idempotency.conf import idempotency_settings
 
 if TYPE_CHECKING:

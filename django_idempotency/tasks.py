@@ -24,13 +24,13 @@ except ImportError as exc:  # pragma: no cover - depends on the installed extras
         'django_idempotency.tasks needs Celery: pip install "django-idempotency[celery]"'
     ) from exc
 
+from django_idempotency._protection.task import idempotent_task, message_id, task_idempotency
 from django_idempotency.exceptions import (
     TaskFailed,
     TaskInProgress,
     TaskKeyReused,
     TaskOutcomeUncertain,
 )
-from django_idempotency.task_protection import idempotent_task, message_id, task_idempotency
 
 __all__ = [
     "BEAT_SCHEDULE",
@@ -124,9 +124,9 @@ def observe_records(database: str | None = None) -> dict[str, dict[str, Any]]:
         count is an estimate), ``oldest_unresolved_age`` (seconds or None),
         ``purge_backlog`` and ``unreconciled_operations``.
     """
+    from django_idempotency._observability.recording import publish_census
+    from django_idempotency._store.routing import records_database_named, sweep
     from django_idempotency.census import take_census
-    from django_idempotency.databases import records_database_named, sweep
-    from django_idempotency.metrics import publish_census
 
     observed: dict[str, dict[str, Any]] = {}
 

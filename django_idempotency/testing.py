@@ -21,11 +21,11 @@ from typing import Any
 from django.core.exceptions import ImproperlyConfigured
 from django.db import connections
 
-from django_idempotency import store
+from django_idempotency import _store as store
+from django_idempotency._protection.crash import SimulatedCrash, armed
+from django_idempotency._store.routing import record_databases
 from django_idempotency.conf import idempotency_settings
-from django_idempotency.databases import record_databases
 from django_idempotency.exceptions import REFUSAL_CODES
-from django_idempotency.simulated_crash import SimulatedCrash, armed
 
 __all__ = [
     "REFUSAL_CODES",

@@ -7,7 +7,7 @@ from __future__ import annotations
 
 from django.urls import path
 
-from django_idempotency.operation_status import OperationStatusView
+from django_idempotency.status import OperationStatusView
 
 __all__ = [
     "app_name",

@@ -18,12 +18,13 @@ from django.db import connection
 from django.test import Client
 from django.test.utils import CaptureQueriesContext
 
-from django_idempotency import admin_overview, overview
+from django_idempotency._admin import figures as overview
+from django_idempotency._admin import overview as admin_overview
+from django_idempotency._admin.charts import Series, bar_chart, compact_number, nice_ceiling
+from django_idempotency._admin.figures import UNRESOLVED, hourly_counts, unresolved_ages
+from django_idempotency._store.database_time import database_now
 from django_idempotency.census import Census, take_census
 from django_idempotency.models import IdempotencyRecord
-from django_idempotency.overview import UNRESOLVED, hourly_counts, unresolved_ages
-from django_idempotency.store.database_time import database_now
-from django_idempotency.svg_charts import Series, bar_chart, compact_number, nice_ceiling
 from tests.factories import RecordFactory, UserFactory
 from tests.utils import SHARD_TEST_ALIASES, record_in, routed_by_tenant
 

@@ -23,10 +23,10 @@ from django.db import DatabaseError, connection, connections
 from django.utils import timezone
 from rest_framework.test import APIClient
 
+from django_idempotency._store import maintenance
+from django_idempotency._store.conditional import take_over_where
 from django_idempotency.models import IdempotencyRecord
 from django_idempotency.recovery import recover_stale_records
-from django_idempotency.store import maintenance
-from django_idempotency.store.conditional import take_over_where
 from django_idempotency.tasks import TaskInProgress, idempotent_task
 from tests.factories import RecordFactory
 from tests.sessions import key_held_by_an_open_transaction, row_locked_by_an_open_transaction

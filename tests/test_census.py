@@ -21,9 +21,9 @@ from django.test.utils import CaptureQueriesContext
 from django.utils import timezone
 
 from django_idempotency import census, purge, recovery
+from django_idempotency._store.database_time import DatabaseLater, uses_host_clock
 from django_idempotency.census import take_census
 from django_idempotency.models import IdempotencyRecord
-from django_idempotency.store.database_time import DatabaseLater, uses_host_clock
 from tests.factories import RecordFactory
 
 pytestmark = pytest.mark.django_db(transaction=True)

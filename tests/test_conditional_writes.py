@@ -25,7 +25,7 @@ from django.db.models.signals import post_delete, post_save, pre_delete, pre_sav
 from django.test.utils import CaptureQueriesContext
 from django.utils import timezone
 
-from django_idempotency import store
+from django_idempotency import _store as store
 from django_idempotency.fingerprint import fingerprint
 from django_idempotency.models import IdempotencyRecord
 from django_idempotency.responses import StoredResponse, Verdict

@@ -21,12 +21,12 @@ from django.test.client import MULTIPART_CONTENT
 from django.test.utils import CaptureQueriesContext
 from rest_framework.test import APIClient
 
-from django_idempotency import store
+from django_idempotency import _store as store
+from django_idempotency._store.database_time import DatabaseNow
 from django_idempotency.fingerprint import fingerprint
 from django_idempotency.models import IdempotencyRecord
 from django_idempotency.recovery import stale_records
 from django_idempotency.scope import Scope
-from django_idempotency.store.database_time import DatabaseNow
 from django_idempotency.testing import assert_protected
 from tests import configurations
 from tests.testapp.models import Charge

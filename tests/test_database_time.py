@@ -27,18 +27,19 @@ from django.test.utils import CaptureQueriesContext
 from django.utils import timezone
 from rest_framework.test import APIClient
 
-from django_idempotency import recovery, store
-from django_idempotency.admin import stuck
-from django_idempotency.digests import Fingerprint, FingerprintHasher
-from django_idempotency.models import IdempotencyRecord
-from django_idempotency.purge import purge_expired_records
-from django_idempotency.scope import Scope
-from django_idempotency.store.database_time import (
+from django_idempotency import _store as store
+from django_idempotency import recovery
+from django_idempotency._store.database_time import (
     DatabaseLater,
     database_later,
     database_now,
     uses_host_clock,
 )
+from django_idempotency._store.digests import Fingerprint, FingerprintHasher
+from django_idempotency.admin import stuck
+from django_idempotency.models import IdempotencyRecord
+from django_idempotency.purge import purge_expired_records
+from django_idempotency.scope import Scope
 from tests.factories import RecordFactory, UserFactory
 from tests.testapp.models import Charge
 from tests.utils import post

@@ -179,7 +179,7 @@ def test_a_task_record_from_before_rotation_returns_its_stored_result(settings: 
 
 
 def test_fingerprints_fed_in_chunks_equal_one_shot_fingerprints() -> None:
-    from django_idempotency.digests import FingerprintHasher
+    from django_idempotency._store.digests import FingerprintHasher
 
     encoded = canonical({"a": [1, 2, "three"]})
     if not isinstance(encoded, bytes):

@@ -31,8 +31,8 @@ import pytest
 from django.db import connections
 from django.test.utils import CaptureQueriesContext
 
-from django_idempotency import store
-from django_idempotency.databases import record_databases
+from django_idempotency import _store as store
+from django_idempotency._store.routing import record_databases
 from django_idempotency.models import IdempotencyRecord
 from django_idempotency.scope import Scope
 

@@ -115,7 +115,7 @@ def test_begin_external_can_hold_the_lease_for_a_long_call(api: APIClient) -> No
 
     from django.utils import timezone
 
-    from django_idempotency import store
+    from django_idempotency import _store as store
     from django_idempotency.context import IdempotencyContext
 
     post(api, URL, {"amount": 1}, "k")
@@ -164,7 +164,7 @@ def test_inside_a_callers_transaction_the_intent_joins_it(api: APIClient) -> Non
 
 
 def test_renew_lease_extends_the_lease(api: APIClient) -> None:
-    from django_idempotency import store
+    from django_idempotency import _store as store
     from django_idempotency.context import IdempotencyContext
 
     post(api, URL, {"amount": 1}, "k")
@@ -203,7 +203,7 @@ def test_the_second_connection_is_one_of_the_alias_intent_databases_names(
 
     from django.db import connections, transaction
 
-    from django_idempotency.store import close_independent_connections, commit_now_alias
+    from django_idempotency._store import close_independent_connections, commit_now_alias
 
     intents = {**deepcopy(connections["default"].settings_dict), "CONN_MAX_AGE": 7}
     monkeypatch.setitem(connections.settings, "intents", intents)

@@ -16,7 +16,7 @@ from rest_framework.parsers import JSONParser
 from rest_framework.request import Request
 from rest_framework.test import APIClient, APIRequestFactory
 
-from django_idempotency.digests import Fingerprint
+from django_idempotency._store.digests import Fingerprint
 from django_idempotency.fingerprint import (
     canonical,
     fingerprint,

@@ -26,8 +26,8 @@ from django.db import connection, connections
 from django.utils import timezone
 
 from django_idempotency import census, recovery
+from django_idempotency._store.database_time import DatabaseLater
 from django_idempotency.models import IdempotencyRecord
-from django_idempotency.store.database_time import DatabaseLater
 from tests.utils import SHARD_TEST_ALIASES, record_in, routed_by_tenant
 
 pytestmark = pytest.mark.django_db(transaction=True)

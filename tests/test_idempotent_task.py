@@ -19,8 +19,8 @@ from django.db import connections
 from django.db.models import F
 from django.utils import timezone
 
+from django_idempotency._protection.task import TASK_TENANT
 from django_idempotency.models import IdempotencyRecord
-from django_idempotency.task_protection import TASK_TENANT
 from django_idempotency.tasks import (
     TaskInProgress,
     TaskKeyReused,

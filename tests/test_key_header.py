@@ -2,8 +2,8 @@ from __future__ import annotations
 
 import pytest
 
+from django_idempotency._protection.keys import parse_key
 from django_idempotency.exceptions import KeyInvalid
-from django_idempotency.key_header import parse_key
 
 
 @pytest.mark.parametrize(

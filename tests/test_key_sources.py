@@ -15,8 +15,8 @@ from django.test import Client
 from rest_framework.test import APIClient
 
 from django_idempotency import idempotent
+from django_idempotency._protection.keys import KeySource
 from django_idempotency.drf import IdempotentMixin
-from django_idempotency.key_sources import KeySource
 from django_idempotency.models import IdempotencyRecord
 from tests.testapp.models import Charge
 

@@ -14,7 +14,7 @@ import pytest
 from django.test import override_settings
 from django.utils import timezone
 
-from django_idempotency import store
+from django_idempotency import _store as store
 from django_idempotency.context import IdempotencyContext
 from django_idempotency.fingerprint import fingerprint
 from django_idempotency.models import IdempotencyRecord

@@ -13,9 +13,11 @@ from django.test import Client
 from django.utils import timezone
 from rest_framework.test import APIClient
 
-from django_idempotency import metrics, purge, recovery
+from django_idempotency import purge, recovery
+from django_idempotency._observability import recording as metrics
+from django_idempotency._store.database_time import DatabaseLater
+from django_idempotency.metrics import INSTRUMENTS
 from django_idempotency.models import IdempotencyRecord
-from django_idempotency.store.database_time import DatabaseLater
 from django_idempotency.tasks import observe_records
 from tests.factories import RecordFactory
 from tests.telemetry import Readings, installed
@@ -266,7 +268,9 @@ def test_the_protection_time_leaves_the_views_time_out(
 
         return real_timed(self, slow_view)
 
-    monkeypatch.setattr("django_idempotency.metrics.time.perf_counter", perf_counter)
+    monkeypatch.setattr(
+        "django_idempotency._observability.recording.time.perf_counter", perf_counter
+    )
     monkeypatch.setattr(metrics.RequestObservation, "timed", timed)
     before = read().matching("idempotency.protection.duration", {"outcome": "executed"})
     before_sum = sum(point.sum for point in before)
@@ -319,6 +323,6 @@ def test_prometheus_serves_the_same_counts_under_the_prometheus_names(
 
     assert replayed() - before == 2
     page = Client().get("/metrics").content.decode()
-    for instrument in metrics.INSTRUMENTS:
+    for instrument in INSTRUMENTS:
         assert f"# TYPE {instrument.prometheus_name} " in page, instrument.prometheus_name
     assert 'idempotency_requests_total{operation="POST api-view/charges",outcome="replayed"' in page

@@ -18,8 +18,8 @@ from django.test import override_settings
 from drf_spectacular.generators import SchemaGenerator
 from rest_framework import generics, serializers
 
+from django_idempotency._openapi.views import _with_headers
 from django_idempotency.drf import IdempotentMixin
-from django_idempotency.openapi import _with_headers
 from tests.testapp import documented_api
 
 

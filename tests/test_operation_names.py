@@ -16,9 +16,9 @@ import pytest
 from rest_framework.test import APIClient
 
 from django_idempotency import recovery
+from django_idempotency._routes import protected_urls
 from django_idempotency.models import IdempotencyRecord
 from django_idempotency.recovery import Completed, register_reconciler
-from django_idempotency.routes import protected_urls
 from django_idempotency.testing import expire_leases
 from tests.testapp.models import Charge
 

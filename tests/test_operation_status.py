@@ -25,8 +25,7 @@ from rest_framework.permissions import AllowAny
 from rest_framework.test import APIClient
 
 from django_idempotency.models import IdempotencyRecord
-from django_idempotency.operation_status import OperationStatusView
-from django_idempotency.status_answers import encode_body
+from django_idempotency.status import OperationStatusView, encode_body
 from tests.factories import RecordFactory
 from tests.test_store_unavailable import unreachable_store  # noqa: F401  (a fixture)
 from tests.utils import SHARD_TEST_ALIASES, TokenClient, post, record_in, routed_by_tenant

@@ -25,9 +25,9 @@ from django.utils import timezone
 from rest_framework.test import APIClient
 
 from django_idempotency import idempotent, signals
+from django_idempotency._protection.flow import Options
 from django_idempotency.models import IdempotencyRecord
 from django_idempotency.outcomes import Verdict, by_status
-from django_idempotency.protection import Options
 from tests import configurations
 from tests.test_store_unavailable import unreachable_store  # noqa: F401 (a fixture)
 from tests.testapp.models import Charge, Order

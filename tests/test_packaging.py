@@ -71,19 +71,46 @@ def _package_modules() -> list[str]:
     ]
 
 
-@pytest.mark.parametrize("name", _package_modules())
-def test_every_module_says_what_it_offers_in_all(name: str) -> None:
-    import importlib
-    import warnings
+def _is_private(name: str) -> bool:
+    return any(part.startswith("_") for part in name.split("."))
 
-    with warnings.catch_warnings():
-        warnings.simplefilter("ignore", DeprecationWarning)  # the eviction alias
-        module = importlib.import_module(name)
+
+PUBLIC_MODULES = [name for name in _package_modules() if not _is_private(name)]
+PRIVATE_MODULES = [name for name in _package_modules() if _is_private(name)]
+
+
+@pytest.mark.parametrize("name", PUBLIC_MODULES)
+def test_every_public_module_says_what_it_offers_in_all(name: str) -> None:
+    import importlib
+
+    module = importlib.import_module(name)
     offered = getattr(module, "__all__", None)
 
     assert offered is not None, f"{name} has no __all__"
     assert sorted(offered) == sorted(set(offered)), f"{name}.__all__ repeats a name"
     assert [item for item in offered if not hasattr(module, item)] == []
+
+
+@pytest.mark.parametrize("name", PRIVATE_MODULES)
+def test_private_modules_offer_nothing_in_all_but_their_packages_facade(name: str) -> None:
+    # ``__all__`` marks what users may import; a private module has nothing
+    # of the kind (a private package's __init__ may list what its siblings use).
+    import importlib
+
+    module = importlib.import_module(name)
+    is_package = hasattr(module, "__path__")
+    assert is_package or not hasattr(module, "__all__"), f"{name} is private but has __all__"
+
+
+@pytest.mark.parametrize(
+    "name", [name for name in _package_modules() if name.count(".") == 1 and _is_private(name)]
+)
+def test_every_private_package_says_what_it_owns_and_who_may_import_it(name: str) -> None:
+    import importlib
+
+    doc = importlib.import_module(name).__doc__ or ""
+    assert "mport" in doc, f"{name}'s docstring does not say what may import it"
+    assert len(doc.split()) > 30, f"{name}'s docstring does not say what it owns"
 
 
 def test_the_request_path_does_not_import_the_test_helpers() -> None:
@@ -100,6 +127,30 @@ def test_the_request_path_does_not_import_the_test_helpers() -> None:
     )
     assert result.returncode == 0, result.stderr
     assert result.stdout.strip() == "False"
+
+
+def test_the_package_offers_the_three_entry_points_lazily() -> None:
+    # Importing the package loads none of them (nor DRF, nor Celery); each
+    # loads at first use and is the very object of its home module.
+    code = (
+        "import sys, django_idempotency as package;"
+        "heavy = ('django_idempotency.', 'rest_framework', 'celery');"
+        "loaded = {m for m in sys.modules if m.startswith(heavy)};"
+        "assert not loaded, loaded;"
+        "import django; django.setup();"
+        "from django_idempotency import idempotent, IdempotentMixin, idempotent_task;"
+        "from django_idempotency import decorators, drf, tasks;"
+        "assert idempotent is decorators.idempotent;"
+        "assert IdempotentMixin is drf.IdempotentMixin;"
+        "assert idempotent_task is tasks.idempotent_task;"
+        "assert set(package.__all__) <= set(dir(package));"
+        "print('ok')"
+    )
+    result = subprocess.run(
+        [sys.executable, "-c", code], cwd=ROOT, capture_output=True, text=True, env=os.environ
+    )
+    assert result.returncode == 0, result.stderr
+    assert result.stdout.strip() == "ok"
 
 
 def test_unknown_attribute_of_the_package_is_an_attribute_error() -> None:

@@ -196,7 +196,8 @@ django.setup()
 import prometheus_client
 from prometheus_client.parser import text_string_to_metric_families
 from django_idempotency import metrics
-from django_idempotency.prometheus import prometheus_sink
+from django_idempotency._observability import recording
+from django_idempotency._observability.prometheus import prometheus_sink
 from django_idempotency.recovery import RecoveryReport
 
 sink = prometheus_sink()
@@ -205,8 +206,8 @@ for instrument in metrics.INSTRUMENTS:
     method = {"counter": sink.add, "histogram": sink.record, "gauge": sink.set}[instrument.kind]
     method(instrument, 1, labels)
 names = [field for field in vars(RecoveryReport()) if not field.startswith("_")]
-metrics.count_recovery(RecoveryReport(**{name: 1 for name in names}))
-metrics.count_purged("probe", deleted=1, tombstoned=1)
+recording.count_recovery(RecoveryReport(**{name: 1 for name in names}))
+recording.count_purged("probe", deleted=1, tombstoned=1)
 families = text_string_to_metric_families(prometheus_client.generate_latest().decode())
 json.dump(
     [

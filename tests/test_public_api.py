@@ -29,7 +29,6 @@ import json
 import os
 import re
 import types
-import warnings
 from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any
@@ -160,10 +159,7 @@ def resolve(path: str) -> Any:
     for split in range(len(parts), 0, -1):
         module_name = ".".join(parts[:split])
         try:
-            with warnings.catch_warnings():
-                # A deprecated path (django_idempotency.eviction) still imports: it warns.
-                warnings.simplefilter("ignore", DeprecationWarning)
-                found: Any = importlib.import_module(module_name)
+            found: Any = importlib.import_module(module_name)
         except ModuleNotFoundError as exc:
             # Only "this module does not exist" means "look for an attribute";
             # a module that exists but fails to import is an error to show.

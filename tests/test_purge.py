@@ -16,7 +16,8 @@ import pytest
 from django.core.management import CommandError, call_command
 from django.utils import timezone
 
-from django_idempotency import purge, store, tasks
+from django_idempotency import _store as store
+from django_idempotency import purge, tasks
 from django_idempotency.models import IdempotencyRecord
 from tests.factories import RecordFactory
 
@@ -288,15 +289,3 @@ def test_the_celery_task_does_the_same_work(five_expired: list[IdempotencyRecord
     assert isinstance(result["longest_batch"], float)
     assert tasks.purge_expired_records.apply().get()["deleted"] == 1
     assert len(remaining()) == 2
-
-
-def test_the_documented_eviction_path_still_imports_and_says_it_is_deprecated() -> None:
-    import importlib
-    import sys
-
-    sys.modules.pop("django_idempotency.eviction", None)
-    with pytest.warns(DeprecationWarning, match="django_idempotency.purge"):
-        eviction = importlib.import_module("django_idempotency.eviction")
-
-    assert eviction.purge_expired_records is purge.purge_expired_records
-    assert eviction.expired_count is purge.expired_count

@@ -25,7 +25,7 @@ from django.db.models import F
 from django.utils import timezone
 
 from django_idempotency import recovery, signals, tasks
-from django_idempotency.clock import to_the_second
+from django_idempotency._store.clock import to_the_second
 from django_idempotency.conf import idempotency_settings
 from django_idempotency.models import IdempotencyRecord
 from django_idempotency.recovery import Completed, Failed, Release, Retry, register_reconciler

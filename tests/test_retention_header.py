@@ -17,10 +17,10 @@ from django.db.models import F
 from django.test import override_settings
 
 from django_idempotency import signals
+from django_idempotency._store.database_time import DatabaseLater
 from django_idempotency.models import IdempotencyRecord
-from django_idempotency.retention_header import RETENTION_HEADER
+from django_idempotency.responses import RETENTION_HEADER
 from django_idempotency.scope import Scope
-from django_idempotency.store.database_time import DatabaseLater
 from tests.test_store_unavailable import unreachable_store  # noqa: F401  (a fixture)
 from tests.utils import TokenClient, post
 

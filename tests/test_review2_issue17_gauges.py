@@ -5,8 +5,8 @@ from __future__ import annotations
 from opentelemetry.sdk.metrics import MeterProvider
 from opentelemetry.sdk.metrics.export import InMemoryMetricReader
 
+from django_idempotency._observability.opentelemetry import OpenTelemetrySink
 from django_idempotency.metrics import INSTRUMENTS
-from django_idempotency.metrics_opentelemetry import OpenTelemetrySink
 from tests.telemetry import Readings
 
 

@@ -14,8 +14,8 @@ from zoneinfo import ZoneInfo
 import pytest
 from django.test import override_settings
 
+from django_idempotency._store.database_time import database_now
 from django_idempotency.models import IdempotencyRecord
-from django_idempotency.store.database_time import database_now
 from tests.test_admin_overview import OVERVIEW, record, viewer
 from tests.test_health_command import database_url
 from tests.test_scale_out_edge_cases import database_time_zone, mysql_only
@@ -92,8 +92,8 @@ def test_the_sampled_chart_of_a_postgresql_records_database_beside_another_defau
         import django
 
         django.setup()
-        from django_idempotency import overview
-        from django_idempotency.store.database_time import database_now
+        from django_idempotency._admin import figures as overview
+        from django_idempotency._store.database_time import database_now
 
         overview.EXACT_WINDOW_UP_TO = 0  # the window is "large": sampled
         hourly = overview.hourly_counts("records", database_now("records"))

@@ -17,9 +17,9 @@ from datetime import timedelta
 import pytest
 from rest_framework.test import APIClient
 
+from django_idempotency._store.database_time import DatabaseLater
 from django_idempotency.models import IdempotencyRecord
 from django_idempotency.recovery import recover_stale_records
-from django_idempotency.store.database_time import DatabaseLater
 from tests.testapp.models import Charge
 from tests.utils import post
 

@@ -15,8 +15,8 @@ from typing import Any
 import pytest
 from django.utils import timezone
 
+from django_idempotency._store.database_time import DatabaseLater
 from django_idempotency.models import IdempotencyRecord, IdempotencyStep
-from django_idempotency.store.database_time import DatabaseLater
 from tests.factories import RecordFactory
 from tests.utils import TokenClient, post
 

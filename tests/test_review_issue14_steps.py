@@ -22,7 +22,8 @@ import pytest
 from django.db import connections
 from rest_framework.test import APIClient
 
-from django_idempotency import recovery, store
+from django_idempotency import _store as store
+from django_idempotency import recovery
 from django_idempotency.models import IdempotencyRecord, IdempotencyStep
 from django_idempotency.recovery import RetryFrom, recover_stale_records
 from django_idempotency.testing import expire_leases

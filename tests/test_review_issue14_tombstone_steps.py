@@ -16,8 +16,8 @@ import pytest
 from django.utils import timezone
 
 from django_idempotency import purge
+from django_idempotency._store.database_time import DatabaseLater
 from django_idempotency.models import IdempotencyRecord, IdempotencyStep
-from django_idempotency.store.database_time import DatabaseLater
 from tests.factories import RecordFactory
 
 pytestmark = pytest.mark.django_db(transaction=True)

@@ -45,11 +45,11 @@ from django.db.models import Q
 from django.utils import timezone
 
 from django_idempotency import recovery
-from django_idempotency.database_errors import is_contention
+from django_idempotency._store import maintenance
+from django_idempotency._store.conditional import take_over_where
+from django_idempotency._store.errors import is_contention
 from django_idempotency.models import IdempotencyRecord
 from django_idempotency.recovery import Completed, recover_stale_records
-from django_idempotency.store import maintenance
-from django_idempotency.store.conditional import take_over_where
 from django_idempotency.tasks import TaskInProgress, idempotent_task
 from tests.factories import RecordFactory
 from tests.sessions import row_locked_by_an_open_transaction

@@ -37,7 +37,7 @@ CHILD = textwrap.dedent(
     from opentelemetry import metrics
     from opentelemetry.sdk.metrics import MeterProvider
     from opentelemetry.sdk.metrics.export import InMemoryMetricReader
-    from django_idempotency import metrics_opentelemetry
+    from django_idempotency._observability import opentelemetry as metrics_opentelemetry
     from django_idempotency.tasks import observe_records
     metrics_opentelemetry.CENSUS_REPORTED_FOR = 1.0  # 150 s in production
     reader = InMemoryMetricReader()

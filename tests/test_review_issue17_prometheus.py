@@ -59,7 +59,7 @@ def test_threads_making_the_sink_at_once_do_not_fail() -> None:
         import django
         django.setup()
         from django.conf import settings
-        from django_idempotency import metrics
+        from django_idempotency._observability import recording as metrics
         settings.IDEMPOTENCY = {"METRICS": ("prometheus",)}
         sys.setswitchinterval(1e-6)
         barrier = threading.Barrier(8)

@@ -80,7 +80,7 @@ def test_single_transaction_a_rolled_back_4xx_whose_key_was_taken_meanwhile_is_n
     api: APIClient, atomic_requests: None, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     """Signals report only what was stored: here the fresh claim loses."""
-    from django_idempotency import store
+    from django_idempotency import _store as store
 
     monkeypatch.setattr(store, "claim", _losing_after_the_first(store.claim))
     with signals_sent(STORED_OR_RELEASED) as sent:

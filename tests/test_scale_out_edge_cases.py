@@ -38,13 +38,15 @@ from django.test import Client, override_settings
 from django.utils import timezone
 from rest_framework.test import APIClient
 
-from django_idempotency import databases, purge, recovery, store
+from django_idempotency import _store as store
+from django_idempotency import purge, recovery
+from django_idempotency._store import routing as databases
+from django_idempotency._store.database_time import DatabaseLater, DatabaseNow, database_now
+from django_idempotency._store.digests import FingerprintHasher
 from django_idempotency.admin import IdempotencyRecordAdmin
 from django_idempotency.checks import check_settings
-from django_idempotency.digests import FingerprintHasher
 from django_idempotency.models import IdempotencyRecord
 from django_idempotency.scope import Scope
-from django_idempotency.store.database_time import DatabaseLater, DatabaseNow, database_now
 from tests.factories import RecordFactory
 from tests.utils import SHARD_TEST_ALIASES, post, record_in, routed_by_tenant
 
@@ -426,8 +428,8 @@ def test_idempotent_task_on_a_host_ahead_never_takes_over() -> None:
 
 
 def _task_fingerprint(event: str) -> Any:
+    from django_idempotency._protection.task import _arguments
     from django_idempotency.fingerprint import fingerprint
-    from django_idempotency.task_protection import _arguments
 
     def handle(event_id: str) -> str:  # the same signature
         return event_id

@@ -25,7 +25,8 @@ from django.test import Client, override_settings
 from django.utils import timezone
 from rest_framework.test import APIClient
 
-from django_idempotency import databases, purge, recovery, testing
+from django_idempotency import purge, recovery, testing
+from django_idempotency._store import routing as databases
 from django_idempotency.models import IdempotencyRecord
 from django_idempotency.tasks import idempotent_task
 from tests.testapp.models import Charge

@@ -12,7 +12,7 @@ import pytest
 from django.test import override_settings
 from django.utils import timezone
 
-from django_idempotency import store
+from django_idempotency import _store as store
 from django_idempotency.models import IdempotencyRecord
 from django_idempotency.responses import StoredResponse, Verdict
 from django_idempotency.scope import Scope

@@ -22,7 +22,8 @@ from django.test.utils import CaptureQueriesContext
 from django.utils import timezone
 from rest_framework.test import APIClient
 
-from django_idempotency import recovery, store
+from django_idempotency import _store as store
+from django_idempotency import recovery
 from django_idempotency.context import IdempotencyContext, derive_provider_key
 from django_idempotency.exceptions import StaleOwner
 from django_idempotency.models import IdempotencyRecord, IdempotencyStep

@@ -12,8 +12,8 @@ import pytest
 from django.db import connection
 from django.utils import timezone
 
+from django_idempotency._store.conditional import delete_where
 from django_idempotency.models import IdempotencyRecord, IdempotencyStep
-from django_idempotency.store.conditional import delete_where
 from tests.factories import RecordFactory
 
 pytestmark = pytest.mark.django_db(transaction=True)

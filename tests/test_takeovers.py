@@ -23,7 +23,8 @@ from django.test.utils import CaptureQueriesContext
 from django.utils import timezone
 from rest_framework.test import APIClient
 
-from django_idempotency import signals, store
+from django_idempotency import _store as store
+from django_idempotency import signals
 from django_idempotency.models import IdempotencyRecord
 from django_idempotency.tasks import TaskInProgress, TaskKeyReused, idempotent_task
 from tests.factories import RecordFactory

@@ -21,11 +21,11 @@ from celery.signals import task_retry
 from django.core.checks import CheckMessage
 
 from django_idempotency import recovery
+from django_idempotency._protection.task import TASK_TENANT
 from django_idempotency.checks import check_celery_timeouts
 from django_idempotency.context import IdempotencyContext
 from django_idempotency.models import IdempotencyRecord
 from django_idempotency.recovery import Completed, Failed, Release, recover_stale_records
-from django_idempotency.task_protection import TASK_TENANT
 from django_idempotency.tasks import (
     TaskFailed,
     TaskInProgress,

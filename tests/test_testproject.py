@@ -358,8 +358,8 @@ class TestTwoStepPayment:
 
         if connection.vendor == "sqlite":
             pytest.skip("the simulated crash needs PostgreSQL or MariaDB (docs/testing.md)")
+        from django_idempotency._protection.crash import SimulatedCrash
         from django_idempotency.recovery import recover_stale_records
-        from django_idempotency.simulated_crash import SimulatedCrash
         from django_idempotency.testing import expire_leases, simulate_crash_after_begin_external
 
         with simulate_crash_after_begin_external(), pytest.raises(SimulatedCrash):

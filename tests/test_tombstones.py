@@ -27,11 +27,12 @@ from django.test.utils import CaptureQueriesContext
 from django.utils import timezone
 from rest_framework.test import APIClient
 
-from django_idempotency import checks, purge, store
+from django_idempotency import _store as store
+from django_idempotency import checks, purge
+from django_idempotency._store.database_time import DatabaseLater, database_now, uses_host_clock
+from django_idempotency._store.statements import statements_for
 from django_idempotency.conf import idempotency_settings
 from django_idempotency.models import IdempotencyRecord, IdempotencyStep
-from django_idempotency.store.database_time import DatabaseLater, database_now, uses_host_clock
-from django_idempotency.store.statements import statements_for
 from django_idempotency.tasks import idempotent_task
 from tests.factories import RecordFactory
 from tests.testapp.models import Charge

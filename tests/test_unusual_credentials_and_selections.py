@@ -18,7 +18,7 @@ from rest_framework.request import Request
 from rest_framework.response import Response
 
 from django_idempotency import idempotent
-from django_idempotency.admin_actions import MAX_RECORDS_PER_ACTION
+from django_idempotency._admin.actions import MAX_RECORDS_PER_ACTION
 from django_idempotency.models import IdempotencyRecord
 from tests.factories import RecordFactory
 from tests.test_admin import CHANGELIST, staff, stuck_record
@@ -184,7 +184,7 @@ def test_mark_failed_on_all_stuck_records_selected_across_pages_can_be_applied()
 
 
 def test_an_apply_without_the_pages_token_fields_is_skipped_like_a_hand_made_token() -> None:
-    # admin_input's rule: a value no page of ours sends is skipped. A token
+    # the admin's input rule: a value no page of ours sends is skipped. A token
     # field that is absent is no less hand-made than one that is garbled,
     # yet it is read as "the record as it is now": the compare-and-set on
     # what the operator saw is bypassed.

@@ -126,7 +126,7 @@ def configure_sdk() -> None:
 
 def report() -> dict[str, Any]:
     """This process's telemetry: its configuration and, with the SDK, what it exported."""
-    from django_idempotency import metrics
+    from django_idempotency._observability import recording as metrics
     from django_idempotency.conf import idempotency_settings as conf
 
     found: dict[str, Any] = {
@@ -158,7 +158,7 @@ def telemetry_view(request: HttpRequest) -> JsonResponse:
 
 
 def metrics_view(request: HttpRequest) -> HttpResponse:
-    # Imported here: django_idempotency.prometheus needs prometheus_client.
+    # Imported here: django_idempotency._observability.prometheus needs prometheus_client.
     from django_idempotency.prometheus import metrics_view as package_view
 
     return package_view(request)

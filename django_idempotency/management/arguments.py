@@ -50,7 +50,7 @@ def non_negative_float(text: str) -> float:
 
 
 def _records_database(text: str) -> str:
-    from django_idempotency.databases import UnknownRecordDatabase, records_database_named
+    from django_idempotency._store.routing import UnknownRecordDatabase, records_database_named
 
     try:
         records_database_named(text)

@@ -20,7 +20,7 @@ from django.utils import formats
 from django.utils.text import capfirst
 from django.utils.translation import gettext as _
 
-from django_idempotency.clock import wall_clock
+from django_idempotency._store.clock import wall_clock
 
 __all__ = [
     "idempotency_date_hierarchy",

@@ -21,9 +21,9 @@ from django.core.management.base import BaseCommand, CommandError, CommandParser
 from django.db import DatabaseError
 
 from django_idempotency import census
+from django_idempotency._store.clock import to_the_second
+from django_idempotency._store.routing import records_database_named
 from django_idempotency.census import Census, take_census
-from django_idempotency.clock import to_the_second
-from django_idempotency.databases import records_database_named
 from django_idempotency.management.arguments import add_database_argument
 from django_idempotency.models import UNRESOLVED_STATES, IdempotencyRecord
 

@@ -5,8 +5,8 @@ from typing import Any
 from django.core.management.base import BaseCommand, CommandParser
 
 from django_idempotency import recovery
-from django_idempotency.clock import to_the_second
-from django_idempotency.databases import record_databases
+from django_idempotency._store.clock import to_the_second
+from django_idempotency._store.routing import record_databases
 from django_idempotency.management.arguments import add_database_argument, positive_int
 
 

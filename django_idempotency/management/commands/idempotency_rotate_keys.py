@@ -4,9 +4,9 @@ from typing import Any
 
 from django.core.management.base import BaseCommand, CommandError, CommandParser
 
-from django_idempotency import store
+from django_idempotency import _store as store
+from django_idempotency._store.routing import records_database_named
 from django_idempotency.conf import idempotency_settings
-from django_idempotency.databases import records_database_named
 from django_idempotency.management.arguments import add_database_argument, positive_int
 
 

@@ -1,0 +1,179 @@
+"""Spans for the protection's steps, through the OpenTelemetry API.
+
+``idempotency.claim``, ``idempotency.view``, ``idempotency.complete``,
+``idempotency.begin_external`` and ``idempotency.replay``, each an INTERNAL
+span under whatever span is current: the request's span of
+opentelemetry-instrumentation-django, a Celery task's. They carry
+``idempotency.operation`` and what the step found
+(``idempotency.outcome``); never the key, never the tenant. The database
+statements inside them are the database instrumentation's spans
+(psycopg's, say), with the semantic conventions' ``db.*`` attributes.
+
+Off with ``IDEMPOTENCY["TRACING"] = False``; nothing is done without the
+OpenTelemetry API, nor before an SDK's tracer provider is set (the API's
+spans would record nothing).
+"""
+
+from __future__ import annotations
+
+import contextlib
+import functools
+import logging
+from collections.abc import Callable, Iterator
+from typing import TYPE_CHECKING, Any
+
+from django_idempotency import __version__
+from django_idempotency.conf import idempotency_settings
+
+if TYPE_CHECKING:
+    from django.http import HttpResponseBase
+
+    from django_idempotency.scope import Scope
+
+
+logger = logging.getLogger("django_idempotency")
+
+SPAN_NAMES = (
+    "idempotency.claim",
+    "idempotency.view",
+    "idempotency.complete",
+    "idempotency.begin_external",
+    "idempotency.replay",
+)
+
+
+@functools.cache
+def _tracer() -> Any:
+    try:
+        from opentelemetry import trace
+    except ImportError:
+        return None
+    return trace.get_tracer("django_idempotency", __version__)
+
+
+def _active_tracer() -> Any:
+    """The tracer, or None when tracing is off or nothing would record the spans.
+
+    Until an SDK's TracerProvider is set, the API's spans record nothing;
+    making them anyway cost 5 microseconds each against under 2 for this
+    check (benchmarks/telemetry_cost.py). Asked on every call, so a
+    provider set later is used from then on.
+    """
+    if not idempotency_settings.TRACING:
+        return None
+    tracer = _tracer()
+    if tracer is None:
+        return None
+    from opentelemetry import trace
+
+    if isinstance(trace.get_tracer_provider(), trace.ProxyTracerProvider):
+        return None
+    return tracer
+
+
+class _NoSpan:
+    """What a step span is when tracing is off: attributes go nowhere."""
+
+    def set_attribute(self, key: str, value: Any) -> None:
+        pass
+
+
+_NO_SPAN = _NoSpan()
+
+
+@contextlib.contextmanager
+def step_span(
+    name: str, scope: Scope, *, expected: Callable[[BaseException], str | None] | None = None
+) -> Iterator[Any]:
+    """A span named ``name`` around a step of ``scope``'s protection.
+
+    Yields the span, for the step to add what it found (``set_attribute``).
+    An exception leaving the block is recorded on it and marks it an error,
+    unless ``expected`` names it an ordinary outcome (a claim that waited
+    out its bound is a 409, not a failure): then that name is the span's
+    ``idempotency.outcome``.
+
+    A tracing SDK that fails (a span processor raising as the span starts
+    or ends) is logged and never fails the step: the span ends after the
+    claim has committed, and a request failing there would leave its
+    record claimed until the lease runs out.
+    """
+    tracer = _active_tracer()
+    if tracer is None:
+        yield _NO_SPAN
+        return
+    try:
+        opened = tracer.start_as_current_span(
+            name,
+            attributes={"idempotency.operation": scope.operation},
+            record_exception=False,
+            set_status_on_exception=False,
+        )
+        span = opened.__enter__()
+    except Exception:
+        logger.exception("The %s span could not be started; the request goes on.", name)
+        yield _NO_SPAN
+        return
+    try:
+        yield span
+    except BaseException as exc:
+        _end(name, opened, span, exc, expected)
+        raise
+    _end(name, opened, span, None, expected)
+
+
+def _end(
+    name: str,
+    opened: Any,
+    span: Any,
+    exc: BaseException | None,
+    expected: Callable[[BaseException], str | None] | None,
+) -> None:
+    try:
+        if exc is not None:
+            from opentelemetry.trace import Status, StatusCode
+
+            outcome = expected(exc) if expected is not None else None
+            if outcome is not None:
+                span.set_attribute("idempotency.outcome", outcome)
+            else:
+                span.record_exception(exc)
+                span.set_status(Status(StatusCode.ERROR, f"{type(exc).__name__}: {exc}"))
+            opened.__exit__(type(exc), exc, exc.__traceback__)
+        else:
+            opened.__exit__(None, None, None)
+    except Exception as failure:
+        if failure is not exc:
+            logger.exception("The %s span could not be ended; the request goes on.", name)
+
+
+def contended(exc: BaseException) -> str | None:
+    """ "contended" for a claim that waited out its bound (answered 409), else None."""
+    from django_idempotency._store.errors import is_contention
+
+    return "contended" if is_contention(exc) else None
+
+
+def traced_view(
+    scope: Scope, view: Callable[[], HttpResponseBase]
+) -> Callable[[], HttpResponseBase]:
+    """``view``, inside an ``idempotency.view`` span that says how it answered.
+
+    A 5xx response is an error of the span, like an exception: DRF turns a
+    view's ``APIException`` into a response before the span ends, and a
+    provider's failure answered with 502 would otherwise look clean.
+    """
+    if _active_tracer() is None:
+        return view
+
+    def run() -> HttpResponseBase:
+        with step_span("idempotency.view", scope) as span:
+            response = view()
+            span.set_attribute("http.response.status_code", response.status_code)
+            if response.status_code >= 500:
+                from opentelemetry.trace import Status, StatusCode
+
+                span.set_status(Status(StatusCode.ERROR))
+            return response
+
+    return run

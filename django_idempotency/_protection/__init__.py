@@ -1,0 +1,17 @@
+"""Running a protected view or task: the machinery behind ``@idempotent``.
+
+Owns the request's path from its key to its answer: reading the key
+(``keys``), the flow itself (``flow``: fingerprint, claim, run, settle,
+answer), the owner's run and what a failure leaves (``owned``), the
+write-once ``optimistic`` mode and the one-transaction mode
+(``single_transaction``), the answers to everybody who does not run the
+view and how refusals are rendered (``answers``), the transactions a view
+runs in (``transactions``), the retention header (``retention``), the
+consumer side of Celery tasks (``task``) and the staged crash of the test
+helpers (``crash``).
+
+Imported by the HTTP and task glue (``decorators``, ``drf``, ``tasks``,
+``status``) and by ``context``; it imports the store, observability and
+the public value modules below it, never the glue. Private: its modules
+may change in any release.
+"""

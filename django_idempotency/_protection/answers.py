@@ -1,0 +1,206 @@
+"""What a request that does not get to run the view is answered.
+
+A replay or 422 for a settled record (422 too for one past retention kept
+as a tombstone), 409 while another request holds the key, 503 (or, with
+``FAIL_OPEN``, an unprotected run) when the store cannot be reached.
+
+A refusal (``exceptions.IdempotencyRefusal``) becomes a response here too.
+With ``IDEMPOTENCY["ERROR_FORMAT"] = "drf"`` (the default) the project's own
+``REST_FRAMEWORK["EXCEPTION_HANDLER"]`` renders it, as if the view had
+raised it: through the DRF view's ``handle_exception`` for DRF views, and
+through the handler directly for plain Django views. With ``"problem"`` it
+is an RFC 9457 problem details document (``application/problem+json``).
+"""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import Callable
+from typing import TYPE_CHECKING, NoReturn
+
+from django.db import InterfaceError, OperationalError
+
+from django_idempotency import _store as store
+from django_idempotency import signals
+from django_idempotency._observability.tracing import step_span
+from django_idempotency._protection.retention import advertise_replay
+from django_idempotency._protection.transactions import run_unprotected
+from django_idempotency._store.digests import Fingerprint
+from django_idempotency._store.sealing import UnreadableRecord, unseal
+from django_idempotency.conf import idempotency_settings
+from django_idempotency.exceptions import (
+    UNREADABLE_RECORD,
+    KeyExpired,
+    KeyReused,
+    RequestInProgress,
+    StoreUnavailable,
+)
+from django_idempotency.models import IdempotencyRecord
+from django_idempotency.responses import replay
+from django_idempotency.scope import Scope
+
+if TYPE_CHECKING:
+    from django.http import HttpRequest, HttpResponseBase
+import json
+from collections.abc import Iterator
+from contextlib import contextmanager
+from typing import Any, cast
+
+from django.db import DatabaseError, connections
+from django.http import HttpRequest, HttpResponse, HttpResponseBase
+from django.template.response import SimpleTemplateResponse
+from rest_framework.views import APIView
+
+from django_idempotency.exceptions import IdempotencyRefusal
+
+logger = logging.getLogger("django_idempotency")
+
+#: Errors of the claim or the lookup that mean "the record store cannot be
+#: reached" (unless they are mere contention, see ``database_errors``), as
+#: opposed to a bug or a missing migration, which should surface as they are.
+UNREACHABLE_ERRORS = (OperationalError, InterfaceError)
+
+#: ``Retry-After`` seconds: a request in flight is usually done within one;
+#: an unreachable store may take longer to come back.
+IN_FLIGHT_RETRY_AFTER = 1
+UNAVAILABLE_RETRY_AFTER = 5
+
+
+def in_flight(
+    request: HttpRequest, scope: Scope, *, state: str, cause: BaseException | None = None
+) -> NoReturn:
+    """Refuse with 409: another request holds the key (``state`` says how)."""
+    signals.notify(signals.request_in_flight, request, scope, state=state)
+    raise RequestInProgress(retry_after=IN_FLIGHT_RETRY_AFTER) from cause
+
+
+def answer_settled(
+    request: HttpRequest, scope: Scope, fingerprint: Fingerprint, record: IdempotencyRecord
+) -> HttpResponseBase:
+    """The answer a settled record gives: 422 for other input, else its replay.
+
+    Past retention, with ``TOMBSTONE_TTL``, a retry of the same input is
+    refused as ``idempotency_key_expired`` instead: the response is gone,
+    or is due to be, and the operation is never run a second time.
+    """
+    if not fingerprint.matches(record.fingerprint):
+        signals.notify(signals.key_reused, request, scope)
+        raise KeyReused()
+    if store.kept_as_tombstone(record):
+        logger.info("Refused a retry of %s: past retention, kept as a tombstone.", scope)
+        signals.notify(signals.key_expired, request, scope)
+        raise KeyExpired()
+    with step_span("idempotency.replay", scope) as span:
+        span.set_attribute("http.response.status_code", record.response_status or 200)
+        try:
+            headers, body = unseal(
+                record.response_headers, record.response_body, sealed=record.response_sealed
+            )
+        except UnreadableRecord as exc:
+            logger.error("Cannot replay record %s (%s): %s", record.pk, scope, exc)
+            raise StoreUnavailable(
+                str(UNREADABLE_RECORD), retry_after=UNAVAILABLE_RETRY_AFTER
+            ) from exc
+        signals.notify(signals.response_replayed, request, scope, status=record.response_status)
+        return advertise_replay(replay(record.response_status or 200, headers, body), record)
+
+
+def store_unavailable(
+    request: HttpRequest,
+    scope: Scope,
+    view: Callable[[], HttpResponseBase],
+    exc: Exception,
+) -> HttpResponseBase:
+    fail_open = idempotency_settings.FAIL_OPEN
+    signals.notify(signals.store_unavailable, request, scope, fail_open=fail_open)
+    if fail_open:
+        logger.warning(
+            "Idempotency store unreachable (%s); FAIL_OPEN runs %s unprotected.",
+            exc,
+            scope,
+        )
+        return run_unprotected(view)
+    logger.error("Idempotency store unreachable (%s); refusing %s with 503.", exc, scope)
+    raise StoreUnavailable(retry_after=UNAVAILABLE_RETRY_AFTER) from exc
+
+
+CONTENT_TYPE = "application/problem+json"
+
+
+def render_refusal(
+    request: HttpRequest, refusal: IdempotencyRefusal, *, drf_view: APIView | None = None
+) -> HttpResponseBase:
+    """The response a refusal gets, in the configured ``ERROR_FORMAT``."""
+    if idempotency_settings.ERROR_FORMAT == "problem":
+        return problem_response(refusal)
+    with _transactions_left_alone(refusal):
+        if drf_view is not None:
+            return drf_view.handle_exception(refusal)
+        return _handled_by_drf(request, refusal)
+
+
+def rendered(response: HttpResponseBase) -> HttpResponseBase:
+    """``response`` with its body rendered (a template or DRF response), else as is."""
+    if isinstance(response, SimpleTemplateResponse):
+        response.render()
+    return response
+
+
+def problem_response(refusal: IdempotencyRefusal) -> HttpResponse:
+    """The refusal as an RFC 9457 problem details document."""
+    code = refusal.default_code
+    detail = refusal.detail["detail"] if isinstance(refusal.detail, dict) else refusal.detail
+    body = {
+        "type": idempotency_settings.PROBLEM_TYPE_BASE + code,
+        "title": str(refusal.default_detail).split(".")[0] + ".",
+        "status": refusal.status_code,
+        "detail": str(detail),
+        "code": code,
+    }
+    response = HttpResponse(json.dumps(body), status=refusal.status_code, content_type=CONTENT_TYPE)
+    wait = getattr(refusal, "wait", None)
+    if wait:
+        response["Retry-After"] = str(wait)
+    return response
+
+
+def _handled_by_drf(request: HttpRequest, exc: IdempotencyRefusal) -> HttpResponseBase:
+    """Render a refusal for a plain Django view with the project's DRF handler."""
+    from rest_framework.renderers import JSONRenderer
+    from rest_framework.response import Response
+    from rest_framework.settings import api_settings
+
+    context: dict[str, Any] = {"request": request, "view": None, "args": (), "kwargs": {}}
+    handler = cast(Callable[..., Response | None], api_settings.EXCEPTION_HANDLER)
+    response = handler(exc, context)
+    if response is None:
+        response = Response(exc.detail, status=exc.status_code)
+    response.accepted_renderer = JSONRenderer()
+    response.accepted_media_type = "application/json"
+    response.renderer_context = context  # type: ignore[attr-defined]
+    return rendered(response)
+
+
+@contextmanager
+def _transactions_left_alone(refusal: IdempotencyRefusal) -> Iterator[None]:
+    """Keep DRF's exception handler from dooming transactions a refusal did not open.
+
+    DRF's handler marks the open atomic block of every ``ATOMIC_REQUESTS``
+    database for rollback. A protected view opens none before its claim, so
+    an open block is the caller's: ``TestCase``'s, pytest-django's
+    ``django_db``, or an ``atomic()`` around the call. A refusal wrote
+    nothing there, and must not make the caller's next query raise
+    ``TransactionManagementError``. (One caused by a database error keeps
+    the mark: that transaction may well be broken.)
+    """
+    marks = {
+        connection.alias: connection.needs_rollback
+        for connection in connections.all(initialized_only=True)
+        if connection.in_atomic_block
+    }
+    try:
+        yield
+    finally:
+        if not isinstance(refusal.__cause__, DatabaseError):
+            for alias, mark in marks.items():
+                connections[alias].needs_rollback = mark

@@ -1,0 +1,285 @@
+"""The request flow: key and fingerprint -> claim -> view -> outcome -> response.
+
+HTTP glue (``decorators.py``, ``drf.py``) adapts the kinds of views to
+``protect()``; the store is the only thing that touches records. The
+owner's run is in ``owned_run``, the one-transaction variant in
+``single_transaction``, the write-once variant in ``optimistic``, the
+answers to everybody else in ``answers``.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import logging
+import time
+from collections.abc import Callable, Mapping, Sequence
+from dataclasses import dataclass, field
+from datetime import timedelta
+from typing import TYPE_CHECKING, Any
+
+from django.core.exceptions import ImproperlyConfigured
+from django.db import connections
+
+from django_idempotency import _store as store
+from django_idempotency._observability.recording import RequestObservation, observe_request
+from django_idempotency._observability.tracing import contended, step_span, traced_view
+from django_idempotency._protection.answers import (
+    UNREACHABLE_ERRORS,
+    answer_settled,
+    in_flight,
+    store_unavailable,
+)
+from django_idempotency._protection.keys import KeySource
+from django_idempotency._protection.optimistic import run_optimistically
+from django_idempotency._protection.owned import run_owned
+from django_idempotency._protection.retention import advertise_first_execution
+from django_idempotency._protection.single_transaction import claim_in_one_transaction
+from django_idempotency._protection.transactions import run_unprotected
+from django_idempotency._store.digests import Fingerprint
+from django_idempotency._store.errors import is_contention
+from django_idempotency._store.routing import database_for
+from django_idempotency.conf import as_timedelta, idempotency_settings
+from django_idempotency.exceptions import (
+    BodyTooLarge,
+    IdempotencyRefusal,
+    InputUnreadable,
+    KeyMissing,
+)
+from django_idempotency.fingerprint import (
+    FingerprintSpec,
+    NonCanonicalValue,
+    request_fingerprint,
+)
+from django_idempotency.outcomes import Outcome, standard, webhook
+from django_idempotency.scope import OperationSpec, Scope, resolve_operation, resolve_tenant
+
+if TYPE_CHECKING:
+    from django.http import HttpRequest, HttpResponseBase
+
+
+logger = logging.getLogger("django_idempotency")
+
+PROTECTED_METHODS = frozenset({"POST", "PUT", "PATCH", "DELETE"})
+
+#: The "wait" mode polls the record, backing off from the first interval
+#: to the last (seconds).
+_FIRST_POLL = 0.05
+_LAST_POLL = 0.5
+
+
+@dataclass(frozen=True)
+class Options:
+    """The keyword arguments of ``idempotent()`` / ``IdempotentMixin``."""
+
+    fingerprint: FingerprintSpec = None
+    operation: OperationSpec = None
+    required: bool | None = None
+    ttl: timedelta | float | None = None
+    single_transaction: bool | None = None
+    optimistic: bool = False
+    key: KeySource = field(default_factory=KeySource)
+    outcome: Outcome | None = None
+    tenant: Callable[[Any], str] | None = None
+    verify: Callable[[Any], HttpResponseBase | None] | None = None
+
+    def __post_init__(self) -> None:
+        if self.optimistic and self.single_transaction:
+            # Two different answers to "when is the record written": pick one.
+            raise ImproperlyConfigured(
+                "optimistic=True and single_transaction=True cannot be combined: the "
+                "optimistic mode claims nothing before the view and writes the record once, "
+                "at the end of the same single transaction."
+            )
+
+    @property
+    def retention(self) -> timedelta:
+        """``ttl``, else the ``TTL`` setting."""
+        return idempotency_settings.TTL if self.ttl is None else as_timedelta(self.ttl)
+
+    @property
+    def outcome_policy(self) -> Outcome:
+        """``outcome``, else ``standard`` for a client's key and ``webhook`` for any other."""
+        if self.outcome is not None:
+            return self.outcome
+        return standard if self.key.is_client_header else webhook
+
+
+def protect(
+    request: HttpRequest,
+    view: Callable[[], HttpResponseBase],
+    options: Options,
+    view_args: Sequence[Any],
+    view_kwargs: Mapping[str, Any],
+) -> HttpResponseBase:
+    """Run ``view`` at most once per (tenant, operation, key) and answer retries.
+
+    ``view`` calls the protected view and returns its finished response:
+    exceptions the framework would turn into responses already turned into
+    them, and the body rendered. Refusals are raised as ``IdempotencyRefusal``.
+    """
+    if options.verify is not None:
+        # Before anything is read or claimed, whatever the method: a forged
+        # request's refusal must never be stored under the genuine key.
+        refusal = options.verify(request)
+        if refusal is not None:
+            return refusal
+    if request.method not in PROTECTED_METHODS:
+        return run_unprotected(view)
+    observation = observe_request(request)
+    if observation is None:
+        return _protect(request, view, options, view_args, view_kwargs, None)
+    try:
+        return _protect(request, view, options, view_args, view_kwargs, observation)
+    except IdempotencyRefusal as refusal:
+        observation.refused(refusal)
+        if observation.scope is None:  # refused before it had one: no key, a body too large
+            with contextlib.suppress(Exception):
+                observation.operation = resolve_operation(request, options.operation)
+        raise
+    finally:
+        try:
+            observation.finish()
+        except Exception:  # counting must never replace the answer
+            logger.exception("Counting the request failed; the request goes on.")
+
+
+def _protect(
+    request: HttpRequest,
+    view: Callable[[], HttpResponseBase],
+    options: Options,
+    view_args: Sequence[Any],
+    view_kwargs: Mapping[str, Any],
+    observation: RequestObservation | None,
+) -> HttpResponseBase:
+    conf = idempotency_settings
+    if options.key.kind == "body":
+        _refuse_a_body_too_large(request)  # before it is parsed for the key
+    key = options.key.read(request, conf.KEY_MAX_LENGTH)
+    if key is None:
+        if options.required if options.required is not None else conf.REQUIRED:
+            source = options.key.describe()
+            if options.key.is_client_header:
+                source = f"an {conf.HEADER} header"
+            raise KeyMissing(f"This operation requires {source}.")
+        return run_unprotected(view)
+    scope = Scope(
+        tenant=resolve_tenant(request, options.tenant or conf.TENANT),
+        operation=resolve_operation(request, options.operation),
+        key=key,
+    )
+    if observation is not None:
+        observation.scope = scope
+        view = observation.timed(view)
+    view = traced_view(scope, view)
+    _refuse_a_body_too_large(request)
+    try:
+        fingerprint = request_fingerprint(request, options.fingerprint, view_args, view_kwargs)
+    except NonCanonicalValue as exc:  # NestedTooDeeply included
+        raise InputUnreadable(str(exc)) from exc
+    single = options.single_transaction
+    if single is None:
+        single = conf.SINGLE_TRANSACTION
+    # Asked once: the claim, the view's transaction and the completion all
+    # use this alias, and the view learns it as request.idempotency.database.
+    database = database_for(scope, request=request)
+    connection = connections[database]
+    response = None
+    if options.optimistic and not connection.in_atomic_block:
+        response = run_optimistically(
+            request,
+            scope,
+            fingerprint,
+            view,
+            options.retention,
+            database=database,
+            outcome=options.outcome_policy,
+        )
+    elif single and connection.vendor == "postgresql" and not connection.in_atomic_block:
+        response = claim_in_one_transaction(
+            request,
+            scope,
+            fingerprint,
+            view,
+            options.retention,
+            database=database,
+            outcome=options.outcome_policy,
+        )
+    if response is None:
+        response = _claim_or_answer(request, scope, fingerprint, view, options, database)
+    if options.key.is_client_header:
+        # Echoed to the client that sent it; a key read from elsewhere (a
+        # webhook's delivery id) is the sender's, and no Idempotency-Key.
+        response[conf.HEADER] = request.headers[conf.HEADER]
+    advertise_first_execution(request, response, options.retention)
+    return response
+
+
+def _describe_claim(span: Any, attempt: store.Attempt) -> None:
+    if attempt.held is not None:
+        span.set_attribute("idempotency.outcome", "claimed")
+        span.set_attribute("idempotency.fencing_token", attempt.held.fencing_token)
+    else:
+        span.set_attribute("idempotency.outcome", "held")
+        state = attempt.last_seen if attempt.record is None else attempt.record.state
+        span.set_attribute("idempotency.record.state", state)
+
+
+def _refuse_a_body_too_large(request: HttpRequest) -> None:
+    limit = idempotency_settings.MAX_FINGERPRINTED_BODY
+    if _declared_length(request) > limit:
+        raise BodyTooLarge(
+            f"The request body is larger than the {limit} bytes an idempotent request may have."
+        )
+
+
+def _declared_length(request: HttpRequest) -> int:
+    """The body's length, as declared; 0 for multipart (uploads are hashed as streams)."""
+    if (request.content_type or "").startswith("multipart/"):
+        return 0
+    try:
+        return int(request.headers.get("content-length") or 0)
+    except ValueError:
+        return 0
+
+
+def _claim_or_answer(
+    request: HttpRequest,
+    scope: Scope,
+    fingerprint: Fingerprint,
+    view: Callable[[], HttpResponseBase],
+    options: Options,
+    database: str,
+) -> HttpResponseBase:
+    conf = idempotency_settings
+    ttl = options.retention
+    lease = conf.LEASE
+    deadline: float | None = None  # "wait" mode: when to stop, once there is a wait
+    poll = _FIRST_POLL
+    while True:
+        try:
+            with step_span("idempotency.claim", scope, expected=contended) as span:
+                attempt = store.claim_or_take_over(
+                    scope, fingerprint, ttl=ttl, lease=lease, using=database
+                )
+                _describe_claim(span, attempt)
+        except UNREACHABLE_ERRORS as exc:
+            if is_contention(exc):  # a busy database, most likely this very key
+                in_flight(request, scope, state="contended", cause=exc)
+            return store_unavailable(request, scope, view, exc)
+        if attempt.held is not None:
+            return run_owned(request, attempt.held, view, ttl, outcome=options.outcome_policy)
+        record = attempt.record
+        if record is not None and (
+            not fingerprint.matches(record.fingerprint) or record.is_resolved
+        ):
+            return answer_settled(request, scope, fingerprint, record)
+        if record is not None and conf.IN_FLIGHT == "wait":
+            if deadline is None:
+                deadline = time.monotonic() + conf.IN_FLIGHT_WAIT.total_seconds()
+            if time.monotonic() >= deadline:
+                in_flight(request, scope, state=record.state)
+            time.sleep(min(poll, max(deadline - time.monotonic(), 0)))
+            poll = min(poll * 2, _LAST_POLL)
+            continue
+        # In flight, or (None) the key kept changing hands: ask again later.
+        in_flight(request, scope, state=attempt.last_seen if record is None else record.state)

@@ -1,0 +1,365 @@
+"""``optimistic``: the view runs first, and its record is written once, finished.
+
+For views whose effects all live in the records' database. Nothing is
+claimed before the view: its transaction opens with a lookup of the key
+(a settled record is answered at once), runs the view, and ends with one
+conditional INSERT of the finished record (``store.record_finished``),
+which the unique index on (tenant, operation, key) arbitrates. One commit,
+no UPDATE, no dead row version.
+
+The promise differs from the other modes': concurrent duplicates may each
+run the view body, and exactly one commits. Every other one rolls back,
+whatever stopped it (the record's INSERT lost, a business unique key, a
+deadlock, a lock timeout, a serialization failure, an error the view
+swallowed), looks the key up again and answers from the winner's record:
+its replay, or 422 for other input; 409 only when it gave up waiting before
+the winner committed. A key held by a request of the two-commit kind goes
+to the general path in ``protection``.
+"""
+
+from __future__ import annotations
+
+import enum
+import logging
+import random
+import time
+from collections.abc import Callable
+from dataclasses import dataclass
+from datetime import timedelta
+from typing import TYPE_CHECKING
+
+from django.db import DatabaseError, InterfaceError, transaction
+
+from django_idempotency import _store as store
+from django_idempotency import signals
+from django_idempotency._observability.tracing import step_span
+from django_idempotency._protection.answers import (
+    UNAVAILABLE_RETRY_AFTER,
+    UNREACHABLE_ERRORS,
+    answer_settled,
+    in_flight,
+    store_unavailable,
+)
+from django_idempotency._protection.crash import SimulatedCrash
+from django_idempotency._protection.owned import log_unsettled, rolled_back_success
+from django_idempotency._protection.retention import mark_stored
+from django_idempotency._protection.transactions import view_transactions, writes_discarded
+from django_idempotency._store.digests import Fingerprint
+from django_idempotency._store.errors import (
+    is_connection_lost,
+    is_contention,
+    is_deadlock,
+    is_serialization_failure,
+)
+from django_idempotency.conf import idempotency_settings
+from django_idempotency.context import IdempotencyContext
+from django_idempotency.exceptions import OutcomeUncertain, StoreUnavailable
+from django_idempotency.outcomes import Outcome
+from django_idempotency.responses import StoredResponse, Verdict, capture
+from django_idempotency.scope import Scope
+
+if TYPE_CHECKING:
+    from django.http import HttpRequest, HttpResponseBase
+
+
+logger = logging.getLogger("django_idempotency")
+
+
+class _Phase(enum.Enum):
+    """How far the transaction got: what a database error then means."""
+
+    LOOKUP = "lookup"
+    VIEW = "view"
+    COMMITTING = "committing"
+
+
+@dataclass(frozen=True)
+class _Run:
+    """What the view answered, and what became of its transaction."""
+
+    response: HttpResponseBase
+    verdict: Verdict
+    #: The finished record was inserted; it commits with the view's writes.
+    recorded: bool = False
+    #: The record's INSERT found the key taken: a duplicate won.
+    lost: bool = False
+    #: The view's writes were discarded (a transaction marked for rollback:
+    #: DRF does so under ATOMIC_REQUESTS, and so does a database error the
+    #: view caught without a savepoint).
+    discarded: bool = False
+    #: A definitive refusal from such a transaction: stored on its own, after.
+    store_after: StoredResponse | None = None
+
+
+def run_optimistically(
+    request: HttpRequest,
+    scope: Scope,
+    fingerprint: Fingerprint,
+    view: Callable[[], HttpResponseBase],
+    ttl: timedelta,
+    *,
+    database: str,
+    outcome: Outcome,
+) -> HttpResponseBase | None:
+    """Look up, run the view and insert its finished record, in one transaction.
+
+    ``None``: the key is held by an unresolved record (a request of the
+    two-commit kind, a record handed back or left UNCERTAIN): take the
+    general path, which knows how to wait for it or take it over.
+
+    A deadlock or a serialization failure usually strikes a duplicate
+    before the winner has committed, when no record answers yet: the
+    transaction is tried again (the standard answer to both errors, and
+    safe in this mode, whose view's writes all rolled back), up to
+    ``_ATTEMPTS`` times within ``IN_FLIGHT_WAIT``, after a random pause. The
+    next attempt waits on the winner's rows, then finds its record.
+    """
+    deadline = time.monotonic() + idempotency_settings.IN_FLIGHT_WAIT.total_seconds()
+    for attempt in range(1, _ATTEMPTS + 1):
+        started = time.monotonic()
+        try:
+            return _attempt(request, scope, fingerprint, view, ttl, database, outcome)
+        except _Retryable as retryable:
+            exc = retryable.error
+            answer = _the_winners_answer(request, scope, fingerprint, database)
+            if answer is not None:
+                return answer
+            # At least as long as the attempt took: duplicates whose views take
+            # longer than the pauses would otherwise start together again and
+            # deadlock again, attempt after attempt (seen on MariaDB,
+            # SERIALIZABLE, three duplicates with views of 0.3 s, under load,
+            # which also ran out of six attempts: now ten, within the deadline).
+            took = time.monotonic() - started
+            pause = random.uniform(0, max(_FIRST_PAUSE * 2 ** (attempt - 1), took))
+            if attempt == _ATTEMPTS or time.monotonic() + pause >= deadline:
+                return _after_a_database_error(
+                    request, scope, fingerprint, view, database, _Phase.VIEW, exc
+                )
+            logger.info("%s: %s; trying its transaction again.", scope, type(exc).__name__)
+            # Duplicates that deadlocked together would meet again at once
+            # (MariaDB's SERIALIZABLE lookups share locks on the key's gap).
+            time.sleep(pause)
+    raise AssertionError("unreachable")  # the last attempt returns or raises
+
+
+#: How many times one request runs its transaction when a deadlock or a
+#: serialization failure ends it, and the longest pause before the second
+#: (doubled before each next one, a random part of it taken).
+_ATTEMPTS = 10
+_FIRST_PAUSE = 0.02
+
+
+class _Retryable(Exception):
+    """A deadlock or a serialization failure ended the transaction: it may be tried again."""
+
+    def __init__(self, error: DatabaseError | InterfaceError) -> None:
+        super().__init__(str(error))
+        self.error = error
+
+
+def _attempt(
+    request: HttpRequest,
+    scope: Scope,
+    fingerprint: Fingerprint,
+    view: Callable[[], HttpResponseBase],
+    ttl: timedelta,
+    database: str,
+    outcome: Outcome,
+) -> HttpResponseBase | None:
+    phase = _Phase.LOOKUP
+    record = None
+    run: _Run | None = None
+    try:
+        with transaction.atomic(using=database):
+            record = store.lookup_waiting_at_most(
+                scope, using=database, wait=idempotency_settings.IN_FLIGHT_WAIT
+            )
+            if record is not None and store.past_retention(record):
+                # Replaced only under its own condition (resolved, past
+                # retention, not taken over since): a DELETE that commits
+                # only with this view's record, so a duplicate doing the
+                # same waits for this one and then finds nothing to delete.
+                store.discard_expired(record, using=database)
+                record = None
+            if record is None:
+                phase = _Phase.VIEW
+                run = _view_then_record(request, scope, fingerprint, view, ttl, database, outcome)
+                if run.recorded:
+                    phase = _Phase.COMMITTING
+    except SimulatedCrash:
+        raise  # a "killed" process cleans nothing up (testing helper)
+    except (DatabaseError, InterfaceError) as exc:
+        if phase is not _Phase.LOOKUP and (is_deadlock(exc) or is_serialization_failure(exc)):
+            raise _Retryable(exc) from exc
+        return _after_a_database_error(request, scope, fingerprint, view, database, phase, exc)
+    except Exception as exc:
+        # The view's own error, or one it raised on meeting a duplicate's
+        # row (its own "order exists", say): the winner answers, if any.
+        try:
+            answer = _the_winners_answer(request, scope, fingerprint, database)
+        except StoreUnavailable:
+            answer = None  # the view's error tells more than this one
+        if answer is None:
+            signals.notify(signals.claim_released, request, scope, reason="exception")
+            raise exc
+        return answer
+    if run is None:
+        assert record is not None
+        if not fingerprint.matches(record.fingerprint) or record.is_resolved:
+            return answer_settled(request, scope, fingerprint, record)
+        return None
+    return _settle(request, scope, fingerprint, run, ttl, database)
+
+
+def _view_then_record(
+    request: HttpRequest,
+    scope: Scope,
+    fingerprint: Fingerprint,
+    view: Callable[[], HttpResponseBase],
+    ttl: timedelta,
+    database: str,
+    outcome: Outcome,
+) -> _Run:
+    """In the lookup's transaction: the view, then its finished record, or the rollback."""
+    conf = idempotency_settings
+    # No record exists while the view runs: nothing to fence (token 0), no
+    # lease to renew, no intent to commit before a call.
+    unclaimed = store.Claim(record_id=0, fencing_token=0, scope=scope, database=database)
+    request.idempotency = IdempotencyContext(unclaimed, optimistic=True)  # type: ignore[attr-defined]
+    with view_transactions() as opened:  # other ATOMIC_REQUESTS databases
+        response = view()
+        verdict = outcome(response)
+        everything = [database, *opened]
+        if verdict in (Verdict.RELEASE, Verdict.UNCERTAIN):
+            _roll_back(everything)
+            return _Run(response, verdict)
+        if writes_discarded():
+            _roll_back(everything)
+            stored = capture(response, conf.STORED_HEADERS, conf.MAX_STORED_BODY)
+            refusal = stored if verdict is Verdict.FAILED else None
+            return _Run(response, verdict, discarded=True, store_after=refusal)
+        stored = capture(response, conf.STORED_HEADERS, conf.MAX_STORED_BODY)
+        with step_span("idempotency.complete", scope) as span:
+            span.set_attribute("idempotency.outcome", verdict.value)
+            recorded = store.record_finished(
+                scope, fingerprint, verdict, stored, ttl=ttl, using=database
+            )
+            span.set_attribute("idempotency.recorded", recorded)
+        if recorded:
+            return _Run(response, verdict, recorded=True)
+        _roll_back(everything)
+        return _Run(response, verdict, lost=True)
+
+
+def _roll_back(aliases: list[str]) -> None:
+    for alias in aliases:
+        transaction.set_rollback(True, using=alias)
+
+
+def _settle(
+    request: HttpRequest,
+    scope: Scope,
+    fingerprint: Fingerprint,
+    run: _Run,
+    ttl: timedelta,
+    database: str,
+) -> HttpResponseBase:
+    """After the transaction: the winner tells what it stored; anybody else asks the winner."""
+    status = run.response.status_code
+    if run.recorded:
+        _signal_stored(request, scope, run)
+        return run.response
+    # Rolled back: by losing the record's INSERT, or by the view or the
+    # outcome policy, where a duplicate's row may be what made it fail (a
+    # 409 or a 500 the view made of a unique key): the winner answers. An
+    # answer the policy calls UNCERTAIN is released like a retryable one:
+    # nothing outside the database ran in this mode, and its writes rolled
+    # back, so nothing is uncertain, and a record claimed now to say so
+    # could take the key from a duplicate still running.
+    answer = _the_winners_answer(request, scope, fingerprint, database)
+    if answer is not None:
+        return answer
+    if run.lost:  # taken, then gone again (released, purged): ask again later
+        in_flight(request, scope, state="released")
+    if run.discarded and run.verdict is Verdict.COMPLETED:
+        raise rolled_back_success(scope, run.response)
+    if run.store_after is not None:
+        if _store_on_its_own(scope, fingerprint, run, ttl, database):
+            _signal_stored(request, scope, run)
+            return run.response
+        answer = _the_winners_answer(request, scope, fingerprint, database)
+        if answer is not None:  # a duplicate's record, stored meanwhile
+            return answer
+    signals.notify(signals.claim_released, request, scope, reason=status)
+    return run.response
+
+
+def _signal_stored(request: HttpRequest, scope: Scope, run: _Run) -> None:
+    mark_stored(request)  # for the retention header, when advertised
+    status = run.response.status_code
+    signals.notify(signals.response_stored, request, scope, state=run.verdict.value, status=status)
+
+
+def _store_on_its_own(
+    scope: Scope, fingerprint: Fingerprint, run: _Run, ttl: timedelta, database: str
+) -> bool:
+    assert run.store_after is not None
+    try:
+        return store.record_finished(
+            scope, fingerprint, run.verdict, run.store_after, ttl=ttl, using=database
+        )
+    except DatabaseError as exc:
+        log_unsettled(exc, f"store the refusal of {scope}", "its retry runs again")
+        return False
+
+
+def _after_a_database_error(
+    request: HttpRequest,
+    scope: Scope,
+    fingerprint: Fingerprint,
+    view: Callable[[], HttpResponseBase],
+    database: str,
+    phase: _Phase,
+    exc: DatabaseError | InterfaceError,
+) -> HttpResponseBase:
+    """The transaction rolled back on a database error: say what is known."""
+    if is_connection_lost(exc):
+        if phase is _Phase.LOOKUP:  # nothing ran: the one outage FAIL_OPEN may answer
+            return store_unavailable(request, scope, view, exc)
+        if phase is _Phase.COMMITTING:
+            logger.error("Could not learn whether %s committed (%s); answering 503.", scope, exc)
+            raise OutcomeUncertain(retry_after=UNAVAILABLE_RETRY_AFTER) from exc
+        logger.error("Idempotency store lost during %s (%s); answering 503.", scope, exc)
+        raise StoreUnavailable(retry_after=UNAVAILABLE_RETRY_AFTER) from exc
+    # A business unique key, a deadlock, a lock timeout, a serialization
+    # failure: a duplicate's work, most likely, and then its record answers.
+    answer = _the_winners_answer(request, scope, fingerprint, database)
+    if answer is not None:
+        return answer
+    if is_contention(exc):
+        # A busy database, a duplicate still running most likely: never an
+        # outage, never the view's error. The retry finds the winner's record.
+        in_flight(request, scope, state="contended", cause=exc)
+    # The view's own error (a rule of its own, a bug): as in any mode.
+    signals.notify(signals.claim_released, request, scope, reason="exception")
+    raise exc
+
+
+def _the_winners_answer(
+    request: HttpRequest, scope: Scope, fingerprint: Fingerprint, database: str
+) -> HttpResponseBase | None:
+    """After this request rolled back: the answer of the record holding the key now.
+
+    A replay, or 422 for other input; 409 while a request of the two-commit
+    kind holds it; ``None`` when no record holds it (or one past retention).
+    """
+    try:
+        record = store.lookup(scope, using=database)
+    except UNREACHABLE_ERRORS as exc:
+        logger.error("Idempotency store lost during %s (%s); answering 503.", scope, exc)
+        raise StoreUnavailable(retry_after=UNAVAILABLE_RETRY_AFTER) from exc
+    if record is None or store.past_retention(record):
+        return None
+    if not fingerprint.matches(record.fingerprint) or record.is_resolved:
+        return answer_settled(request, scope, fingerprint, record)
+    in_flight(request, scope, state=record.state)

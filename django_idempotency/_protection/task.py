@@ -1,0 +1,468 @@
+"""``idempotent_task``: a redelivered Celery message runs its side effect once.
+
+Consumer-side deduplication, the task counterpart of ``protection`` (whose
+request flow it shares through ``store.claim_or_take_over``). The public
+path is ``django_idempotency.tasks.idempotent_task``.
+
+Message brokers deliver at least once: with ``acks_late`` a worker that dies
+mid-task gets its message redelivered, and producers retry too. The key
+comes from the message itself (an event id), or from the Celery message id
+(``message_id``) when the arguments carry none.
+
+The running body reaches its claim as views do: ``self.request.idempotency``
+in a bound task, ``task_idempotency()`` anywhere in the body. A body that
+fails after ``begin_external()`` leaves the record UNCERTAIN for the
+reconciler of the task's operation; no later delivery runs it again.
+"""
+
+from __future__ import annotations
+
+import functools
+import hashlib
+import inspect
+import json
+import logging
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
+from contextvars import ContextVar
+from datetime import timedelta
+from typing import TYPE_CHECKING, Any, NoReturn, TypeVar, cast
+
+from django.db import DatabaseError, transaction
+from django.utils import timezone
+
+from django_idempotency._protection.crash import SimulatedCrash
+from django_idempotency._store.errors import is_contention
+from django_idempotency.conf import as_timedelta, idempotency_settings
+from django_idempotency.exceptions import (
+    StaleOwner,
+    TaskFailed,
+    TaskInProgress,
+    TaskKeyReused,
+    TaskOutcomeUncertain,
+)
+from django_idempotency.fingerprint import fingerprint
+from django_idempotency.responses import StoredResponse, Verdict
+
+if TYPE_CHECKING:
+    from django_idempotency import _store as store
+    from django_idempotency.context import IdempotencyContext
+    from django_idempotency.models import IdempotencyRecord
+
+
+logger = logging.getLogger("django_idempotency")
+Task = TypeVar("Task", bound=Callable[..., Any])
+
+#: The tenant of task records: tasks act for the system, not for a client.
+TASK_TENANT = "task"
+
+
+#: The claim of the body running in this thread (or coroutine): set only
+#: while an ``idempotent_task`` body runs.
+_running: ContextVar[IdempotencyContext | None] = ContextVar("idempotent_task", default=None)
+
+#: The lease of every ``idempotent_task`` decorated so far, by function
+#: (``None``: ``IDEMPOTENCY["LEASE"]``), for the visibility-timeout check.
+_leases: dict[Callable[..., Any], timedelta | None] = {}
+
+#: Tasks whose timeouts were found not to agree with their lease, warned about once.
+_warned_timeouts: set[str] = set()
+
+#: Brokers that hand an unacknowledged message to another worker after a
+#: timeout, by URL scheme, and that timeout's default (kombu's) in seconds.
+_VISIBILITY_TIMEOUT_DEFAULTS = {
+    "redis": 3600.0,
+    "rediss": 3600.0,
+    "sentinel": 3600.0,
+    "sqs": 1800.0,
+}
+
+
+def task_idempotency() -> IdempotencyContext:
+    """The ``IdempotencyContext`` of the ``idempotent_task`` body running now.
+
+    What ``request.idempotency`` is to a view, for a task: call it anywhere
+    in the body (or in a function the body calls), bound task or not. A
+    bound task may also use ``self.request.idempotency``, the same object.
+
+    ```python
+    @shared_task(acks_late=True, reject_on_worker_lost=True)
+    @idempotent_task(key="payout_id")
+    def send_payout(payout_id, amount):
+        claim = task_idempotency()
+        provider_key = claim.begin_external()
+        transfer = provider.transfer(amount, idempotency_key=provider_key)
+        claim.set_provider_operation(transfer.id)
+        return {"transfer": transfer.id}
+    ```
+
+    Returns:
+        The running body's claim: ``begin_external()``,
+        ``set_provider_operation()``, ``renew_lease()``, ``fencing_token``,
+        ``provider_key``.
+
+    Raises:
+        RuntimeError: No ``idempotent_task`` body is running in this thread
+            (outside the body, or in a thread it started: pass the context
+            along instead).
+    """
+    context = _running.get()
+    if context is None:
+        raise RuntimeError(
+            "task_idempotency() is only available while the body of an idempotent_task runs."
+        )
+    return context
+
+
+def message_id(*args: Any, **kwargs: Any) -> str:
+    """The id of the Celery message being run: ``@idempotent_task(key=message_id)``.
+
+    For a task whose arguments carry no id of their own. A redelivery of the
+    message (a worker died, ``acks_late``) has the same id and runs once; a
+    second publish of the same arguments is a new message with a new id, and
+    runs again: this stops redeliveries, not a producer that publishes twice.
+    A Celery retry (``self.retry()``, ``autoretry_for``) keeps the id.
+
+    Args:
+        *args: The task's arguments (ignored).
+        **kwargs: The task's keyword arguments (ignored).
+
+    Returns:
+        ``current_task.request.id``.
+
+    Raises:
+        RuntimeError: Called outside a running Celery task (the function was
+            called directly, not through Celery).
+    """
+    from celery import current_task
+
+    task_id = getattr(getattr(current_task, "request", None), "id", None) if current_task else None
+    if not task_id:
+        raise RuntimeError(
+            "idempotent_task(key=message_id) needs a Celery message: run the task through "
+            "Celery (delay(), apply_async(), apply()), not as a plain function call."
+        )
+    return str(task_id)
+
+
+def idempotent_task_leases() -> dict[Callable[..., Any], timedelta | None]:
+    """Every ``idempotent_task`` decorated so far and its ``lease=`` (``None``: the setting's).
+
+    Keyed by the decorated function (the wrapper Celery's task runs), for
+    the system check comparing leases with the broker's visibility timeout.
+    """
+    return dict(_leases)
+
+
+def _key_of(key: str | Callable[..., Any], func: Callable[..., Any], args: Any, kwargs: Any) -> str:
+    # Imported here, not above: this module is imported from settings files
+    # (through tasks.py), before the app registry is ready.
+    from django_idempotency.models import KEY_MAX_LENGTH
+
+    if callable(key):
+        value = str(key(*args, **kwargs))
+    else:
+        value = str(inspect.signature(func).bind(*args, **kwargs).arguments[key])
+    if len(value) > KEY_MAX_LENGTH or value.startswith("sha256:"):
+        # Message ids are not ours to limit: a long one is kept by its digest
+        # (and one that looks like a digest is digested too, never confused).
+        return "sha256:" + hashlib.sha256(value.encode("utf-8", "surrogatepass")).hexdigest()
+    return value
+
+
+def _arguments(func: Callable[..., Any], args: Any, kwargs: Any) -> Any:
+    bound = inspect.signature(func).bind(*args, **kwargs)
+    # charge(e, 5) and charge(e, 5, fail=False) are the same call.
+    bound.apply_defaults()
+    # A bound task's first argument is the Task itself, not input.
+    return {name: value for name, value in bound.arguments.items() if name != "self"}
+
+
+def idempotent_task(
+    key: str | Callable[..., Any],
+    *,
+    operation: str | None = None,
+    ttl: timedelta | float | None = None,
+    lease: timedelta | float | None = None,
+) -> Callable[[Task], Task]:
+    """Run the decorated task body once per key; duplicates return its result.
+
+    The body's database writes and the stored result commit in one
+    transaction; the result must be JSON-serialisable, and every run returns
+    it as JSON gives it back (the first run too). Place it under Celery's
+    decorator:
+
+    ```python
+    @shared_task(bind=True, acks_late=True, autoretry_for=(TaskInProgress,))
+    @idempotent_task(key="event_id")
+    def ship_order(self, event_id, order_id): ...
+    ```
+
+    The body reaches its claim through ``self.request.idempotency`` (bound
+    tasks) or ``task_idempotency()``: an ``IdempotencyContext``, as
+    ``request.idempotency`` in a view. Around a call to a provider,
+    ``begin_external()`` commits the intent first; if the body then raises
+    (or its worker dies), the record is left UNCERTAIN for the reconciler
+    registered for the task's operation (``register_reconciler("task
+    <module>.<qualname>")``), and no delivery of the message runs the body
+    again; the reconciler's ``Completed`` body becomes the result
+    duplicates get.
+
+    Args:
+        key: The name of the argument holding the message's id, or a
+            callable taking the task's arguments and returning it
+            (``message_id``: the Celery message's id). An id longer than
+            255 characters is stored by its SHA-256 digest.
+        operation: The records' operation name; ``None``:
+            ``"task <module>.<qualname>"``.
+        ttl: How long the result is kept for duplicates, in seconds or as a
+            ``timedelta``; ``None``: ``IDEMPOTENCY["TTL"]``.
+        lease: How long a run holds the key, in seconds or as a
+            ``timedelta``; ``None``: ``IDEMPOTENCY["LEASE"]``. It must outlast
+            the body: a duplicate arriving after it takes the task over.
+            Give it your task's time limit (a longer time limit is logged
+            as a warning), and keep the broker's visibility timeout longer
+            (system check W020).
+
+    With ``IDEMPOTENCY["DATABASE"] = None`` the routers pick the record's
+    database once per run: ``db_for_write(IdempotencyRecord, tenant="task",
+    operation=..., request=None, task=<the function>, arguments={name:
+    value})``. The body runs in a transaction on that database: write its
+    rows there (``.using()``, picking the alias from the arguments as the
+    router does).
+
+    Returns:
+        The decorator.
+
+    Raises:
+        TaskInProgress: (from the task) Another worker runs the same key
+            right now, or took it over.
+        TaskOutcomeUncertain: (from the task) A run of the same key began an
+            external call and did not finish: the reconciler settles it.
+        TaskFailed: (from the task) The record was settled as FAILED.
+        TaskKeyReused: (from the task) The key was used with other arguments.
+    """
+
+    def decorate(func: Task) -> Task:
+        name = operation or f"task {func.__module__}.{func.__qualname__}"
+
+        @functools.wraps(func)
+        def run_once(*args: Any, **kwargs: Any) -> Any:
+            from django_idempotency import _store as store
+            from django_idempotency._store.routing import database_for
+            from django_idempotency.scope import Scope
+
+            conf = idempotency_settings
+            scope = Scope(TASK_TENANT, name, _key_of(key, func, args, kwargs))
+            arguments = _arguments(func, args, kwargs)
+            digest = fingerprint(arguments)
+            # Asked once per run; a router may route by the task's arguments.
+            database = database_for(scope, task=func, arguments=arguments)
+            retention = as_timedelta(ttl) if ttl is not None else conf.TTL
+            held_for = as_timedelta(lease) if lease is not None else conf.LEASE
+            _warn_about_timeouts(held_for)
+            try:
+                attempt = store.claim_or_take_over(
+                    scope, digest, ttl=retention, lease=held_for, using=database
+                )
+            except DatabaseError as exc:
+                # A takeover that ran out of IN_FLIGHT_WAIT on a row another
+                # session locked: the key is busy, not the database down.
+                if not is_contention(exc):
+                    raise
+                raise TaskInProgress(f"{scope} is held by another session") from exc
+            held, record = attempt.held, attempt.record
+            if held is None:
+                if record is not None and not digest.matches(record.fingerprint):
+                    raise TaskKeyReused(f"{scope} was used with other arguments")
+                if record is not None and record.is_resolved:
+                    return _stored_result(record, scope)
+                _refuse_unresolved(record, scope)
+            return _run_owned(func, args, kwargs, held, retention)
+
+        _leases[run_once] = as_timedelta(lease) if lease is not None else None
+        return cast(Task, run_once)
+
+    return decorate
+
+
+def _run_owned(
+    func: Callable[..., Any],
+    args: Any,
+    kwargs: Any,
+    held: store.Claim,
+    retention: timedelta,
+) -> Any:
+    """Run the body as the owner of ``held``; store its result with its writes."""
+    from django_idempotency import _store as store
+    from django_idempotency.context import IdempotencyContext
+
+    context = IdempotencyContext(held)
+    try:
+        with transaction.atomic(using=held.database), _exposed(context, args):
+            result = func(*args, **kwargs)
+            body = json.dumps(result).encode("utf-8")
+            stored = StoredResponse(200, [["Content-Type", "application/json"]], body)
+            store.complete(held, Verdict.COMPLETED, stored, ttl=retention)
+    except StaleOwner:
+        raise TaskInProgress(f"{held.scope} was taken over by another worker") from None
+    except SimulatedCrash:
+        raise  # a "killed" worker cleans nothing up (testing helper)
+    except BaseException:
+        if context.external_begun:
+            # The provider may have been called: never "not run".
+            _leave_uncertain(held, context)
+        else:
+            # Nothing committed: a redelivery (or a Celery retry) runs it again.
+            store.release(held)
+        raise
+    finally:
+        # begin_external()'s second connection is this run's alone.
+        store.close_independent_connections()
+    return json.loads(body)
+
+
+@contextmanager
+def _exposed(context: IdempotencyContext, args: Any) -> Iterator[None]:
+    """``task_idempotency()`` and ``self.request.idempotency`` while the body runs."""
+    request = _celery_request(args)
+    token = _running.set(context)
+    if request is not None:
+        request.idempotency = context
+    try:
+        yield
+    finally:
+        _running.reset(token)
+        if request is not None:
+            request.idempotency = None
+
+
+def _celery_request(args: Any) -> Any:
+    """The request of a bound Celery task (its first argument), else ``None``."""
+    if not args:
+        return None
+    try:
+        from celery import Task as CeleryTask
+    except ImportError:  # pragma: no cover - tasks.py requires Celery
+        return None
+    return args[0].request if isinstance(args[0], CeleryTask) else None
+
+
+def _leave_uncertain(held: store.Claim, context: IdempotencyContext) -> None:
+    """The body failed after ``begin_external()``: leave the record UNCERTAIN.
+
+    The same write as a view's (``IdempotencyContext.leave_uncertain``): the
+    record's provider key and id and every step the run began, written again
+    in case they rolled back with the body's transaction.
+    """
+    from django.db import DatabaseError, InterfaceError
+
+    try:
+        context.leave_uncertain()
+    except (StaleOwner, DatabaseError, InterfaceError):
+        logger.exception(
+            "Could not mark %s uncertain; recovery finds it once its lease ends.", held.scope
+        )
+        return
+    logger.warning(
+        "%s failed after begin_external(): left UNCERTAIN for the reconciler of %r.",
+        held.scope,
+        held.scope.operation,
+    )
+
+
+def _stored_result(record: IdempotencyRecord, scope: Any) -> Any:
+    """What a duplicate of a resolved record returns (or raises, if it FAILED)."""
+    from django_idempotency import _store as store
+
+    _, stored_body = store.unseal(
+        record.response_headers, record.response_body, sealed=record.response_sealed
+    )
+    try:
+        result = json.loads(stored_body or b"null")
+    except ValueError:
+        # A reconciler may store any text (Completed(body="...")): given as it is.
+        result = (stored_body or b"").decode("utf-8", "replace")
+    if record.state == record.State.FAILED:
+        raise TaskFailed(f"{scope} was settled as FAILED by its reconciler", result)
+    logger.info("Duplicate message for %s: returning the stored result", scope)
+    return result
+
+
+def _refuse_unresolved(record: IdempotencyRecord | None, scope: Any) -> NoReturn:
+    """Raise what a delivery meets when another run holds the key."""
+    if record is not None and _left_to_the_reconciler(record):
+        raise TaskOutcomeUncertain(
+            f"{scope}: an earlier run began an external call and did not finish "
+            f"(record {record.state}); not run again. The reconciler registered for "
+            f"{scope.operation!r} settles it; duplicates then get its result."
+        )
+    raise TaskInProgress(f"{scope} is being handled by another worker")
+
+
+def _left_to_the_reconciler(record: IdempotencyRecord) -> bool:
+    """UNCERTAIN, or IN_PROGRESS whose owner's lease ran out: no owner will finish it."""
+    State = record.State
+    if record.state == State.UNCERTAIN:
+        return True
+    if record.state != State.IN_PROGRESS or record.lease_expires_at is None:
+        return False
+    # As store.claims judges a takeover: the database's time of the lookup.
+    read_at = record.read_at or timezone.now()
+    return record.lease_expires_at <= read_at
+
+
+def broker_visibility_timeout(app: Any) -> float | None:
+    """Seconds after which ``app``'s broker delivers an unacknowledged message again.
+
+    Redis (and Sentinel) and SQS hand a message nobody acknowledged within
+    ``broker_transport_options["visibility_timeout"]`` (kombu's default: an
+    hour on Redis, 30 minutes on SQS) to another worker, whether or not its
+    first worker still runs it. ``None`` for a broker that does not
+    (RabbitMQ redelivers only when the consumer's connection is lost).
+    """
+    url = app.conf.broker_url or ""
+    first = (url[0] if url else "") if isinstance(url, (list, tuple)) else str(url)
+    scheme = first.split("://", 1)[0].split("+")[-1].lower()
+    if scheme not in _VISIBILITY_TIMEOUT_DEFAULTS:
+        return None
+    options = app.conf.broker_transport_options or {}
+    return float(options.get("visibility_timeout") or _VISIBILITY_TIMEOUT_DEFAULTS[scheme])
+
+
+def _warn_about_timeouts(lease: timedelta) -> None:
+    """Log once per task when Celery or its broker may outlast the lease (checks W020, W021).
+
+    Here too, not only in the system check: a worker imports task modules
+    that ``manage.py check`` may never see.
+    """
+    try:
+        from celery import current_task
+    except ImportError:  # pragma: no cover - tasks.py requires Celery
+        return
+    if not current_task or str(current_task.name) in _warned_timeouts:
+        return
+    name = str(current_task.name)
+    _warned_timeouts.add(name)
+    limits = getattr(current_task.request, "timelimit", None) or (None, None)
+    hard = limits[0] or current_task.time_limit or current_task.app.conf.task_time_limit
+    if hard is not None and timedelta(seconds=float(hard)) > lease:
+        logger.warning(
+            "Task %s may run for %ss (its time limit), longer than its idempotency lease "
+            "(%ss): a redelivery after the lease takes a running body over. Give "
+            "idempotent_task(lease=...) at least the time limit.",
+            name,
+            hard,
+            lease.total_seconds(),
+        )
+    visibility = broker_visibility_timeout(current_task.app)
+    longest = max(lease.total_seconds(), float(hard or 0))
+    if visibility is not None and visibility < longest:
+        logger.warning(
+            "Task %s may run for %ss (its lease or time limit), but the broker delivers an "
+            "unacknowledged message again after %ss (visibility_timeout): a second worker "
+            "gets the message while the first still runs it. Raise visibility_timeout.",
+            name,
+            longest,
+            visibility,
+        )

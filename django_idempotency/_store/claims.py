@@ -1,0 +1,403 @@
+"""Claims: how a key is won, taken over, or found held by somebody else.
+
+The database's unique constraint on (tenant, operation, key) is the only
+arbiter of who runs an operation; every function here either wins it (a
+``Claim`` with a fencing token) or reads the record that holds it.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import socket
+import threading
+from contextlib import nullcontext
+from dataclasses import dataclass
+from datetime import datetime, timedelta
+from typing import Any
+
+from django.db import IntegrityError, connections, transaction
+from django.db.backends.base.base import BaseDatabaseWrapper
+from django.db.models import F, Q
+from django.utils import timezone
+
+from django_idempotency._store.conditional import delete_where, take_over_where
+from django_idempotency._store.connections import commit_now_alias
+from django_idempotency._store.database_time import DatabaseLater, DatabaseNow, clock_of
+from django_idempotency._store.digests import Fingerprint
+from django_idempotency._store.statements import (
+    record_from_row,
+    statements_for,
+    with_lock_timeout,
+)
+from django_idempotency.conf import idempotency_settings
+from django_idempotency.models import RESOLVED_STATES, IdempotencyRecord
+from django_idempotency.scope import Scope
+
+logger = logging.getLogger("django_idempotency")
+
+State = IdempotencyRecord.State
+_HOST = socket.gethostname()
+#: How often a key may be found taken yet claimable (released, expired or
+#: taken over in between) before the caller is told it is in flight rather
+#: than looping.
+MAX_RECLAIMS = 3
+
+
+@dataclass(frozen=True)
+class Claim:
+    """What the winner of a claim holds: the record and its fencing token."""
+
+    record_id: int
+    fencing_token: int
+    scope: Scope
+    database: str
+    #: False when the claim joined a transaction that was already open (the
+    #: caller's): then the record exists only inside it, and so must every
+    #: later write of this owner.
+    committed: bool = True
+    #: The provider key the record already holds (a claim taken over): the
+    #: owner sends the provider that one, never a newly derived one.
+    provider_key: str = ""
+
+    @property
+    def write_now_alias(self) -> str:
+        """Where an owner write commits at once, even mid-transaction."""
+        return commit_now_alias(self.database) if self.committed else self.database
+
+
+def lease_owner() -> str:
+    return f"{_HOST}:{os.getpid()}:{threading.get_ident()}"[:255]
+
+
+def claim(
+    scope: Scope,
+    fingerprint: Fingerprint,
+    *,
+    ttl: timedelta,
+    lease: timedelta,
+    using: str,
+    wait_at_most: timedelta | None = None,
+) -> Claim | None:
+    """Insert a CLAIMED record in one atomic statement; ``None`` if the key is taken.
+
+    The database's unique constraint on (tenant, operation, key) is the
+    arbiter: on PostgreSQL ``INSERT ... ON CONFLICT DO NOTHING RETURNING``,
+    elsewhere an INSERT inside a savepoint whose IntegrityError means "lost".
+    Never SELECT-then-INSERT. Outside a transaction the statement commits at
+    once; inside one (the caller's), it commits with it.
+
+    ``wait_at_most`` (PostgreSQL, inside a transaction): how long the INSERT
+    may wait on a concurrent, uncommitted claim of the same scope; the
+    setting lasts until the transaction ends, and running out raises
+    ``OperationalError`` (SQLSTATE 55P03).
+    """
+    connection = connections[using]
+    committed = not connection.in_atomic_block
+    if connection.vendor == "postgresql":
+        sql = statements_for(connection)
+        params = _claim_params(connection, scope, fingerprint, ttl=ttl, lease=lease)
+        if wait_at_most is not None:
+            params = with_lock_timeout(params, wait_at_most)
+            query = sql.claim_waiting_at_most
+        else:
+            query = sql.claim
+        # In a caller's transaction the INSERT may wait on a duplicate and
+        # time out (lock_timeout, a deadlock): a savepoint keeps that from
+        # aborting the caller's transaction. The single-transaction claim
+        # (``wait_at_most``) opens its transaction itself: nothing to keep.
+        joins_callers = not committed and wait_at_most is None
+        savepoint = transaction.atomic(using=using) if joins_callers else nullcontext()
+        with savepoint, connection.cursor() as cursor:
+            cursor.execute(query, params)
+            row = cursor.fetchone()
+        return None if row is None else Claim(row[0], 1, scope, using, committed)
+    try:
+        with transaction.atomic(using=using):
+            record = IdempotencyRecord.objects.using(using).create(
+                tenant=scope.tenant,
+                operation=scope.operation,
+                key=scope.key,
+                fingerprint=fingerprint.stored,
+                state=State.CLAIMED,
+                lease_owner=lease_owner(),
+                lease_expires_at=DatabaseLater(lease),
+                fencing_token=1,
+                created_at=DatabaseNow(),
+                updated_at=DatabaseNow(),
+                expires_at=DatabaseLater(ttl),
+            )
+    except IntegrityError:
+        return None
+    return Claim(record.pk, 1, scope, using, committed)
+
+
+def claim_or_find(
+    scope: Scope, fingerprint: Fingerprint, *, ttl: timedelta, lease: timedelta, using: str
+) -> tuple[Claim | None, IdempotencyRecord | None]:
+    """``claim()``, and when the key is taken, the record that holds it.
+
+    Two statements for a replay, one for a first execution. (A single
+    ``WITH claimed AS (INSERT ...) SELECT ...`` statement was measured: the
+    planning of the CTE cost a first execution more than it saved a replay.)
+    Both can be ``None``: the holder released the record in between.
+    """
+    connection = connections[using]
+    if connection.vendor != "postgresql" or connection.in_atomic_block:
+        held = claim(scope, fingerprint, ttl=ttl, lease=lease, using=using)
+        return held, None if held else lookup(scope, using=using)
+    # claim() and lookup() in autocommit, on one cursor: a Django cursor
+    # costs about 10 us of CPU to open, a tenth of a replay's own Python.
+    sql = statements_for(connection)
+    params = _claim_params(connection, scope, fingerprint, ttl=ttl, lease=lease)
+    # The INSERT waits when another transaction holds an uncommitted version
+    # of this scope's row: a duplicate's single_transaction or optimistic
+    # claim, or recovery deleting a released claim while its reconciler's
+    # writes wait on a lock of their own. That holder may be a worker cut
+    # off from the database: bounded like any wait on a duplicate, in the
+    # statement itself (its own transaction: the setting ends with it).
+    params = with_lock_timeout(params, idempotency_settings.IN_FLIGHT_WAIT)
+    with connection.cursor() as cursor:
+        cursor.execute(sql.claim_waiting_at_most, params)
+        claimed = cursor.fetchone()
+        if claimed is not None:
+            return Claim(claimed[0], 1, scope, using), None
+        cursor.execute(sql.find, _scope_params(scope))
+        row = cursor.fetchone()
+    return None, None if row is None else record_from_row(connection, row)
+
+
+def _scope_params(scope: Scope) -> list[str]:
+    return [scope.tenant, scope.operation, scope.key]
+
+
+def _claim_params(
+    connection: BaseDatabaseWrapper,
+    scope: Scope,
+    fingerprint: Fingerprint,
+    *,
+    ttl: timedelta,
+    lease: timedelta,
+) -> list[Any]:
+    clock = clock_of(connection)
+    return [
+        scope.tenant,
+        scope.operation,
+        scope.key,
+        fingerprint.stored,
+        State.CLAIMED.value,
+        lease_owner(),
+        *clock.later_params(connection, lease),
+        *clock.later_params(connection, ttl),
+        *clock.now_params(connection),
+        *clock.now_params(connection),
+    ]
+
+
+def take_over(
+    record: IdempotencyRecord, scope: Scope, *, lease: timedelta, using: str
+) -> Claim | None:
+    """Claim a CLAIMED record whose owner's lease ran out, by compare-and-set.
+
+    A CLAIMED owner has begun no external call, and its local work commits
+    only with its completion: if it died, that work rolled back with it; if
+    it is merely slow, its completion will find the fencing token moved on
+    and roll back too. So the record can be run again, once. A record
+    ``handed_back`` by a reconciler (``RetryFrom``) is taken at once: its
+    kept steps tell the view what not to call again.
+    """
+    token = take_over_where(
+        record,
+        Q(state=State.CLAIMED)
+        & (
+            Q(lease_expires_at__lte=DatabaseNow())
+            # Handed back (``handed_back``): the same test, in SQL.
+            | Q(lease_owner="", lease_expires_at__gte=F("expires_at"))
+        ),
+        owner=lease_owner(),
+        lease=lease,
+        using=using,
+        # A retry waits no longer on the row than on a duplicate in flight;
+        # running out is contention: 409 with Retry-After, never a 503.
+        wait_at_most=idempotency_settings.IN_FLIGHT_WAIT,
+    )
+    if token is None:
+        return None
+    if handed_back(record):
+        logger.info(
+            "Took over record %s (%s): its reconciler handed it back to the retry (RetryFrom).",
+            record.pk,
+            scope,
+        )
+    else:
+        logger.warning(
+            "Took over record %s (%s): its owner's lease ran out at %s.",
+            record.pk,
+            scope,
+            record.lease_expires_at,
+        )
+    committed = not connections[using].in_atomic_block
+    return Claim(record.pk, token, scope, using, committed, record.provider_key)
+
+
+@dataclass(frozen=True)
+class Attempt:
+    """What ``claim_or_take_over`` came to: the key won, or who holds it."""
+
+    held: Claim | None = None
+    #: When the key is not won: the record that holds it (another input's, a
+    #: live resolved one, or one in flight).
+    record: IdempotencyRecord | None = None
+    #: When neither: the state of the record last seen while the key kept
+    #: changing hands ("unknown" if it vanished each time).
+    last_seen: str = "unknown"
+
+
+def claim_or_take_over(
+    scope: Scope, fingerprint: Fingerprint, *, ttl: timedelta, lease: timedelta, using: str
+) -> Attempt:
+    """Claim the key, or take it over where that is safe; else find who holds it.
+
+    The one loop that views and tasks share. A resolved record past its
+    retention is deleted and the key claimed anew; a CLAIMED record of this
+    very input whose owner's lease ran out is taken over. Otherwise the
+    record that holds the key is returned. Neither, when the key kept
+    changing hands meanwhile, ``MAX_RECLAIMS`` times.
+    """
+    last_seen = "unknown"
+    for _ in range(1 + MAX_RECLAIMS):
+        held, record = claim_or_find(scope, fingerprint, ttl=ttl, lease=lease, using=using)
+        if held is not None:
+            return Attempt(held)
+        if record is None:
+            continue  # released between the claim and the lookup
+        last_seen = record.state
+        if past_retention(record):
+            discard_expired(record, using=using)
+            continue
+        if not abandoned(record, fingerprint):
+            return Attempt(record=record)
+        held = take_over(record, scope, lease=lease, using=using)
+        if held is not None:
+            return Attempt(held)
+    return Attempt(last_seen=last_seen)
+
+
+def past_retention(record: IdempotencyRecord) -> bool:
+    """A resolved record past retention: its key may start a new operation.
+
+    With ``TOMBSTONE_TTL`` set, only once the tombstone's time is over too:
+    a tombstone's own ``expires_at``, or, for a record the purge has not
+    turned into one yet, ``expires_at + TOMBSTONE_TTL``, so that the claim
+    and the purge agree whichever ran first. Judged at the database's time
+    of the lookup that read ``record``.
+    """
+    return record.is_resolved and _forgotten_at(record) <= _read_at(record)
+
+
+def kept_as_tombstone(record: IdempotencyRecord) -> bool:
+    """A resolved record past retention whose key is still refused (``TOMBSTONE_TTL``).
+
+    A tombstone, or a record past ``expires_at`` the purge has not turned
+    into one yet: either way its response is no longer replayed, and a
+    retry is refused as ``idempotency_key_expired``. At the lookup's time.
+    """
+    if not record.is_resolved:
+        return False
+    read_at = _read_at(record)
+    if record.tombstone:
+        return read_at < record.expires_at
+    return record.expires_at <= read_at < _forgotten_at(record)
+
+
+def _forgotten_at(record: IdempotencyRecord) -> datetime:
+    """When a resolved record's key may start anew: its tombstone's end, if it has one."""
+    ttl = idempotency_settings.TOMBSTONE_TTL
+    if record.tombstone or ttl is None:
+        # A tombstone's expires_at was moved on by the purge; one kept while
+        # TOMBSTONE_TTL was on still refuses until then once it is off.
+        return record.expires_at
+    return record.expires_at + ttl
+
+
+def abandoned(record: IdempotencyRecord, fingerprint: Fingerprint) -> bool:
+    """A claim for this very input whose owner's lease ran out (at the lookup's time).
+
+    Or one a reconciler handed back to the client's retry (``handed_back``),
+    whatever its lease.
+    """
+    return (
+        record.state == State.CLAIMED
+        and fingerprint.matches(record.fingerprint)
+        and record.lease_expires_at is not None
+        and (handed_back(record) or record.lease_expires_at <= _read_at(record))
+    )
+
+
+def handed_back(record: IdempotencyRecord) -> bool:
+    """A CLAIMED record a reconciler handed back to the client's retry (``RetryFrom``).
+
+    No lease owner, and a lease that ends with the record's retention
+    (``owner_writes.hand_back``): no other write leaves a CLAIMED record
+    so, since a live owner always names itself, for a lease far shorter
+    than the retention.
+    """
+    return (
+        record.state == State.CLAIMED
+        and record.lease_owner == ""
+        and record.lease_expires_at is not None
+        and record.lease_expires_at >= record.expires_at
+    )
+
+
+def _read_at(record: IdempotencyRecord) -> datetime:
+    """The database's time when ``lookup()`` read ``record``; this host's on a host clock."""
+    if record.read_at is not None:
+        return record.read_at
+    if clock_of(connections[record._state.db or "default"]).host:
+        return timezone.now()
+    # A record read another way carries no database time: judging it on this
+    # host's clock is exactly what must not happen.
+    raise ValueError(f"record {record.pk} was not read by store.lookup(): no database time")
+
+
+def discard_expired(record: IdempotencyRecord, *, using: str) -> bool:
+    """Delete a resolved record past its retention so its key can start anew.
+
+    With ``TOMBSTONE_TTL`` set, only past the tombstone's time too, as
+    ``past_retention()`` judges it, in the statement itself.
+    """
+    deleted = delete_where(
+        IdempotencyRecord.objects.filter(
+            pk=record.pk,
+            fencing_token=record.fencing_token,
+            state__in=RESOLVED_STATES,
+        ).filter(forgotten(idempotency_settings.TOMBSTONE_TTL)),
+        using=using,
+    )
+    return bool(deleted)
+
+
+def forgotten(tombstone_ttl: timedelta | None) -> Q:
+    """Records whose key may start anew, if resolved: past retention and any tombstone's time.
+
+    Without tombstones: past ``expires_at``. With them: a tombstone past its
+    own ``expires_at``, or any record past ``expires_at + tombstone_ttl``.
+    """
+    if tombstone_ttl is None:
+        return Q(expires_at__lte=DatabaseNow())
+    return Q(expires_at__lte=DatabaseLater(-tombstone_ttl)) | Q(
+        tombstone=True, expires_at__lte=DatabaseNow()
+    )
+
+
+def lookup(scope: Scope, *, using: str) -> IdempotencyRecord | None:
+    """The record holding ``scope``, if any: one SELECT, no lock.
+
+    The record's ``read_at`` is the database's time of that SELECT.
+    """
+    connection = connections[using]
+    with connection.cursor() as cursor:
+        cursor.execute(statements_for(connection).find, _scope_params(scope))
+        row = cursor.fetchone()
+    return None if row is None else record_from_row(connection, row)
