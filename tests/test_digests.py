@@ -217,3 +217,11 @@ def test_a_well_formed_digest_keys_setting_passes_its_check(settings: Any) -> No
     assert not [
         m for m in run_checks(tags=[Tags.compatibility]) if m.id == "django_idempotency.E021"
     ]
+
+
+def test_the_digest_salt_is_part_of_the_stored_format_and_never_changes() -> None:
+    # Every stored fingerprint and provider key is keyed with it: a new salt
+    # (a module moved, say) would make every stored record unrecognisable.
+    from django_idempotency._store import digests
+
+    assert digests._SALT == "django_idempotency.digests"

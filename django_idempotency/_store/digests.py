@@ -27,8 +27,9 @@ PROVIDER_KEY_MAX_LENGTH = 64
 #: Separates a digest's secret version from its hex digits.
 VERSION_SEPARATOR = ":"
 #: The salt that makes this package's keys its own, whatever the secret
-#: is also used for (``SECRET_KEY`` signs sessions, too).
-_SALT = "django_idempotency._store.digests"
+#: is also used for (``SECRET_KEY`` signs sessions, too). Part of every
+#: stored digest: it names where the module once lived and never changes.
+_SALT = "django_idempotency.digests"
 
 
 @dataclass(frozen=True)
