@@ -33,11 +33,13 @@ configurations: $(VENV)/.installed
 fleet: $(VENV)/.installed
 	$(VENV)/bin/python -m pytest -m fleet tests/fleet $(PYTEST_ARGS)
 
-# mypy checks the tests and the demo project as strictly as the package.
+# mypy checks the tests and the demo project as strictly as the package;
+# lint-imports checks the architecture (pyproject.toml's [tool.importlinter]).
 lint: $(VENV)/.installed
 	$(VENV)/bin/ruff check .
 	$(VENV)/bin/ruff format --check .
 	$(VENV)/bin/mypy django_idempotency tests testproject conftest.py runtests.py
+	$(VENV)/bin/lint-imports --no-cache
 
 # Every hook of .pre-commit-config.yaml (ruff, ruff-format, django-upgrade,
 # typos) on every file; the hooks' environments come from PyPI on first use.
