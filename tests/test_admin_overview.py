@@ -420,7 +420,7 @@ def test_each_records_database_has_its_counts_and_one_has_the_charts() -> None:
     assert refused.status_code == 400  # not a records database
 
 
-# Second review of issue 17: the admin overview page's figures and labels.
+# The admin overview page's figures and labels.
 
 REPO = Path(__file__).resolve().parent.parent
 # Half an hour off UTC: a local hour is never a UTC hour.
@@ -477,7 +477,7 @@ def test_the_sampled_chart_of_a_postgresql_records_database_beside_another_defau
     now = database_now("default")
     for _ in range(2):
         record(now - timedelta(hours=2), State.COMPLETED)
-    (tmp_path / "review2_settings.py").write_text(
+    (tmp_path / "overview_settings.py").write_text(
         textwrap.dedent(
             f"""
             import dj_database_url
@@ -506,7 +506,7 @@ def test_the_sampled_chart_of_a_postgresql_records_database_beside_another_defau
             **os.environ,
             "DATABASE_URL": "",  # default: SQLite
             "TEST_SQLITE_PATH": str(tmp_path / "default.sqlite3"),
-            "DJANGO_SETTINGS_MODULE": "review2_settings",
+            "DJANGO_SETTINGS_MODULE": "overview_settings",
             "PYTHONPATH": os.pathsep.join([str(tmp_path), str(REPO)]),
         },
         capture_output=True,

@@ -408,7 +408,7 @@ def test_a_census_reads_only_its_own_database() -> None:
     assert census_queries("shard_a") == census_queries("default")
 
 
-# Review of issue 17: the census gauges under Celery's default (prefork) pool.
+# The census gauges under Celery's default (prefork) pool.
 #
 # docs/observability.md: "one process takes them: the Celery task
 # observe_records ... It sets the gauges in the worker that runs it; with the
@@ -509,7 +509,7 @@ def test_a_resolved_uncertain_record_stops_showing_in_what_the_worker_exports() 
         assert max(export.get(name, 0) for export in exports) == 0, (name, exports)
 
 
-# Second review of issue 17: the OpenTelemetry gauges, now observable, with several readers.
+# The OpenTelemetry gauges are observable: every reader of the meter provider sees them.
 
 
 def test_every_reader_of_the_meter_provider_sees_the_census() -> None:

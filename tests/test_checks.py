@@ -455,7 +455,7 @@ def test_an_intents_alias_reaching_another_database_is_an_error(
     assert check("elsewhere", ["default"]) == []
 
 
-# Review of issue 15: check E036 on optimistic handlers whose own code calls out.
+# Check E036 on optimistic handlers whose own code calls out.
 #
 # This module is its own URLconf: every view here calls ``begin_external()``
 # (or its async form) in its own code, so E036 must name each one, and none
@@ -500,7 +500,7 @@ class QuietView(IdempotentMixin, APIView):
 
 
 router = SimpleRouter()
-router.register("viewset", MixinViewSet, basename="review15-viewset")
+router.register("viewset", MixinViewSet, basename="calls-out-viewset")
 
 urlpatterns = [
     path("plain", plain_django_view),

@@ -381,21 +381,20 @@ def test_every_signal_is_documented_and_no_other() -> None:
     assert documented == sent
 
 
-# Review of issue 16: the pages that list what the package sets on the server.
+# The pages that list what the package sets on the server.
 #
-# Issue 16 added two transaction-local settings: the takeover's
-# ``lock_timeout`` (store/conditional.py) and recovery's
-# ``idle_in_transaction_session_timeout`` (store/maintenance.py). The pages
-# that tell an operator what the package sets were not updated:
+# The package sets two settings transaction-locally: the takeover's
+# ``lock_timeout`` (_store/conditional.py) and recovery's
+# ``idle_in_transaction_session_timeout`` (_store/maintenance.py). The pages
+# that tell an operator what the package sets must name both:
 #
-# - (fixed) docs/pgbouncer.md says "The only setting it changes is
-#   ``lock_timeout``, for the ``single_transaction`` claim"; it does not name
-#   ``idle_in_transaction_session_timeout`` at all (a pooler or an audit that
-#   watches GUC changes meets both).
-# - (fixed) docs/settings.md's ``IN_FLIGHT_WAIT`` row names the wait mode and
-#   the single-transaction and optimistic claims, not the takeover's bound on
-#   a locked row (a retry's 409 after IN_FLIGHT_WAIT) nor recovery's
-#   idle-in-transaction bound.
+# - docs/pgbouncer.md once named ``lock_timeout`` alone, "for the
+#   ``single_transaction`` claim"; a pooler or an audit that watches GUC
+#   changes meets both.
+# - docs/settings.md's ``IN_FLIGHT_WAIT`` row once named only the wait mode
+#   and the single-transaction and optimistic claims, not the takeover's
+#   bound on a locked row (a retry's 409 after IN_FLIGHT_WAIT) nor
+#   recovery's idle-in-transaction bound.
 #
 # The settings are read from the code (every ``set_config('<name>'`` and
 # ``wait_bounds.at_most('<name>')`` in the package), not copied here.
@@ -429,14 +428,14 @@ def test_the_in_flight_wait_row_says_what_it_bounds() -> None:
     assert "recovery" in row, row
 
 
-# Review of issue 17: docs/observability.md against the issue and the code.
+# docs/observability.md against the code.
 
 
 def test_the_cost_section_gives_the_measured_cost_per_request() -> None:
     """The page ends with an empty "## Cost" heading.
 
-    Issue 17's "Done when" asks for the measured cost per request of having
-    the metrics (and spans) on, as a ratio, from the benchmarks.
+    An operator deciding whether to turn the metrics (and spans) on needs
+    their measured cost per request, as a ratio, from the benchmarks.
     """
     cost = section(page("observability.md"), "Cost")
     assert cost.strip(), "empty section"

@@ -361,7 +361,7 @@ def test_a_real_process_exits_with_the_status_a_probe_reads() -> None:
     assert "not a duration" in misused.stderr
 
 
-# Review of issue 17: ``idempotency_health``'s exit status when it cannot run at all.
+# ``idempotency_health``'s exit status when it cannot run at all.
 
 
 def test_a_records_database_that_is_not_configured_is_not_read_as_a_threshold_crossed() -> None:

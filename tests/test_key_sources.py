@@ -281,7 +281,7 @@ def test_a_views_tenant_that_returns_no_string_is_named_in_the_error() -> None:
         hook(request)
 
 
-# Review of issue 14: keys read from the body (``key="body:..."``) under hostile input.
+# Keys read from the body (``key="body:..."``) under hostile input.
 #
 # A request whose body cannot be parsed carries no readable key: it is a
 # client error (4xx), never a server error (500).

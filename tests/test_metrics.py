@@ -28,7 +28,7 @@ from tests.factories import RecordFactory
 from tests.telemetry import Readings, installed
 from tests.test_optimistic_duplicates import _commit_kills_the_session, _send
 from tests.test_store_unavailable import unreachable_store  # noqa: F401  (a fixture)
-from tests.testapp import review15_views
+from tests.testapp import optimistic_duplicate_views
 from tests.testapp.models import Charge
 from tests.utils import post
 
@@ -336,12 +336,12 @@ def test_prometheus_serves_the_same_counts_under_the_prometheus_names(
     assert 'idempotency_requests_total{operation="POST api-view/charges",outcome="replayed"' in page
 
 
-# Review of issue 17: request outcomes the metrics count wrongly.
+# Outcomes of requests answered 503.
 #
 # Every protected request is counted once, under the outcome it was
-# answered with. These answers are 503s, yet nothing names them: they fall
-# through to ``rejected``, which the docs define as refused input (no key, a
-# key too long, a body too large), or stay ``executed``.
+# answered with. These answers are 503s; they used to fall through to
+# ``rejected``, which the docs define as refused input (no key, a key too
+# long, a body too large), or stay ``executed``.
 
 OUTCOMES = (
     "executed",
@@ -403,8 +403,8 @@ def test_an_optimistic_commit_lost_is_not_counted_as_refused_input(
 @csrf_exempt
 @idempotent
 def loses_its_connection(request: HttpRequest) -> JsonResponse:
-    """The default mode's ``review15_views.loses_its_connection``."""
-    Charge.objects.create(tenant="review17", amount=1)
+    """The default mode's ``optimistic_duplicate_views.loses_its_connection``."""
+    Charge.objects.create(tenant="metrics", amount=1)
     with connection.cursor() as cursor:
         cursor.execute("SELECT pg_terminate_backend(pg_backend_pid())")
     return JsonResponse({}, status=201)
@@ -412,7 +412,7 @@ def loses_its_connection(request: HttpRequest) -> JsonResponse:
 
 urlpatterns = [
     path("default/loses-connection", loses_its_connection),
-    path("optimistic/loses-connection", review15_views.loses_its_connection),
+    path("optimistic/loses-connection", optimistic_duplicate_views.loses_its_connection),
 ]
 
 

@@ -426,7 +426,7 @@ def test_a_routed_tenants_record_is_read_from_its_shard(shards: None, alice: Tok
     assert ask("tenant-b", "a-only").status_code == 404
 
 
-# Review of issue 14: the operation status view against tombstones and handed-back records.
+# The operation status view against tombstones and handed-back records.
 #
 # The status view must tell a client what the protected request itself would
 # do with a retry: a response the replay refuses (past retention, kept as a

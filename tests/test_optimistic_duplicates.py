@@ -140,7 +140,7 @@ def test_losers_on_a_business_key_replay_under_every_isolation(isolation: str) -
 def test_get_or_create_losers_replay_under_every_isolation(isolation: str) -> None:
     """``get_or_create`` on the business key: the loser's get() may not see the winner's row."""
     body = {"amount": 1, "order": "A-1", "hold": 0.3}
-    responses = _concurrently([("/review15/get-or-create", body, "race", {}, 0.0)] * 3)
+    responses = _concurrently([("/optimistic-duplicates/get-or-create", body, "race", {}, 0.0)] * 3)
     _one_winner_the_rest_replay(responses)
     assert Order.objects.count() == 1
 
@@ -168,7 +168,7 @@ def test_deadlocked_duplicates_answer_the_winners_replay(in_flight: str) -> None
     IN_FLIGHT "wait" a duplicate is promised a wait for the outcome, too.
     """
     body = {"amount": 1, "ref": "R", "hold": 0.5}
-    url = "/review15/two-rows"
+    url = "/optimistic-duplicates/two-rows"
     with override_settings(IDEMPOTENCY={"IN_FLIGHT": in_flight}):
         responses = _concurrently(
             [(url, body, "race", {"X-First": "a"}, 0.0), (url, body, "race", {"X-First": "b"}, 0.0)]
@@ -184,7 +184,7 @@ def test_a_loser_judged_uncertain_by_its_policy_replays_the_winner() -> None:
     winner's replay, not its own 504, and the record must stay the winner's.
     """
     body = {"amount": 1, "order": "A-1", "hold": 0.5}
-    url = "/review15/uncertain"
+    url = "/optimistic-duplicates/uncertain"
     responses = _concurrently([(url, body, "race", {}, 0.0), (url, body, "race", {}, 0.1)])
     _one_winner_the_rest_replay(responses)
     assert IdempotencyRecord.objects.get().state == State.COMPLETED
@@ -192,13 +192,13 @@ def test_a_loser_judged_uncertain_by_its_policy_replays_the_winner() -> None:
 
 def test_a_loser_raising_its_own_exception_replays_the_winner() -> None:
     body = {"amount": 1, "order": "A-1", "hold": 0.3}
-    responses = _concurrently([("/review15/own-error", body, "race", {}, 0.0)] * 3)
+    responses = _concurrently([("/optimistic-duplicates/own-error", body, "race", {}, 0.0)] * 3)
     _one_winner_the_rest_replay(responses)
 
 
 def test_async_view_duplicates_replay_the_winner() -> None:
     body = {"amount": 1, "order": "A-1"}
-    responses = _concurrently([("/review15/async", body, "race", {}, 0.0)] * 3)
+    responses = _concurrently([("/optimistic-duplicates/async", body, "race", {}, 0.0)] * 3)
     _one_winner_the_rest_replay(responses)
 
 
@@ -207,9 +207,9 @@ def test_a_deploy_switching_modes_commits_once() -> None:
     body = {"amount": 1, "hold": 0.5}
     responses = _concurrently(
         [
-            ("/review15/shared-default", body, "race", {}, 0.0),
-            ("/review15/shared-optimistic", body, "race", {}, 0.1),
-            ("/review15/shared-optimistic", body, "race", {}, 0.0),
+            ("/optimistic-duplicates/shared-default", body, "race", {}, 0.0),
+            ("/optimistic-duplicates/shared-optimistic", body, "race", {}, 0.1),
+            ("/optimistic-duplicates/shared-optimistic", body, "race", {}, 0.0),
         ]
     )
     statuses = sorted(r.status_code for r in responses)
@@ -223,7 +223,7 @@ def test_a_deploy_switching_modes_commits_once() -> None:
 
 def test_a_different_key_waiting_on_a_hot_account_row_in_the_default_mode_is_served() -> None:
     """The default mode sets no lock_timeout on the view: the second transfer waits and runs."""
-    responses = _hot_account_transfers("/review15/lock-account-default")
+    responses = _hot_account_transfers("/optimistic-duplicates/lock-account-default")
     assert [r.status_code for r in responses] == [201, 201], _described(responses)
     assert Order.objects.get(number="acct").amount == 3
 
@@ -236,11 +236,13 @@ def test_a_different_key_waiting_past_in_flight_wait_is_told_to_retry() -> None:
     (docs/transactions.md, "Waiting"): 409 with Retry-After, nothing
     committed, and its retry with the same key runs.
     """
-    responses = _hot_account_transfers("/review15/lock-account")
+    responses = _hot_account_transfers("/optimistic-duplicates/lock-account")
     assert [r.status_code for r in responses] == [201, 409], _described(responses)
     assert responses[1]["Retry-After"]
     assert Order.objects.get(number="acct").amount == 1
-    retry = _send("/review15/lock-account", {"account": "acct", "amount": 2}, "second", {})
+    retry = _send(
+        "/optimistic-duplicates/lock-account", {"account": "acct", "amount": 2}, "second", {}
+    )
     assert retry.status_code == 201 and "Idempotent-Replayed" not in retry
     assert Order.objects.get(number="acct").amount == 3
 
@@ -269,7 +271,7 @@ def test_an_uncertain_deadlock_victim_does_not_take_the_key_from_the_winner() ->
     winner's INSERT then loses to a record whose work never happened.
     """
     body = {"amount": 1, "ref": "R", "hold": 0.5, "hold_after": 0.5}
-    url = "/review15/two-rows-uncertain"
+    url = "/optimistic-duplicates/two-rows-uncertain"
     responses = _concurrently(
         [(url, body, "race", {"X-First": "a"}, 0.0), (url, body, "race", {"X-First": "b"}, 0.0)]
     )
@@ -316,7 +318,7 @@ def atomic_second_alias() -> Iterator[None]:
 @pytest.mark.usefixtures("atomic_second_alias")
 def test_losers_writes_on_a_second_atomic_alias_roll_back() -> None:
     body = {"amount": 1, "hold": 0.3}
-    responses = _concurrently([("/review15/second-alias", body, "k", {}, 0)] * 3)
+    responses = _concurrently([("/optimistic-duplicates/second-alias", body, "k", {}, 0)] * 3)
     _one_winner_the_rest_replay(responses)
     assert Charge.objects.using("shard_a").count() == 1
 
@@ -348,11 +350,13 @@ def test_the_status_view_reads_an_optimistic_record(
 def test_a_session_lost_mid_view_is_503_and_leaves_nothing() -> None:
     if connection.vendor != "postgresql":
         pytest.skip("pg_terminate_backend")
-    lost = _send("/review15/loses-connection", {"amount": 1, "terminate": True}, "k", {})
+    lost = _send(
+        "/optimistic-duplicates/loses-connection", {"amount": 1, "terminate": True}, "k", {}
+    )
     connections.close_all()
     assert lost.status_code == 503, lost.content
     assert not Charge.objects.exists() and not IdempotencyRecord.objects.exists()
-    retry = _send("/review15/loses-connection", {"amount": 1}, "k", {})
+    retry = _send("/optimistic-duplicates/loses-connection", {"amount": 1}, "k", {})
     assert retry.status_code == 201 and Charge.objects.count() == 1
 
 
@@ -386,20 +390,20 @@ def _commit_kills_the_session() -> Iterator[None]:
     """A deferred constraint trigger on charges that terminates its own session at COMMIT."""
     with connection.cursor() as cursor:
         cursor.execute(
-            "CREATE FUNCTION review15_die() RETURNS trigger LANGUAGE plpgsql AS $$ "
+            "CREATE FUNCTION die_at_commit() RETURNS trigger LANGUAGE plpgsql AS $$ "
             "BEGIN PERFORM pg_terminate_backend(pg_backend_pid()); RETURN NULL; END $$"
         )
         cursor.execute(
-            "CREATE CONSTRAINT TRIGGER review15_die AFTER INSERT ON testapp_charge "
-            "DEFERRABLE INITIALLY DEFERRED FOR EACH ROW EXECUTE FUNCTION review15_die()"
+            "CREATE CONSTRAINT TRIGGER die_at_commit AFTER INSERT ON testapp_charge "
+            "DEFERRABLE INITIALLY DEFERRED FOR EACH ROW EXECUTE FUNCTION die_at_commit()"
         )
     try:
         yield
     finally:
         connections.close_all()
         with connection.cursor() as cursor:
-            cursor.execute("DROP TRIGGER IF EXISTS review15_die ON testapp_charge")
-            cursor.execute("DROP FUNCTION IF EXISTS review15_die()")
+            cursor.execute("DROP TRIGGER IF EXISTS die_at_commit ON testapp_charge")
+            cursor.execute("DROP FUNCTION IF EXISTS die_at_commit()")
 
 
 def test_a_session_lost_at_commit_is_503_and_the_retry_is_right() -> None:

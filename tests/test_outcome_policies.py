@@ -173,7 +173,7 @@ class signals_sent:
             getattr(signals, name).disconnect(receiver)
 
 
-# Review of issue 14: outcome policies on the single-transaction path.
+# Outcome policies on the single-transaction path.
 #
 # ``@idempotent(single_transaction=True, outcome=by_status({504: Verdict.UNCERTAIN}))``:
 # the claim rolls back with the view, so the record is claimed afresh and

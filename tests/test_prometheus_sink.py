@@ -1,4 +1,4 @@
-"""Review of issue 17: the Prometheus sink, in processes of their own.
+"""The Prometheus sink, in processes of their own.
 
 Each test runs a fresh Python process: ``prometheus_client``'s registry
 and the package's sink are per process, made at the first request.
@@ -97,7 +97,7 @@ def test_a_sink_that_cannot_be_made_never_fails_the_request() -> None:
     assert result.stdout.split() == ["201", "201"], result.stderr[-3000:]
 
 
-# Second review of issue 17: ``prometheus.metrics_view``, what it serves and how it says so.
+# ``prometheus.metrics_view``: what it serves and how it says so.
 
 # What Prometheus 2.x sends, and the plain text format alone.
 ACCEPT_HEADERS = ("", "text/plain;version=0.0.4;q=1,*/*;q=0.1")

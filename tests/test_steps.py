@@ -447,7 +447,7 @@ def test_only_the_default_release_keeps_a_record_with_steps() -> None:
     assert not IdempotencyRecord.objects.exists() and not IdempotencyStep.objects.exists()
 
 
-# Review of issue 14: steps in an ``async def`` view (``abegin_external(step=...)``).
+# Steps in an ``async def`` view (``abegin_external(step=...)``).
 #
 # Two steps, the first's provider id recorded, then the view fails: the record
 # is UNCERTAIN with both steps, as for a sync view; a clean run completes with
@@ -507,16 +507,15 @@ def test_an_async_view_failing_between_steps_leaves_both_steps_uncertain() -> No
     assert steps() == [("authorize", "au_1"), ("capture", "")]
 
 
-# Review of issue 14: a handed-back record (``RetryFrom``) after a retry that gave up.
+# A handed-back record (``RetryFrom``) after a retry that gave up.
 #
 # The client's retry of a handed-back record takes it over, then answers a
 # "release" status (503) before beginning any step. The owner's release keeps
-# the record (its kept steps called providers), but leaves it CLAIMED under
-# the failed retry's own lease: the client's next retry, which the 503 told
-# to come back, is refused 409 for the whole LEASE, and recovery, not the
-# client, gets it next (asking the reconciler again). The record should go
-# back to being handed back (no lease owner, lease until ``expires_at``), as
-# it was before the failed retry took it.
+# the record (its kept steps called providers) and hands it back again (no
+# lease owner, lease until ``expires_at``), as it was before the failed retry
+# took it. Left CLAIMED under the failed retry's own lease, the client's next
+# retry, which the 503 told to come back, would be refused 409 for the whole
+# LEASE, and recovery, not the client, would get it next.
 
 
 @pytest.fixture

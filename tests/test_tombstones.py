@@ -478,7 +478,7 @@ def test_none_or_a_positive_duration_is_a_tombstone_ttl(value: Any) -> None:
         assert resolved == (value if isinstance(value, timedelta) else timedelta(seconds=value))
 
 
-# Review of issue 14: the steps of a record the purge turns into a tombstone, then deletes.
+# The steps of a record the purge turns into a tombstone, then deletes.
 #
 # A tombstone keeps the scope and the fingerprint; its steps go with it when
 # the purge deletes it (ON DELETE CASCADE, a trigger on SQLite), on every

@@ -189,7 +189,7 @@ def test_a_span_processor_that_raises_never_fails_the_request(
     assert "span could not be ended" in caplog.text
 
 
-# Review of issue 17: spans that say "error" where nothing went wrong.
+# Spans must not say "error" where nothing went wrong.
 
 
 def _two_at_once(url: str, body: dict[str, Any], key: str) -> list[Any]:

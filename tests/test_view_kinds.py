@@ -170,7 +170,7 @@ def test_path_converter_values_are_input(api: APIClient) -> None:
     assert post(api, url.format(two), {"amount": 5}, "k").status_code == 422
 
 
-# Review of issue 14: the refused-input rule on every kind of protected DRF view.
+# The refused-input rule on every kind of protected DRF view.
 #
 # A ValidationError (a serializer's, or one the view raises) is not stored:
 # the corrected body runs under the same key. Checked on the two-commit and
