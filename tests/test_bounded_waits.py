@@ -241,11 +241,11 @@ def test_a_claim_waits_at_most_in_flight_wait_behind_an_uncommitted_record_of_it
     assert Charge.objects.count() == 1
 
 
-# Review of issue 16: the bounded waits of takeovers and recovery (PostgreSQL).
+# The bounded waits of takeovers and recovery outside autocommit, and their limits (PostgreSQL).
 #
-# store/conditional.py bounds a takeover's wait on a locked row with a
+# _store/conditional.py bounds a takeover's wait on a locked row with a
 # ``set_config('lock_timeout', ..., true)`` condition in the UPDATE's WHERE,
-# in autocommit only; store/maintenance.py has the server end a recovery
+# in autocommit only; _store/maintenance.py has the server end a recovery
 # transaction that idles past IN_FLIGHT_WAIT (``idle_in_transaction_session_timeout``
 # set the same way in its SELECT ... FOR UPDATE). What these tests show:
 #

@@ -1,4 +1,4 @@
-"""Review of issue 16: the takeover's bound on the other databases, and under ATOMIC_REQUESTS.
+"""The takeover's bound on the other databases, and under ATOMIC_REQUESTS.
 
 - (MariaDB, fixed) a retry whose takeover meets a row locked by a cut-off
   holder waits the server's ``innodb_lock_wait_timeout`` (50 s by default),
@@ -12,7 +12,7 @@
 - (PostgreSQL, fixed) under ``ATOMIC_REQUESTS`` an ``@api_view`` stacked on
   ``@idempotent`` without ``@transaction.non_atomic_requests`` (the W002
   warning) takes over inside the request's transaction: no bound at all.
-  The same root cause as test_review_issue16_bounded_waits.py's task in a
+  The same root cause as test_bounded_waits.py's task in a
   caller's transaction.
 """
 

@@ -20,7 +20,7 @@ uses them, in the suite's database of each pass:
   next migrate cleans up its leftover; a leftover whose table another
   session holds (as a build does) is dropped only once it lets go (a build
   still in progress in another session is waited for, not dropped:
-  tests/test_review_issue16_migrations.py);
+  test_a_build_in_progress_in_another_session_is_not_dropped_and_built_again);
 - the CREATE INDEX is not %-formatted: a name with "%" is added on every database;
 - on MariaDB: rows are inserted while the online build runs.
 
@@ -196,7 +196,8 @@ def test_the_operations_are_written_and_read_back_by_djangos_migration_writer() 
     # Never merged with each other by squashmigrations (nor with anything
     # else: reduce() is False for every operation). That they are not folded
     # into a CreateModel before them is CreateModel.reduce()'s side:
-    # tests/test_review_issue16_migrations.py squashes one for real.
+    # test_squashing_never_folds_a_vendor_restricted_index_into_create_model
+    # squashes one for real.
     assert brin.reduce(removal, APP) is False
     assert removal.reduce(brin, APP) is False
 
@@ -374,7 +375,7 @@ def test_two_builds_begun_at_the_same_instant_leave_the_index_to_the_next_migrat
     "deadlock detected". Documented (docs/upgrading.md): run migrate again,
     which keeps a valid index, or drops an invalid leftover and builds it.
     (A run that finds the other's build already under way waits for it
-    instead: tests/test_review_issue16_migrations.py.)
+    instead: test_a_build_in_progress_in_another_session_is_not_dropped_and_built_again.)
     """
     other = connections.create_connection("default")
     results: list[BaseException | None] = []
@@ -536,13 +537,14 @@ def test_on_mariadb_rows_are_inserted_while_the_index_is_built() -> None:
                 cursor.execute(f"DROP INDEX {UPDATED.name} ON {TABLE}")
 
 
-# Review of issue 16: the non-blocking index operations and migration 0007.
+# The non-blocking index operations and migration 0007 under squashing,
+# concurrent builds, old snapshots and routers.
 #
 # What these tests show (django_idempotency/migration_operations.py,
-# migrations/0007_add_created_at_brin_index.py). Written failing where marked
-# "was FAILING"; the package was fixed after the review, and they pass now.
+# migrations/0007_add_created_at_brin_index.py); "was failing" marks a
+# behaviour that was wrong before the package was fixed.
 #
-# - was FAILING, fixed (the operations subclass ``IndexOperation``, not
+# - was failing, fixed (the operations subclass ``IndexOperation``, not
 #   ``AddIndex``/``RemoveIndex``): ``squashmigrations`` folds an
 #   ``AddIndexWithoutBlocking`` into the ``CreateModel`` right before it.
 #   ``AddIndexWithoutBlocking.reduce()`` returning False only stops the
@@ -550,11 +552,10 @@ def test_on_mariadb_rows_are_inserted_while_the_index_is_built() -> None:
 #   also asks the earlier ``CreateModel.reduce(AddIndex...)``, which takes any
 #   ``AddIndex`` subclass into ``Meta.indexes``: the index loses its
 #   ``vendors`` (every database is asked to build it).
-#   tests/test_migration_operations.py's writer test asserts
-#   ``brin.reduce(removal) is False`` as the proof that this never happens: it
+#   The writer test above asserts ``brin.reduce(removal) is False``, which
 #   tests the other direction. (The package's own 0001..0007 are spared today
 #   only by RunPython operations in between: a passing test.)
-# - was FAILING, fixed (``pg_stat_progress_create_index`` consulted, the build
+# - was failing, fixed (``pg_stat_progress_create_index`` consulted, the build
 #   waited for) (PostgreSQL): a concurrent build still IN PROGRESS in another
 #   session (a second ``migrate`` started by another pod of the same deploy)
 #   looks exactly like a failed build's leftover in ``pg_index``
@@ -566,7 +567,7 @@ def test_on_mariadb_rows_are_inserted_while_the_index_is_built() -> None:
 #   docs/upgrading.md said it "takes longer", not that an idle-in-transaction
 #   session (a worker cut off mid-transaction) holds it until the server ends
 #   that session, nor how to bound it (it says so now; the bound, a
-#   ``lock_timeout``, is tested in tests/test_migration_operations.py).
+#   ``lock_timeout``, is tested above).
 # - passes: a router that keeps the app's records off an alias keeps 0007 off
 #   it too, and the migration is still recorded there.
 
@@ -768,7 +769,7 @@ def test_0007_waits_without_bound_for_a_session_holding_an_old_snapshot(at_0006:
     """Behaviour to document: ``migrate`` waits as long as the oldest snapshot lives.
 
     An idle-in-transaction session (a worker cut off from the database in
-    the middle of a transaction, issue 16's partition) keeps it until the
+    the middle of a transaction by a network partition) keeps it until the
     server ends the session: TCP keepalive, ``idle_in_transaction_session_timeout``.
     """
     with _OldSnapshot() as snapshot:

@@ -1,4 +1,4 @@
-"""Review of issue 15's optimistic mode: concurrent duplicates, each on its own connection.
+"""The optimistic mode's concurrent duplicates, each on its own connection.
 
 The promise (SPEC "Contract additions", docs/transactions.md "Optimistic
 mode"): concurrent duplicates may each run the view body; exactly one
@@ -280,7 +280,7 @@ def test_an_uncertain_deadlock_victim_does_not_take_the_key_from_the_winner() ->
     assert 201 in [r.status_code for r in responses], _described(responses)
 
 
-# Review of issue 15's optimistic mode: signals, a second database, sealing, a lost session.
+# The optimistic mode's signals, a second database, sealing, a lost session.
 #
 # Each test asserts what docs/transactions.md "Optimistic mode" promises; a
 # failure is a finding.
