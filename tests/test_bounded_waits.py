@@ -321,7 +321,7 @@ def _in_a_thread(target: Any) -> tuple[threading.Thread, list[Any]]:
 def test_a_task_called_inside_a_transaction_waits_at_most_in_flight_wait(
     short_wait: None,
 ) -> None:
-    """Found by the review (fixed):
+    """Was failing, now fixed:
 
     inside the caller's transaction the takeover waits on the row for ever.
 
@@ -379,7 +379,7 @@ def autocommit_off() -> Iterator[None]:
 def test_the_takeovers_lock_timeout_ends_with_its_statement_when_autocommit_is_off(
     short_wait: None, autocommit_off: None
 ) -> None:
-    """Found by the review (fixed):
+    """Was failing, now fixed:
 
     ``in_atomic_block`` is False, yet the UPDATE runs in an open transaction."""
     default = _show("lock_timeout")
@@ -409,7 +409,7 @@ def _take_over(record: IdempotencyRecord) -> int | None:
 def test_recovery_leaves_no_idle_timeout_in_a_transaction_it_did_not_open(
     short_wait: None, autocommit_off: None, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    """Found by the review (fixed):
+    """Was failing, now fixed:
 
     with autocommit off, recovery's idle timeout stays for the caller's transaction.
 
@@ -515,7 +515,7 @@ def test_a_takeover_inside_a_transaction_leaves_the_callers_lock_timeout_alone(
 def test_recovery_never_loosens_a_stricter_idle_timeout_the_operator_set(
     settings: Any, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    """Found by the review (fixed):
+    """Was failing, now fixed:
 
     recovery's transaction-local value replaces the operator's, even a stricter one.
 

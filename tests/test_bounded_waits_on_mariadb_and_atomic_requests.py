@@ -115,7 +115,7 @@ def test_under_atomic_requests_an_exempt_view_still_waits_at_most_in_flight_wait
 def test_under_atomic_requests_an_api_view_waits_at_most_in_flight_wait(
     api: APIClient, short_wait: None, atomic_requests: None
 ) -> None:
-    """Found by the review (fixed):
+    """Was failing, now fixed:
 
     ``@api_view`` over ``@idempotent`` (W002) runs the takeover in the request's
     transaction, where conditional.py leaves the bound out: the retry hangs behind the

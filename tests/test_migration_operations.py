@@ -717,8 +717,8 @@ def test_a_build_in_progress_in_another_session_is_not_dropped_and_built_again(
 
     The first build waits for an old snapshot, its index INVALID meanwhile.
     The second run must not take it for a failed build's leftover: at the
-    review it did, waits on the first build's table lock, then drops the index the
-    first build just finished and builds it again (on a large table: the
+    once it did: waited on the first build's table lock, then dropped the index the
+    first build had just finished and built it again (on a large table: the
     whole build twice, and no index between the two).
     """
     with _OldSnapshot() as snapshot:

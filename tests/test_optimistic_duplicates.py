@@ -231,7 +231,7 @@ def test_a_different_key_waiting_on_a_hot_account_row_in_the_default_mode_is_ser
 def test_a_different_key_waiting_past_in_flight_wait_is_told_to_retry() -> None:
     """Optimistic mode: the transaction-local lock_timeout (IN_FLIGHT_WAIT) bounds every wait.
 
-    Found by the review: a request that is no duplicate, waiting on a hot row
+    Easy to miss: a request that is no duplicate, waiting on a hot row
     longer than IN_FLIGHT_WAIT, is cut too. The documented answer
     (docs/transactions.md, "Waiting"): 409 with Retry-After, nothing
     committed, and its retry with the same key runs.

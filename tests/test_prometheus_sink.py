@@ -127,7 +127,7 @@ def test_under_the_multiprocess_directory_the_page_is_what_the_docs_say(
     """With ``PROMETHEUS_MULTIPROC_DIR`` the view serves the metrics of every
     process (the project's own counter too) and no custom collector, which
     ``prometheus_client`` cannot add up across processes: the view's docstring
-    and docs/observability.md say so (the first review's wording promised
+    and docs/observability.md say so (an earlier wording promised
     "whatever else the project registered").
     """
     from django_idempotency.prometheus import metrics_view

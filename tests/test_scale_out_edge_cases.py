@@ -333,7 +333,7 @@ class ReadsAreForbiddenRouter:
 
 
 def test_no_record_read_is_left_to_db_for_read(operator: Client) -> None:
-    """Holds on the code under review: the store, admin, recovery, purge pin their alias."""
+    """Held before the fixes too: the store, admin, recovery, purge pin their alias."""
     ReadsAreForbiddenRouter.reads.clear()
     key = str(uuid.uuid4())
     stuck = RecordFactory.create(
