@@ -716,10 +716,10 @@ def test_a_build_in_progress_in_another_session_is_not_dropped_and_built_again(
     """Two ``migrate`` runs at once (two pods of one deploy): the index is built once.
 
     The first build waits for an old snapshot, its index INVALID meanwhile.
-    The second run must not take it for a failed build's leftover: at the
-    once it did: waited on the first build's table lock, then dropped the index the
-    first build had just finished and built it again (on a large table: the
-    whole build twice, and no index between the two).
+    The second run must not take it for a failed build's leftover. Once it
+    did: it waited on the first build's table lock, then dropped the index
+    the first build had just finished and built it again (on a large table:
+    the whole build twice, and no index between the two).
     """
     with _OldSnapshot() as snapshot:
         first, first_done = _in_a_thread(lambda: _migrate_to(AFTER))
