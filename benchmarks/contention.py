@@ -3,7 +3,7 @@
 
     .venv/bin/python benchmarks/contention.py [--keys 10] [--duplicates 50] [--work 0.05]
 
-Issue 15, item 4. In the default (two-commit) mode the first request claims
+In the default (two-commit) mode the first request claims
 the key and runs the view once; the duplicates that arrive meanwhile are
 answered 409 at once (``IN_FLIGHT = "conflict"``, the default) and replay
 once it is done. In the optimistic mode (``@idempotent(optimistic=True)``)

@@ -16,7 +16,7 @@
    ``benchapp_payment``; see benchapp/views.py):
 
    * ``no write``: the unprotected view without its INSERT (no database): the
-     framework's fixed cost (issue 15, item 6);
+     framework's fixed cost;
    * ``unprotected``: the bare DRF view;
    * ``protected``: the same view under ``@idempotent`` (claim first, two
      commits), a new key per request (first executions);
@@ -27,7 +27,7 @@
    * ``floor`` and ``floor replay``: a minimal correct idempotency in raw SQL,
      claim first, two commits;
    * ``floor lookup-first`` and its replay: the same floor looking the key up
-     before claiming (issue 15, item 2: which order wins each case);
+     before claiming (which order wins each case);
    * ``floor optimistic`` and its replay: the optimistic design by hand, its
      ceiling;
    * with ``--single-transaction`` also ``single transaction``
@@ -44,7 +44,7 @@
    over the rounds), the ratios against the unprotected endpoint, the floor
    and the endpoint's own hand-written design (medians of the per-round
    ratios), the statements per request, the view's own cost, the order that
-   wins, and issue 15's target table with this run's figures;
+   wins, and the target table with this run's figures;
 6. checks what it measured: no error or non-2xx answer, every first execution
    wrote one row, no replay (and no ``no write`` request) wrote any;
 7. stops gunicorn and drops the database.
@@ -148,7 +148,7 @@ CEILING_OF = {
     SINGLE.name: FLOOR_SINGLE,
 }
 
-#: (what, endpoint, reference, target ratio of requests/s) from issue 15.
+#: (what, endpoint, reference, target ratio of requests/s) the optimistic mode was built to meet.
 TARGETS = (
     ("optimistic first execution vs the two-commit floor", OPTIMISTIC, FLOOR, 1.10),
     ("optimistic first execution vs unprotected", OPTIMISTIC, UNPROTECTED, 0.70),
@@ -499,7 +499,7 @@ def report(
 
 
 def report_view_cost(results: Results, measured: tuple[Endpoint, ...]) -> dict[str, float]:
-    """Issue 15 item 6: the framework's fixed cost against the business write's."""
+    """The framework's fixed cost against the business write's."""
     if NO_WRITE not in measured:
         return {}
     bare = median([run.requests_per_s for run in results.of(NO_WRITE)])
@@ -507,7 +507,7 @@ def report_view_cost(results: Results, measured: tuple[Endpoint, ...]) -> dict[s
     share = 1 - (results.ratio(UNPROTECTED, NO_WRITE) or 0.0)
     added_ms = 1000 / with_write - 1000 / bare
     print()
-    print("the benchmark view's own cost (issue 15, item 6):")
+    print("the benchmark view's own cost:")
     for endpoint, what in (
         (NO_WRITE, "the DRF view, no database"),
         (UNPROTECTED, "the same and its INSERT (autocommit)"),
@@ -529,7 +529,7 @@ def report_view_cost(results: Results, measured: tuple[Endpoint, ...]) -> dict[s
 
 
 def report_order(results: Results, measured: tuple[Endpoint, ...]) -> dict[str, float]:
-    """Issue 15 item 2: claim first or look the key up first, in the hand-written floor."""
+    """Claim first or look the key up first, in the hand-written floor."""
     pairs = (
         ("first executions", FLOOR_LOOKUP, FLOOR),
         ("replays", FLOOR_LOOKUP_REPLAY, FLOOR_REPLAY),
@@ -546,7 +546,7 @@ def report_order(results: Results, measured: tuple[Endpoint, ...]) -> dict[str, 
         lines.append(f"  {what:<17} lookup first / claim first = {ratio:.2f}x  -> {winner} wins")
     if lines:
         print()
-        print("claim first or look the key up first (issue 15, item 2; the two-commit floor):")
+        print("claim first or look the key up first (the two-commit floor):")
         print("\n".join(lines))
     return found
 
@@ -592,7 +592,7 @@ def report_targets(
         )
     if rows:
         print()
-        print("issue 15 targets, this run (ratios: medians of the per-round req/s ratios):")
+        print("targets, this run (ratios: medians of the per-round req/s ratios):")
         print()
         print("| what | this run | target | |")
         print("|---|---|---|---|")

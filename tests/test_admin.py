@@ -533,7 +533,7 @@ def test_no_hand_made_url_is_a_server_error(path: str) -> None:
     assert superuser().get(CHANGELIST + path, follow=True).status_code < 500
 
 
-# --- What a new user tripped on (issue 12) ---------------------------------------
+# --- What a new user tripped on ---------------------------------------------------
 
 
 def test_release_applied_without_the_tick_says_so_and_releases_nothing() -> None:

@@ -15,18 +15,22 @@ from __future__ import annotations
 
 import threading
 import time
+from collections.abc import Iterator
 from datetime import timedelta
 from typing import Any
 
 import pytest
-from django.db import DatabaseError, connection, connections
+from django.db import DatabaseError, OperationalError, connection, connections, transaction
+from django.db.models import Q
 from django.utils import timezone
 from rest_framework.test import APIClient
 
+from django_idempotency import recovery
 from django_idempotency._store import maintenance
 from django_idempotency._store.conditional import take_over_where
+from django_idempotency._store.errors import is_contention
 from django_idempotency.models import IdempotencyRecord
-from django_idempotency.recovery import recover_stale_records
+from django_idempotency.recovery import Completed, recover_stale_records
 from django_idempotency.tasks import TaskInProgress, idempotent_task
 from tests.factories import RecordFactory
 from tests.sessions import key_held_by_an_open_transaction, row_locked_by_an_open_transaction
@@ -235,3 +239,312 @@ def test_a_claim_waits_at_most_in_flight_wait_behind_an_uncommitted_record_of_it
     # The holder gone (rolled back), the retry runs.
     assert post(api, URL, {"amount": 1}, "k").status_code == 201
     assert Charge.objects.count() == 1
+
+
+# The bounded waits of takeovers and recovery outside autocommit, and their limits (PostgreSQL).
+#
+# _store/conditional.py bounds a takeover's wait on a locked row with a
+# ``set_config('lock_timeout', ..., true)`` condition in the UPDATE's WHERE,
+# in autocommit only; _store/maintenance.py has the server end a recovery
+# transaction that idles past IN_FLIGHT_WAIT (``idle_in_transaction_session_timeout``
+# set the same way in its SELECT ... FOR UPDATE). What these tests show:
+#
+# - (fixed) a task (``idempotent_task``) called inside a transaction of the
+#   caller's own (a task body run eagerly from a view's ``atomic``, a test's
+#   TestCase, a wrapper that opens one) waits on a cut-off holder's row lock
+#   without any bound: the bound is skipped whenever ``in_atomic_block``.
+# - (fixed) with Django's transaction management off (``AUTOCOMMIT: False``
+#   in DATABASES, or ``transaction.set_autocommit(False)``) ``in_atomic_block``
+#   is False while a transaction is open: the takeover's ``lock_timeout`` then
+#   outlives its statement, and recovery's
+#   ``idle_in_transaction_session_timeout`` stays in force for the rest of the
+#   caller's transaction (the server ends the session when the caller next
+#   idles past IN_FLIGHT_WAIT). The checks should be
+#   ``connection.get_autocommit() and not connection.in_atomic_block``.
+# - (fixed) recovery replaces an operator's stricter
+#   ``idle_in_transaction_session_timeout`` with IN_FLIGHT_WAIT for its
+#   transaction (the smaller of the two would keep both promises).
+# - passes: the bound holds with server-side binding and prepared statements
+#   (``server_side_binding`` and ``prepare_threshold=0`` in OPTIONS: a
+#   generic plan still evaluates the volatile ``set_config`` on each row
+#   before locking it).
+# - passes: a healthy recovery whose reconciler is slower than IN_FLIGHT_WAIT
+#   is not ended by the server: the reconciler runs after the takeover's
+#   transaction committed, so the idle timeout is gone by then; and nothing
+#   of either setting is left on the connection afterwards.
+
+#: Bound on a wait that should end within IN_FLIGHT_WAIT (0.5 s): only a hang gets near it.
+#: How long a wait must last to count as unbounded here: 40 times IN_FLIGHT_WAIT.
+STUCK = 20.0
+
+
+@pytest.fixture
+def short_wait(settings: Any) -> None:
+    settings.IDEMPOTENCY = {**getattr(settings, "IDEMPOTENCY", {}), "IN_FLIGHT_WAIT": 0.5}
+
+
+def _show(name: str) -> str:
+    with connection.cursor() as cursor:
+        cursor.execute(f"SHOW {name}")
+        return str(cursor.fetchone()[0])
+
+
+def _abandoned(operation: str = "task:review", state: str = State.CLAIMED) -> IdempotencyRecord:
+    record: IdempotencyRecord = RecordFactory.create(
+        operation=operation,
+        state=state,
+        lease_owner="cut-off-worker:1:1",
+        lease_expires_at=timezone.now() - timedelta(seconds=1),
+    )
+    return record
+
+
+def _in_a_thread(target: Any) -> tuple[threading.Thread, list[Any]]:
+    outcome: list[Any] = []
+
+    def run() -> None:
+        try:
+            outcome.append(target())
+        except BaseException as exc:  # read by the test
+            outcome.append(exc)
+        finally:
+            connections.close_all()
+
+    thread = threading.Thread(target=run, daemon=True)
+    thread.start()
+    return thread, outcome
+
+
+# -- A caller's transaction -----------------------------------------------------------------
+
+
+def test_a_task_called_inside_a_transaction_waits_at_most_in_flight_wait(
+    short_wait: None,
+) -> None:
+    """Was failing, now fixed:
+
+    inside the caller's transaction the takeover waits on the row for ever.
+
+    conditional.py:58-60 leaves the bound out ``in_atomic_block`` ("the
+    setting would outlive the statement"): so a redelivered task run inside
+    a transaction hangs behind a cut-off holder until the server drops that
+    holder's session (TCP keepalive: minutes to hours). A savepoint around
+    the UPDATE, with ``lock_timeout`` set for it and put back after (or a
+    ``SET LOCAL`` restored with ``set_config(..., <previous>, true)``), would
+    bound it there too.
+    """
+    runs: list[str] = []
+
+    @idempotent_task(key=lambda event_id: event_id)
+    def settle(event_id: str) -> str:
+        runs.append(event_id)
+        return event_id
+
+    assert settle("evt-1") == "evt-1"
+    IdempotencyRecord.objects.update(
+        state=State.CLAIMED,
+        lease_owner="cut-off-worker:1:1",
+        lease_expires_at=timezone.now() - timedelta(seconds=1),
+    )
+    record = IdempotencyRecord.objects.get()
+
+    def redeliver_in_a_transaction() -> str:
+        with transaction.atomic():
+            return settle("evt-1")
+
+    with row_locked_by_an_open_transaction(record.pk):
+        thread, outcome = _in_a_thread(redeliver_in_a_transaction)
+        thread.join(STUCK)
+        stuck = thread.is_alive()
+    thread.join(HANG)  # the lock gone: it goes on
+
+    assert not stuck, f"the task still waited on the locked row after {STUCK} s"
+    assert isinstance(outcome[0], TaskInProgress)
+
+
+# -- Transaction management off ---------------------------------------------------------------
+
+
+@pytest.fixture
+def autocommit_off() -> Iterator[None]:
+    """As Django's ``AUTOCOMMIT: False``: a transaction opens with the first statement."""
+    transaction.set_autocommit(False)
+    try:
+        yield
+    finally:
+        connection.rollback()
+        transaction.set_autocommit(True)
+
+
+def test_the_takeovers_lock_timeout_ends_with_its_statement_when_autocommit_is_off(
+    short_wait: None, autocommit_off: None
+) -> None:
+    """Was failing, now fixed:
+
+    ``in_atomic_block`` is False, yet the UPDATE runs in an open transaction."""
+    default = _show("lock_timeout")
+    record = _abandoned()
+
+    token = _take_over(record)
+
+    assert token == 2
+    assert _show("lock_timeout") == default, (
+        "the takeover's lock_timeout outlived its statement: every later lock wait of the "
+        "caller's transaction now fails after IN_FLIGHT_WAIT"
+    )
+
+
+def _take_over(record: IdempotencyRecord) -> int | None:
+    """A request's takeover (claims.py take_over) of ``record``, its condition cut short."""
+    return take_over_where(
+        record,
+        Q(state=State.CLAIMED),
+        owner="retry:1:1",
+        lease=timedelta(seconds=30),
+        using="default",
+        wait_at_most=timedelta(seconds=0.5),
+    )
+
+
+def test_recovery_leaves_no_idle_timeout_in_a_transaction_it_did_not_open(
+    short_wait: None, autocommit_off: None, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Was failing, now fixed:
+
+    with autocommit off, recovery's idle timeout stays for the caller's transaction.
+
+    ``transaction.atomic`` does not commit when autocommit is off, so the
+    takeover's transaction is the caller's, and so is the setting: the
+    caller's next pause longer than IN_FLIGHT_WAIT (at least 1 s) before
+    its commit ends the session on the server.
+    """
+    default = _show("idle_in_transaction_session_timeout")
+    _abandoned("op:recovered", State.UNCERTAIN)
+    monkeypatch.setitem(
+        recovery._reconcilers, "op:recovered", lambda record: Completed(status=200, body={})
+    )
+
+    recover_stale_records()
+
+    assert _show("idle_in_transaction_session_timeout") == default
+
+
+# -- What holds -------------------------------------------------------------------------------
+
+
+@pytest.fixture
+def prepared_statements() -> Iterator[None]:
+    """The records' alias with server-side binding, every statement prepared, generic plans."""
+    options = connections.settings["default"].setdefault("OPTIONS", {})
+    before = dict(options)
+    connections.close_all()
+    options.update(
+        server_side_binding=True,
+        prepare_threshold=0,
+        # The generic plan from the first execution on (not after five custom ones).
+        options="-c plan_cache_mode=force_generic_plan",
+    )
+    try:
+        yield
+    finally:
+        options.clear()
+        options.update(before)
+        connections.close_all()
+
+
+def test_the_bound_holds_with_server_side_binding_and_prepared_statements(
+    short_wait: None, prepared_statements: None
+) -> None:
+    assert connection.settings_dict["OPTIONS"].get("server_side_binding") is True
+    record = _abandoned()
+    # A few takeovers first (each of a fresh record), so that the statement
+    # is prepared and may run with a generic plan when it matters.
+    for _ in range(6):
+        other = _abandoned(f"op:{time.monotonic_ns()}")
+        assert _take_over(other) == 2
+    with connection.cursor() as cursor:
+        cursor.execute(
+            "SELECT count(*) FROM pg_prepared_statements WHERE statement ILIKE %s",
+            ["UPDATE%set_config('lock_timeout'%"],
+        )
+        assert cursor.fetchone()[0] >= 1  # the takeover is a prepared statement indeed
+    assert _show("plan_cache_mode") == "force_generic_plan"
+
+    with row_locked_by_an_open_transaction(record.pk):
+        thread, outcome = _in_a_thread(lambda: _take_over(record))
+        thread.join(HANG)
+        assert not thread.is_alive(), "the prepared takeover waited without bound"
+
+    assert isinstance(outcome[0], OperationalError) and is_contention(outcome[0])
+    record.refresh_from_db()
+    assert record.fencing_token == 1
+
+
+def test_a_reconciler_slower_than_in_flight_wait_is_not_ended_by_the_server(
+    short_wait: None, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The idle timeout lasts only for the takeover's own transaction, not the reconciler's."""
+    default = _show("idle_in_transaction_session_timeout")
+    _abandoned("op:slow-reconciler", State.UNCERTAIN)
+
+    def slow(record: IdempotencyRecord) -> Completed:
+        time.sleep(2.5)  # idle in its transaction past the 1 s the takeover set
+        return Completed(status=200, body={"settled": True})
+
+    monkeypatch.setitem(recovery._reconcilers, "op:slow-reconciler", slow)
+
+    report = recover_stale_records()
+
+    assert report.completed == 1
+    record = IdempotencyRecord.objects.get(operation="op:slow-reconciler")
+    assert record.state == State.COMPLETED
+    assert _show("idle_in_transaction_session_timeout") == default
+    assert _show("lock_timeout") == "0"
+
+
+def test_a_takeover_inside_a_transaction_leaves_the_callers_lock_timeout_alone(
+    short_wait: None,
+) -> None:
+    record = _abandoned()
+    with transaction.atomic():
+        before = _show("lock_timeout")
+        assert _take_over(record) == 2
+        assert _show("lock_timeout") == before
+
+
+def test_recovery_never_loosens_a_stricter_idle_timeout_the_operator_set(
+    settings: Any, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Was failing, now fixed:
+
+    recovery's transaction-local value replaces the operator's, even a stricter one.
+
+    An operator who set ``idle_in_transaction_session_timeout = 2s`` (ALTER
+    ROLE, postgresql.conf, OPTIONS) gets IN_FLIGHT_WAIT (here 60 s) in
+    recovery's transaction instead: maintenance.py sets the value without
+    looking at the one in force. The smaller of the two (0 meaning none)
+    would keep the promise of both. (The takeover's ``lock_timeout`` in
+    conditional.py replaces a stricter session ``lock_timeout`` the same way.)
+    """
+    settings.IDEMPOTENCY = {**getattr(settings, "IDEMPOTENCY", {}), "IN_FLIGHT_WAIT": 60}
+    with connection.cursor() as cursor:
+        cursor.execute("SET idle_in_transaction_session_timeout = '2s'")
+    _abandoned("op:strict-operator", State.UNCERTAIN)
+    monkeypatch.setitem(
+        recovery._reconcilers, "op:strict-operator", lambda record: Completed(status=200, body={})
+    )
+    in_force: list[str] = []
+    original = take_over_where
+
+    def noting_the_setting(*args: Any, **kwargs: Any) -> Any:
+        in_force.append(_show("idle_in_transaction_session_timeout"))  # between SELECT and UPDATE
+        return original(*args, **kwargs)
+
+    monkeypatch.setattr(maintenance, "take_over_where", noting_the_setting)
+    try:
+        recover_stale_records()
+    finally:
+        with connection.cursor() as cursor:
+            cursor.execute("RESET idle_in_transaction_session_timeout")
+
+    assert in_force == ["2s"], f"in force while the row was locked: {in_force}"

@@ -10,6 +10,12 @@ figures checked against the records really there.
 from __future__ import annotations
 
 import contextlib
+import json
+import os
+import subprocess
+import sys
+import textwrap
+import time
 from collections.abc import Iterator
 from datetime import timedelta
 from typing import Any
@@ -19,12 +25,19 @@ import pytest
 from django.db import connection, connections
 from django.test.utils import CaptureQueriesContext
 from django.utils import timezone
+from opentelemetry.sdk.metrics import MeterProvider
+from opentelemetry.sdk.metrics.export import InMemoryMetricReader
 
 from django_idempotency import census, purge, recovery
+from django_idempotency._observability.opentelemetry import OpenTelemetrySink
 from django_idempotency._store.database_time import DatabaseLater, uses_host_clock
 from django_idempotency.census import take_census
+from django_idempotency.metrics import INSTRUMENTS
 from django_idempotency.models import IdempotencyRecord
 from tests.factories import RecordFactory
+from tests.telemetry import Readings
+from tests.test_health_command import aged, make
+from tests.utils import REPO, database_url
 
 pytestmark = pytest.mark.django_db(transaction=True)
 State = IdempotencyRecord.State
@@ -393,3 +406,132 @@ def test_a_census_reads_only_its_own_database() -> None:
     assert shard.database == "shard_a"
     assert on_default.captured_queries == []
     assert census_queries("shard_a") == census_queries("default")
+
+
+# The census gauges under Celery's default (prefork) pool.
+#
+# docs/observability.md: "one process takes them: the Celery task
+# observe_records ... It sets the gauges in the worker that runs it; with the
+# OpenTelemetry sink, that worker's SDK exports them." Celery's default pool
+# is prefork: each run of the task lands in one of several child processes,
+# and each child's SDK keeps exporting the last values that child set (a
+# synchronous gauge, cumulative temporality: the last value is kept). The
+# alert rules read the gauges with ``max by (database)``.
+
+#: A worker child: runs observe_records when told to, reports what its SDK exports.
+CHILD = textwrap.dedent(
+    """
+    import json, sys
+    import django
+    django.setup()
+    from opentelemetry import metrics
+    from opentelemetry.sdk.metrics import MeterProvider
+    from opentelemetry.sdk.metrics.export import InMemoryMetricReader
+    from django_idempotency._observability import opentelemetry as metrics_opentelemetry
+    from django_idempotency.tasks import observe_records
+    metrics_opentelemetry.CENSUS_REPORTED_FOR = 1.0  # 150 s in production
+    reader = InMemoryMetricReader()
+    metrics.set_meter_provider(MeterProvider(metric_readers=[reader]))
+
+    def exported():
+        found = {}
+        data = reader.get_metrics_data()
+        for resource in data.resource_metrics if data else ():
+            for scope in resource.scope_metrics:
+                for metric in scope.metrics:
+                    for point in metric.data.data_points:
+                        labels = dict(point.attributes)
+                        if labels.get("state") == "UNCERTAIN":
+                            found[metric.name] = point.value
+        return found
+
+    for line in sys.stdin:
+        if line.strip() == "census":
+            observe_records.run()
+        print(json.dumps(exported()), flush=True)
+    """
+)
+
+
+class Child:
+    def __init__(self) -> None:
+        self.process = subprocess.Popen(
+            [sys.executable, "-c", CHILD],
+            cwd=REPO,
+            env={
+                **os.environ,
+                "DATABASE_URL": database_url(),
+                "DJANGO_SETTINGS_MODULE": "tests.settings",
+                "PYTHONPATH": os.pathsep.join([str(REPO), os.environ.get("PYTHONPATH", "")]),
+            },
+            stdin=subprocess.PIPE,
+            stdout=subprocess.PIPE,
+            text=True,
+        )
+
+    def ask(self, what: str) -> dict[str, float]:
+        assert self.process.stdin is not None and self.process.stdout is not None
+        self.process.stdin.write(what + "\n")
+        self.process.stdin.flush()
+        line = self.process.stdout.readline()
+        assert line, "the child process died"
+        return dict(json.loads(line))
+
+    def close(self) -> None:
+        with self.process:  # closes the pipes, then waits for the process
+            assert self.process.stdin is not None
+            self.process.stdin.close()
+
+
+def test_a_resolved_uncertain_record_stops_showing_in_what_the_worker_exports() -> None:
+    """Child A's census saw an UNCERTAIN record 20 minutes old; an operator resolved
+    it; child B's census (the next minute) saw none. What the workers export,
+    read as the alerts read it (``max by (database)``), must be the latest
+    census: it is A's stale one, which A keeps exporting until the task
+    happens to land on A again, so ``IdempotencyUncertainRecordsOld`` keeps
+    firing for a record that is gone. (Fixed: a process reports its census
+    for ``CENSUS_REPORTED_FOR`` only, shortened here.)
+    """
+    stuck = aged(make(State.UNCERTAIN), created_at=timedelta(minutes=20))
+    first, second = Child(), Child()
+    try:
+        assert first.ask("census")["idempotency.records"] == 1
+        IdempotencyRecord.objects.filter(pk=stuck.pk).update(state=State.FAILED)
+        assert second.ask("census")["idempotency.records"] == 0
+
+        time.sleep(1.2)  # A's census is past CENSUS_REPORTED_FOR; B takes the next one
+        exports = [first.ask("collect"), second.ask("census")]
+    finally:
+        first.close()
+        second.close()
+
+    for name in ("idempotency.records", "idempotency.oldest_unresolved.age"):
+        assert max(export.get(name, 0) for export in exports) == 0, (name, exports)
+
+
+# The OpenTelemetry gauges are observable: every reader of the meter provider sees them.
+
+
+def test_every_reader_of_the_meter_provider_sees_the_census() -> None:
+    """A project exporting to two places (OTLP and Prometheus, OTLP and the console).
+
+    ``OpenTelemetrySink.observe`` hands each census over once, to whichever
+    reader collects first: the SDK runs the callbacks per reader and gives
+    their measurements to that reader only
+    (``SynchronousMeasurementConsumer.collect``). The other reader never
+    sees the gauges, so its alert rules see ``IdempotencyCensusMissing``.
+    """
+    first, second = InMemoryMetricReader(), InMemoryMetricReader()
+    provider = MeterProvider(metric_readers=[first, second])
+    try:
+        sink = OpenTelemetrySink(provider.get_meter("django_idempotency"))
+        records = next(i for i in INSTRUMENTS if i.name == "idempotency.records")
+        # What publish_census does with a census: one value per state.
+        sink.set(records, 7, {"database": "default", "state": "UNCERTAIN"})
+
+        seen_first = Readings(first).value("idempotency.records", state="UNCERTAIN")
+        seen_second = Readings(second).value("idempotency.records", state="UNCERTAIN")
+    finally:
+        provider.shutdown()
+
+    assert (seen_first, seen_second) == (7, 7)

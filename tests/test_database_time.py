@@ -3,7 +3,7 @@
 Each test shifts this process's clock (``django.utils.timezone.now``, which
 every time Django and the package compute goes through) as a host with a
 drifting clock would see it, and checks that nothing about leases or
-retention moves with it. On the code before issue 13, each of these failed:
+retention moves with it. On the code that read this host's clock, each of these failed:
 a host ten minutes ahead took the running claim over, recovery took a live
 record, the purge deleted unexpired records.
 

@@ -379,3 +379,64 @@ def test_every_signal_is_documented_and_no_other() -> None:
         cells[0].strip("`") for cells in table_rows(page("signals.md")) if cells[0] != "signal"
     }
     assert documented == sent
+
+
+# The pages that list what the package sets on the server.
+#
+# The package sets two settings transaction-locally: the takeover's
+# ``lock_timeout`` (_store/conditional.py) and recovery's
+# ``idle_in_transaction_session_timeout`` (_store/maintenance.py). The pages
+# that tell an operator what the package sets must name both:
+#
+# - docs/pgbouncer.md once named ``lock_timeout`` alone, "for the
+#   ``single_transaction`` claim"; a pooler or an audit that watches GUC
+#   changes meets both.
+# - docs/settings.md's ``IN_FLIGHT_WAIT`` row once named only the wait mode
+#   and the single-transaction and optimistic claims, not the takeover's
+#   bound on a locked row (a retry's 409 after IN_FLIGHT_WAIT) nor
+#   recovery's idle-in-transaction bound.
+#
+# The settings are read from the code (every ``set_config('<name>'`` and
+# ``wait_bounds.at_most('<name>')`` in the package), not copied here.
+
+PACKAGE = REPO_ROOT / "django_idempotency"
+
+
+def _settings_the_package_sets() -> set[str]:
+    found: set[str] = set()
+    for source in PACKAGE.rglob("*.py"):
+        text = source.read_text()
+        found |= set(re.findall(r"(?:set_config|at_most)\('([a-z_]+)'", text))
+    return found
+
+
+def test_the_pgbouncer_page_names_every_setting_the_package_sets() -> None:
+    page = (DOCS / "pgbouncer.md").read_text()
+    assert _settings_the_package_sets() >= {"lock_timeout", "idle_in_transaction_session_timeout"}
+    missing = {name for name in _settings_the_package_sets() if name not in page}
+    assert not missing, f"docs/pgbouncer.md does not name {sorted(missing)}"
+    assert "The only setting it changes is `lock_timeout`" not in page
+
+
+def test_the_in_flight_wait_row_says_what_it_bounds() -> None:
+    (row,) = [
+        line
+        for line in (DOCS / "settings.md").read_text().splitlines()
+        if line.startswith("| `IN_FLIGHT_WAIT`")
+    ]
+    assert "takeover" in row or "taken over" in row, row
+    assert "recovery" in row, row
+
+
+# docs/observability.md against the code.
+
+
+def test_the_cost_section_gives_the_measured_cost_per_request() -> None:
+    """The page ends with an empty "## Cost" heading.
+
+    An operator deciding whether to turn the metrics (and spans) on needs
+    their measured cost per request, as a ratio, from the benchmarks.
+    """
+    cost = section(page("observability.md"), "Cost")
+    assert cost.strip(), "empty section"
+    assert re.search(r"\d", cost), "no figure"

@@ -18,7 +18,6 @@ from datetime import timedelta
 from io import StringIO
 from pathlib import Path
 from typing import Any
-from urllib.parse import quote
 
 import pytest
 from django.core.management import CommandError, call_command
@@ -28,7 +27,7 @@ from django.utils import timezone
 from django_idempotency import census, recovery
 from django_idempotency._store.database_time import DatabaseLater
 from django_idempotency.models import IdempotencyRecord
-from tests.utils import SHARD_TEST_ALIASES, record_in, routed_by_tenant
+from tests.utils import SHARD_TEST_ALIASES, database_url, record_in, routed_by_tenant, run_python
 
 pytestmark = pytest.mark.django_db(transaction=True)
 State = IdempotencyRecord.State
@@ -328,17 +327,6 @@ def test_an_unreadable_database_exits_2_and_the_others_are_still_reported_and_ju
 # --- as a probe runs it -------------------------------------------------------------
 
 
-def database_url() -> str:
-    """The test database, as DATABASE_URL for tests/settings.py in another process."""
-    settings = connection.settings_dict
-    if connection.vendor == "sqlite":
-        return f"sqlite:///{settings['NAME']}"
-    scheme = "postgres" if connection.vendor == "postgresql" else "mysql"
-    password = f":{quote(settings['PASSWORD'], safe='')}" if settings["PASSWORD"] else ""
-    host = f"{settings['HOST'] or '127.0.0.1'}:{settings['PORT'] or ''}".rstrip(":")
-    return f"{scheme}://{quote(settings['USER'], safe='')}{password}@{host}/{settings['NAME']}"
-
-
 def probe(*args: str) -> subprocess.CompletedProcess[str]:
     environment = {
         **os.environ,
@@ -371,3 +359,29 @@ def test_a_real_process_exits_with_the_status_a_probe_reads() -> None:
     # Not argparse's 2, which would read as "a database could not be read".
     assert misused.returncode == 3
     assert "not a duration" in misused.stderr
+
+
+# ``idempotency_health``'s exit status when it cannot run at all.
+
+
+def test_a_records_database_that_is_not_configured_is_not_read_as_a_threshold_crossed() -> None:
+    """``IDEMPOTENCY["DATABASE"]`` names an alias DATABASES lacks (a typo, a missing env var).
+
+    The command skips the system checks (which would report it), and
+    ``take_census`` raises ``ConnectionDoesNotExist``, which is no
+    ``DatabaseError``: the traceback escapes and Python exits 1, the status
+    docs/commands.md gives to "a threshold was crossed". A probe or a cron
+    job reads a broken configuration as a full store. Expected: 2 (the
+    records database could not be read) or 3 (a usage error).
+    """
+    result = run_python(
+        """
+        import django
+        django.setup()
+        from django.conf import settings
+        from django.core.management import execute_from_command_line
+        settings.IDEMPOTENCY = {"DATABASE": "records_typo"}
+        execute_from_command_line(["manage.py", "idempotency_health"])
+        """
+    )
+    assert result.returncode in (2, 3), (result.returncode, result.stderr[-2000:])

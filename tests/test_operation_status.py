@@ -24,7 +24,8 @@ from django.utils import timezone
 from rest_framework.permissions import AllowAny
 from rest_framework.test import APIClient
 
-from django_idempotency.models import IdempotencyRecord
+from django_idempotency._store.database_time import DatabaseLater
+from django_idempotency.models import IdempotencyRecord, IdempotencyStep
 from django_idempotency.status import OperationStatusView, encode_body
 from tests.factories import RecordFactory
 from tests.test_store_unavailable import unreachable_store  # noqa: F401  (a fixture)
@@ -423,3 +424,77 @@ def test_a_routed_tenants_record_is_read_from_its_shard(shards: None, alice: Tok
     assert ask("tenant-a", "routed").json()["state"] == "COMPLETED"
     assert ask("tenant-b", "routed").json()["state"] == "IN_PROGRESS"
     assert ask("tenant-b", "a-only").status_code == 404
+
+
+# The operation status view against tombstones and handed-back records.
+#
+# The status view must tell a client what the protected request itself would
+# do with a retry: a response the replay refuses (past retention, kept as a
+# tombstone) is not shown either, and a record handed back to the client's
+# retry (``RetryFrom``) does not tell the client to wait for it.
+
+
+def test_with_tombstone_ttl_a_record_past_retention_shows_no_response(
+    alice: TokenClient, settings: Any
+) -> None:
+    """Past ``expires_at``, before the purge made it a tombstone.
+
+    The protected request refuses a retry as ``idempotency_key_expired`` (its
+    response is "gone, or due to be"), yet the status view still answers
+    ``expired: false`` with the stored body: it judges ``past_retention``,
+    which with TOMBSTONE_TTL is true only once the tombstone's time is over.
+    """
+    settings.IDEMPOTENCY = {
+        **getattr(settings, "IDEMPOTENCY", {}),
+        "TOMBSTONE_TTL": timedelta(days=7),
+    }
+    first = post(alice, "/api-view/charges", {"amount": 5}, "late")
+    assert first.status_code == 201, first.content
+    IdempotencyRecord.objects.update(expires_at=DatabaseLater(-timedelta(hours=1)))
+
+    retry = post(alice, "/api-view/charges", {"amount": 5}, "late")
+    answer = alice.get(STATUS_URL, {"key": "late"}).json()
+
+    assert retry.json()["code"] == "idempotency_key_expired"
+    assert answer["expired"] is True, answer
+    assert answer["response"] is None, answer
+
+
+def test_a_record_handed_back_to_the_clients_retry_does_not_tell_the_client_to_wait(
+    alice: TokenClient,
+) -> None:
+    """A reconciler's ``RetryFrom`` waits for the client's retry with the same key.
+
+    docs/status.md tells a client that sees CLAIMED "it is running: wait, and
+    ask again". A client following the status protocol (ask instead of a blind
+    retry) then never retries, and the record waits out its whole retention
+    before recovery leaves it UNCERTAIN for an operator. The answer should be
+    the one of a record released for retry: 404 ``idempotency_key_unknown``
+    ("retry it with the same key"), or anything else that says "retry".
+    """
+    expires_at = timezone.now() + timedelta(hours=20)
+    record = RecordFactory.create(
+        tenant=tenant_of(alice),
+        key="handed-back",
+        state=State.CLAIMED,
+        lease_owner="",
+        lease_expires_at=expires_at,
+        expires_at=expires_at,
+        response_status=None,
+        response_headers=[],
+        response_body=None,
+        fencing_token=2,
+    )
+    IdempotencyStep.objects.create(
+        record=record,
+        name="authorize",
+        provider_key="v1:" + "a" * 60,
+        provider_operation_id="auth_1",
+        begun_at=timezone.now(),
+        updated_at=timezone.now(),
+    )
+
+    answer = alice.get(STATUS_URL, {"key": "handed-back"})
+
+    assert answer.status_code == 404, answer.json()
+    assert answer.json()["code"] == "idempotency_key_unknown"

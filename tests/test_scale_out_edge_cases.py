@@ -1,7 +1,7 @@
 """Edge cases of database time, routed records, replicas and the intents' pools.
 
-Written by a fresh-eyes review of issue 13 as reproductions: each of the
-first seven failed on the code under review, and each now guards its fix:
+Written as reproductions when these were found: each of the first seven
+failed on the code of that time, and each now guards its fix:
 
 - an intents alias mapped to itself stays a records database;
 - a tenant routed where records may not migrate is refused, never written
@@ -333,7 +333,7 @@ class ReadsAreForbiddenRouter:
 
 
 def test_no_record_read_is_left_to_db_for_read(operator: Client) -> None:
-    """Holds on the code under review: the store, admin, recovery, purge pin their alias."""
+    """Held before the fixes too: the store, admin, recovery, purge pin their alias."""
     ReadsAreForbiddenRouter.reads.clear()
     key = str(uuid.uuid4())
     stuck = RecordFactory.create(

@@ -11,19 +11,24 @@ retry from one step, which then skips the kept steps.
 from __future__ import annotations
 
 import json
+import threading
 from collections.abc import Callable, Iterator
 from datetime import timedelta
 from typing import Any
 
 import pytest
-from django.db import connection
+from django.db import connection, connections
 from django.db.models import F
+from django.http import HttpRequest, JsonResponse
+from django.test import Client, override_settings
 from django.test.utils import CaptureQueriesContext
+from django.urls import path
 from django.utils import timezone
+from django.views.decorators.csrf import csrf_exempt
 from rest_framework.test import APIClient
 
 from django_idempotency import _store as store
-from django_idempotency import recovery
+from django_idempotency import idempotent, recovery
 from django_idempotency.context import IdempotencyContext, derive_provider_key
 from django_idempotency.exceptions import StaleOwner
 from django_idempotency.models import IdempotencyRecord, IdempotencyStep
@@ -440,3 +445,181 @@ def test_only_the_default_release_keeps_a_record_with_steps() -> None:
     assert IdempotencyStep.objects.count() == 1
     assert store.release(held, states=tuple(State.values)) is True
     assert not IdempotencyRecord.objects.exists() and not IdempotencyStep.objects.exists()
+
+
+# Steps in an ``async def`` view (``abegin_external(step=...)``).
+#
+# Two steps, the first's provider id recorded, then the view fails: the record
+# is UNCERTAIN with both steps, as for a sync view; a clean run completes with
+# both steps and their ids.
+
+
+@csrf_exempt
+@idempotent(operation="async-steps")
+async def async_two_steps(request: HttpRequest) -> JsonResponse:
+    data = json.loads(request.body)
+    context = request.idempotency  # type: ignore[attr-defined]
+    known = await context.astep("authorize")
+    if known is None or not known.provider_operation_id:
+        await context.abegin_external(step="authorize")
+        await context.aset_provider_operation("au_1", step="authorize")
+    await context.abegin_external(step="capture")
+    if data.get("fail"):
+        raise RuntimeError("the capture's connection dropped")
+    await context.aset_provider_operation("ca_1", step="capture")
+    return JsonResponse({"steps": [s.name for s in context.steps]}, status=201)
+
+
+urlpatterns = [path("async-steps", async_two_steps)]
+
+
+def send(body: dict[str, object], key: str) -> object:
+    client = Client(raise_request_exception=False)
+    return client.post(
+        "/async-steps", json.dumps(body), content_type="application/json", HTTP_IDEMPOTENCY_KEY=key
+    )
+
+
+def steps() -> list[tuple[str, str]]:
+    return list(
+        IdempotencyStep.objects.order_by("begun_at", "pk").values_list(
+            "name", "provider_operation_id"
+        )
+    )
+
+
+@override_settings(ROOT_URLCONF=__name__)
+def test_an_async_view_completes_with_its_steps() -> None:
+    response = send({"amount": 1}, "a-1")
+
+    assert response.status_code == 201, response.content  # type: ignore[attr-defined]
+    assert IdempotencyRecord.objects.get().state == State.COMPLETED
+    assert steps() == [("authorize", "au_1"), ("capture", "ca_1")]
+
+
+@override_settings(ROOT_URLCONF=__name__)
+def test_an_async_view_failing_between_steps_leaves_both_steps_uncertain() -> None:
+    response = send({"amount": 1, "fail": True}, "a-2")
+
+    assert response.status_code == 500  # type: ignore[attr-defined]
+    record = IdempotencyRecord.objects.get()
+    assert record.state == State.UNCERTAIN
+    assert steps() == [("authorize", "au_1"), ("capture", "")]
+
+
+# A handed-back record (``RetryFrom``) after a retry that gave up.
+#
+# The client's retry of a handed-back record takes it over, then answers a
+# "release" status (503) before beginning any step. The owner's release keeps
+# the record (its kept steps called providers) and hands it back again (no
+# lease owner, lease until ``expires_at``), as it was before the failed retry
+# took it. Left CLAIMED under the failed retry's own lease, the client's next
+# retry, which the 503 told to come back, would be refused 409 for the whole
+# LEASE, and recovery, not the client, would get it next.
+
+
+@pytest.fixture
+def retry_from_capture() -> Iterator[None]:
+    @recovery.register_reconciler(OPERATION)
+    def reconciler(record: IdempotencyRecord) -> Any:
+        return RetryFrom("capture")
+
+    yield
+    recovery._reconcilers.pop(OPERATION, None)
+
+
+@pytest.mark.usefixtures("retry_from_capture")
+def test_a_retry_that_gave_up_hands_the_record_back_again(api: APIClient) -> None:
+    api.raise_request_exception = False
+    authorize = {"name": "authorize", "provider_id": "au_1"}
+    steered(api, "k", steps=[authorize, {"name": "capture"}], then="raise")
+    expire_leases()
+    assert recover_stale_records().handed_back == 1
+
+    gave_up = steered(api, "k", steps=[{"name": "authorize"}], then=503)
+    assert gave_up.status_code == 503
+
+    record = IdempotencyRecord.objects.get()
+    again = steered(api, "k", steps=[authorize, {"name": "capture", "provider_id": "ca_1"}])
+
+    assert again.status_code == 201, (again.content, record.state, record.lease_owner)
+    assert again.json()["skipped"] == ["authorize"]
+    assert Charge.objects.count() == 1
+
+
+@pytest.mark.postgres
+@pytest.mark.usefixtures("retry_from_capture")
+def test_retries_of_a_handed_back_record_at_once_capture_once() -> None:
+    """Eight retries of the same input race for the handed-back record: one runs it."""
+    api = APIClient(raise_request_exception=False)
+    authorize = {"name": "authorize", "provider_id": "au_1"}
+    steered(api, "k", steps=[authorize, {"name": "capture"}], then="raise")
+    expire_leases()
+    assert recover_stale_records().handed_back == 1
+    count = 8
+    barrier = threading.Barrier(count)
+    results: list[Any] = [None] * count
+
+    def retry(index: int) -> None:
+        try:
+            barrier.wait()
+            client = APIClient(raise_request_exception=False)
+            results[index] = steered(
+                client, "k", steps=[authorize, {"name": "capture", "provider_id": "ca_1"}]
+            )
+        finally:
+            connections.close_all()
+
+    threads = [threading.Thread(target=retry, args=(index,)) for index in range(count)]
+    for thread in threads:
+        thread.start()
+    for thread in threads:
+        thread.join(timeout=60)
+
+    ran = [r for r in results if r.status_code == 201 and "Idempotent-Replayed" not in r]
+    others = sorted(r.status_code for r in results if r not in ran)
+    assert len(ran) == 1, [r.status_code for r in results]
+    assert set(others) <= {201, 409}, others
+    assert Charge.objects.count() == 1
+    assert IdempotencyStep.objects.filter(name="capture").count() == 1
+    assert IdempotencyRecord.objects.get().state == State.COMPLETED
+
+
+@pytest.mark.usefixtures("retry_from_capture")
+def test_a_handed_back_record_whose_retention_an_operator_extended_is_still_handed_back(
+    api: APIClient,
+) -> None:
+    """The admin's "Extend retention…" on a record waiting for the client's retry.
+
+    ``claims.handed_back`` recognises a handed-back record by its lease
+    ending at (or after) ``expires_at``; extending the retention moves
+    ``expires_at`` past the lease, the record is no longer "handed back", and
+    the client's retry is refused 409 until the old retention's end.
+    """
+    api.raise_request_exception = False
+    authorize = {"name": "authorize", "provider_id": "au_1"}
+    steered(api, "k", steps=[authorize, {"name": "capture"}], then="raise")
+    expire_leases()
+    assert recover_stale_records().handed_back == 1
+    record = IdempotencyRecord.objects.get()
+    store.extend_retention(
+        [record.pk], until=record.expires_at + timedelta(days=3), using="default"
+    )
+
+    retry = steered(api, "k", steps=[authorize, {"name": "capture", "provider_id": "ca_1"}])
+
+    assert retry.status_code == 201, retry.content
+    assert retry.json()["skipped"] == ["authorize"]
+
+
+def test_step_names_differing_only_in_case_are_two_steps(api: APIClient) -> None:
+    """Step names are case-sensitive (each has its own provider key), on every vendor.
+
+    On MySQL/MariaDB a case-insensitive collation of ``name`` would make the
+    unique (record, name) constraint refuse the second step.
+    """
+    steps = [{"name": "capture", "provider_id": "ca_1"}, {"name": "Capture", "provider_id": "ca_2"}]
+    response = steered(api, "case", steps=steps)
+
+    assert response.status_code == 201, response.content
+    assert sorted(IdempotencyStep.objects.values_list("name", flat=True)) == ["Capture", "capture"]

@@ -3,9 +3,9 @@
 ``store.claim_or_take_over`` (claim, discard an expired record, take over an
 abandoned claim, a bounded number of times) and ``take_over_where``, which
 the request's, recovery's and the operator's takeovers share. Written
-against public import paths only (a review of issue 12 ran the same file
-against the code before the store became a package, to prove that behaviour
-did not change).
+against public import paths only, so that the same file can run against
+the code before and after a reorganisation of the store, to prove that
+behaviour did not change.
 """
 
 from __future__ import annotations

@@ -18,8 +18,9 @@ Then this checkout migrates the same database and must:
   provider operation id the previous release stored.
 
 There is no tagged release yet: the previous release is the last commit of
-main before issue 12. Move ``PREVIOUS_RELEASE`` to each new release's tag
-once releases are tagged (and adapt the fill script to it if needed).
+main before steps, tombstones and the optimistic mode. Move
+``PREVIOUS_RELEASE`` to each new release's tag once releases are tagged (and
+adapt the fill script to it if needed).
 """
 
 from __future__ import annotations
@@ -54,7 +55,7 @@ from tests.previous_release import extract_release
 
 pytestmark = pytest.mark.django_db(transaction=True)
 
-#: The last commit of main before issue 12 ("A house others can carry on").
+#: The last commit of main before steps, tombstones and the optimistic mode.
 PREVIOUS_RELEASE = "6aa1767e0fae3d80c65d497dbc22213c1101836f"
 FILL_SCRIPT = Path(__file__).resolve().parent / "fill_with_previous_release.py"
 #: What the fill script imports of the previous release's tree.

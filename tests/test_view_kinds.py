@@ -168,3 +168,49 @@ def test_path_converter_values_are_input(api: APIClient) -> None:
     assert post(api, url.format(one), {"amount": 5}, "k").status_code == 201
     assert post(api, url.format(one), {"amount": 5}, "k")["Idempotent-Replayed"] == "true"
     assert post(api, url.format(two), {"amount": 5}, "k").status_code == 422
+
+
+# The refused-input rule on every kind of protected DRF view.
+#
+# A ValidationError (a serializer's, or one the view raises) is not stored:
+# the corrected body runs under the same key. Checked on the two-commit and
+# the single-transaction paths, for every way of protecting a view.
+
+# (url, an invalid body, a valid body)
+CASES = [
+    ("/api-view/charges", {"amount": 1, "invalid": True}, {"amount": 1}),
+    ("/api-view/single", {"amount": 1, "invalid": True}, {"amount": 1}),
+    ("/cbv/charges", {"amount": 1, "invalid": True}, {"amount": 1}),
+    ("/cbv/single", {"amount": 1, "invalid": True}, {"amount": 1}),
+    ("/generic/charges", {"amount": "many"}, {"amount": 1}),
+    ("/viewset/charges/", {"amount": "many"}, {"amount": 1}),
+    ("/mixin/charges", {"amount": "many"}, {"amount": 1}),
+]
+
+
+@pytest.mark.parametrize(("url", "invalid", "valid"), CASES)
+def test_refused_input_is_released_and_the_corrected_body_runs(
+    api: APIClient, url: str, invalid: dict[str, object], valid: dict[str, object]
+) -> None:
+    first = post(api, url, invalid, "k-1")
+    corrected = post(api, url, valid, "k-1")
+
+    assert first.status_code == 400, first.content
+    assert corrected.status_code == 201, corrected.content
+    assert "Idempotent-Replayed" not in corrected
+    assert Charge.objects.count() == 1
+    assert IdempotencyRecord.objects.get().state == IdempotencyRecord.State.COMPLETED
+
+
+def test_a_malformed_json_body_is_released(api: APIClient) -> None:
+    """DRF's ParseError, raised when the view reads request.data."""
+    first = api.post(
+        "/api-view/charges",
+        b"{not json",
+        content_type="application/json",
+        HTTP_IDEMPOTENCY_KEY="k-2",
+    )
+    corrected = post(api, "/api-view/charges", {"amount": 1}, "k-2")
+
+    assert first.status_code == 400, first.content
+    assert corrected.status_code == 201, corrected.content

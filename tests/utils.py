@@ -3,9 +3,16 @@
 from __future__ import annotations
 
 import contextlib
+import os
+import subprocess
+import sys
+import textwrap
 from collections.abc import Iterator, Mapping
+from pathlib import Path
 from typing import TYPE_CHECKING, Any
+from urllib.parse import quote
 
+from django.db import connection
 from django.dispatch import Signal
 from django.http import HttpRequest
 from django.middleware.csrf import get_token
@@ -145,3 +152,37 @@ def record_in(alias: str, **fields: Any) -> IdempotencyRecord:
     record = RecordFactory.build(**fields)
     record.save(using=alias)
     return record
+
+
+#: The repository, the working directory of the Python processes the tests start.
+REPO = Path(__file__).resolve().parent.parent
+
+
+def database_url() -> str:
+    """The test database, as DATABASE_URL for tests/settings.py in another process."""
+    settings = connection.settings_dict
+    if connection.vendor == "sqlite":
+        return f"sqlite:///{settings['NAME']}"
+    scheme = "postgres" if connection.vendor == "postgresql" else "mysql"
+    password = f":{quote(settings['PASSWORD'], safe='')}" if settings["PASSWORD"] else ""
+    host = f"{settings['HOST'] or '127.0.0.1'}:{settings['PORT'] or ''}".rstrip(":")
+    return f"{scheme}://{quote(settings['USER'], safe='')}{password}@{host}/{settings['NAME']}"
+
+
+def run_python(code: str, **environment: str) -> subprocess.CompletedProcess[str]:
+    """Run ``code`` in a fresh Python process set up like the test run, on its database."""
+    return subprocess.run(
+        [sys.executable, "-c", textwrap.dedent(code)],
+        cwd=REPO,
+        env={
+            **os.environ,
+            "DATABASE_URL": database_url(),
+            "DJANGO_SETTINGS_MODULE": "tests.settings",
+            "PYTHONPATH": os.pathsep.join([str(REPO), os.environ.get("PYTHONPATH", "")]),
+            **environment,
+        },
+        capture_output=True,
+        text=True,
+        timeout=120,
+        check=False,
+    )

@@ -2,7 +2,7 @@
 
 * ``no_write``: the unprotected view without its business INSERT (no
   database at all): what Django, DRF, gunicorn and HTTP cost by themselves,
-  so that ratios against ``unprotected`` can be read (issue 15, item 6).
+  so that ratios against ``unprotected`` can be read.
 * ``unprotected``: the bare view.
 * ``protected``: the same view under ``@idempotent`` (django-idempotency).
 * ``protected_optimistic``: the same under ``@idempotent(optimistic=True)``:
@@ -27,7 +27,7 @@
 * ``floor_lookup_first``: the same two-commit floor, but a SELECT of the key
   first and the claim only on a miss: a replay is one statement, a first
   execution one more. With ``floor`` it measures the order "claim first" vs
-  "lookup first" apart from the package (issue 15, item 2).
+  "lookup first" apart from the package.
 * ``floor_optimistic``: the optimistic design written by hand: in one
   transaction, the lookup (which also sets lock_timeout), the business
   INSERT, then ``INSERT ... ON CONFLICT DO NOTHING RETURNING`` of the
@@ -94,7 +94,7 @@ def protected(request: Request) -> Response:
 @api_view(["POST"])
 @idempotent(optimistic=True)
 def protected_optimistic(request: Request) -> Response:
-    """Issue 15 item 1's mode: the view, then the finished record, one commit."""
+    """The optimistic mode: the view, then the finished record, one commit."""
     body, location = _charge(request.data)
     return Response(body, status=201, headers={"Location": location})
 
@@ -102,7 +102,7 @@ def protected_optimistic(request: Request) -> Response:
 @api_view(["POST"])
 @idempotent(single_transaction=True)
 def protected_single(request: Request) -> Response:
-    """Issue 7 item 5's mode: claim, view and completion in one transaction."""
+    """The single-transaction mode: claim, view and completion in one transaction."""
     body, location = _charge(request.data)
     return Response(body, status=201, headers={"Location": location})
 

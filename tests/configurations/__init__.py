@@ -1,4 +1,4 @@
-"""Real-project configurations under which the guarantee tests run (issue 11).
+"""Real-project configurations under which the guarantee tests run.
 
 The suite's own settings (``tests/settings.py``) are one idealised project.
 Each configuration here is a small function that turns them into a project

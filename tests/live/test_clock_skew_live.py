@@ -1,4 +1,4 @@
-"""Issue 13, item 1: leases and retention are judged by the database's clock.
+"""Leases and retention are judged by the database's clock.
 
 Real processes, each with a clock of its own (libfaketime, see
 ``tests/live/faketime.py``), on one PostgreSQL database whose clock is true:

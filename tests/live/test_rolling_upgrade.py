@@ -74,10 +74,10 @@ SERVED_PATHS = [
 ]
 #: The releases that may serve beside this one (docs/upgrading.md), and their trees.
 PREVIOUS_RELEASES = {
-    # What is deployed now: the last commit of main before issue 16.
+    # What is deployed now: the last commit of main before migration 0007 (the BRIN index).
     "51d5e69": ("51d5e69d66140f86fad62d87d9b07abcfbcb2a32", [*SERVED_PATHS, "tests/utils.py"]),
-    # The oldest supported side by side: main before issue 12 (before steps,
-    # tombstones and the optimistic mode), as tests/test_upgrade_from_previous_release.py.
+    # The oldest supported side by side: main before steps, tombstones and
+    # the optimistic mode, as tests/test_upgrade_from_previous_release.py.
     "6aa1767": ("6aa1767e0fae3d80c65d497dbc22213c1101836f", SERVED_PATHS),
 }
 #: The test settings with a short lease, in both trees.

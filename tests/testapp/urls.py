@@ -5,9 +5,9 @@ from rest_framework.routers import DefaultRouter
 from django_idempotency.prometheus import metrics_view
 from tests.testapp import (
     keyed_views,
+    optimistic_duplicate_views,
     optimistic_live_views,
     optimistic_views,
-    review15_views,
     views,
 )
 
@@ -53,17 +53,27 @@ urlpatterns = [
     path("keyed/mixin", keyed_views.MixinBodyKeyView.as_view()),
     path("policy/by-status", keyed_views.policy_view),
     path("policy/single", keyed_views.policy_single_view),
-    path("review15/lock-account", review15_views.lock_account_optimistic),
-    path("review15/lock-account-default", review15_views.lock_account_default),
-    path("review15/two-rows", review15_views.two_rows),
-    path("review15/two-rows-uncertain", review15_views.two_rows_uncertain),
-    path("review15/uncertain", review15_views.uncertain_on_a_database_error),
-    path("review15/get-or-create", review15_views.get_or_create_order),
-    path("review15/own-error", review15_views.caught_then_own_error),
-    path("review15/async", review15_views.async_charge),
-    path("review15/shared-optimistic", review15_views.shared_operation_optimistic),
-    path("review15/shared-default", review15_views.shared_operation_default),
-    path("review15/second-alias", review15_views.writes_to_a_second_alias),
-    path("review15/loses-connection", review15_views.loses_its_connection),
+    path("optimistic-duplicates/lock-account", optimistic_duplicate_views.lock_account_optimistic),
+    path(
+        "optimistic-duplicates/lock-account-default",
+        optimistic_duplicate_views.lock_account_default,
+    ),
+    path("optimistic-duplicates/two-rows", optimistic_duplicate_views.two_rows),
+    path("optimistic-duplicates/two-rows-uncertain", optimistic_duplicate_views.two_rows_uncertain),
+    path(
+        "optimistic-duplicates/uncertain", optimistic_duplicate_views.uncertain_on_a_database_error
+    ),
+    path("optimistic-duplicates/get-or-create", optimistic_duplicate_views.get_or_create_order),
+    path("optimistic-duplicates/own-error", optimistic_duplicate_views.caught_then_own_error),
+    path("optimistic-duplicates/async", optimistic_duplicate_views.async_charge),
+    path(
+        "optimistic-duplicates/shared-optimistic",
+        optimistic_duplicate_views.shared_operation_optimistic,
+    ),
+    path(
+        "optimistic-duplicates/shared-default", optimistic_duplicate_views.shared_operation_default
+    ),
+    path("optimistic-duplicates/second-alias", optimistic_duplicate_views.writes_to_a_second_alias),
+    path("optimistic-duplicates/loses-connection", optimistic_duplicate_views.loses_its_connection),
     path("", include(router.urls)),
 ]

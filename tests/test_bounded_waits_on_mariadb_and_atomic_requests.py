@@ -1,4 +1,4 @@
-"""Review of issue 16: the takeover's bound on the other databases, and under ATOMIC_REQUESTS.
+"""The takeover's bound on the other databases, and under ATOMIC_REQUESTS.
 
 - (MariaDB, fixed) a retry whose takeover meets a row locked by a cut-off
   holder waits the server's ``innodb_lock_wait_timeout`` (50 s by default),
@@ -12,7 +12,7 @@
 - (PostgreSQL, fixed) under ``ATOMIC_REQUESTS`` an ``@api_view`` stacked on
   ``@idempotent`` without ``@transaction.non_atomic_requests`` (the W002
   warning) takes over inside the request's transaction: no bound at all.
-  The same root cause as test_review_issue16_bounded_waits.py's task in a
+  The same root cause as test_bounded_waits.py's task in a
   caller's transaction.
 """
 
@@ -115,7 +115,7 @@ def test_under_atomic_requests_an_exempt_view_still_waits_at_most_in_flight_wait
 def test_under_atomic_requests_an_api_view_waits_at_most_in_flight_wait(
     api: APIClient, short_wait: None, atomic_requests: None
 ) -> None:
-    """Found by the review (fixed):
+    """Was failing, now fixed:
 
     ``@api_view`` over ``@idempotent`` (W002) runs the takeover in the request's
     transaction, where conditional.py leaves the bound out: the retry hangs behind the

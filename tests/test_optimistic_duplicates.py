@@ -1,4 +1,4 @@
-"""Review of issue 15's optimistic mode: concurrent duplicates, each on its own connection.
+"""The optimistic mode's concurrent duplicates, each on its own connection.
 
 The promise (SPEC "Contract additions", docs/transactions.md "Optimistic
 mode"): concurrent duplicates may each run the view body; exactly one
@@ -10,19 +10,23 @@ Each test asserts that promise; a failure is a finding.
 
 from __future__ import annotations
 
+import contextlib
 import threading
 import time
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from datetime import timedelta
 from typing import Any
 
 import pytest
+from cryptography.fernet import Fernet
 from django.db import connection, connections, transaction
 from django.db.models import F
 from django.test import Client, override_settings
 
+from django_idempotency import signals
 from django_idempotency.models import IdempotencyRecord
 from tests.testapp.models import Charge, Order
+from tests.utils import TokenClient, post, raw_body, signals_sent
 
 pytestmark = pytest.mark.django_db(transaction=True)
 
@@ -136,7 +140,7 @@ def test_losers_on_a_business_key_replay_under_every_isolation(isolation: str) -
 def test_get_or_create_losers_replay_under_every_isolation(isolation: str) -> None:
     """``get_or_create`` on the business key: the loser's get() may not see the winner's row."""
     body = {"amount": 1, "order": "A-1", "hold": 0.3}
-    responses = _concurrently([("/review15/get-or-create", body, "race", {}, 0.0)] * 3)
+    responses = _concurrently([("/optimistic-duplicates/get-or-create", body, "race", {}, 0.0)] * 3)
     _one_winner_the_rest_replay(responses)
     assert Order.objects.count() == 1
 
@@ -164,7 +168,7 @@ def test_deadlocked_duplicates_answer_the_winners_replay(in_flight: str) -> None
     IN_FLIGHT "wait" a duplicate is promised a wait for the outcome, too.
     """
     body = {"amount": 1, "ref": "R", "hold": 0.5}
-    url = "/review15/two-rows"
+    url = "/optimistic-duplicates/two-rows"
     with override_settings(IDEMPOTENCY={"IN_FLIGHT": in_flight}):
         responses = _concurrently(
             [(url, body, "race", {"X-First": "a"}, 0.0), (url, body, "race", {"X-First": "b"}, 0.0)]
@@ -180,7 +184,7 @@ def test_a_loser_judged_uncertain_by_its_policy_replays_the_winner() -> None:
     winner's replay, not its own 504, and the record must stay the winner's.
     """
     body = {"amount": 1, "order": "A-1", "hold": 0.5}
-    url = "/review15/uncertain"
+    url = "/optimistic-duplicates/uncertain"
     responses = _concurrently([(url, body, "race", {}, 0.0), (url, body, "race", {}, 0.1)])
     _one_winner_the_rest_replay(responses)
     assert IdempotencyRecord.objects.get().state == State.COMPLETED
@@ -188,13 +192,13 @@ def test_a_loser_judged_uncertain_by_its_policy_replays_the_winner() -> None:
 
 def test_a_loser_raising_its_own_exception_replays_the_winner() -> None:
     body = {"amount": 1, "order": "A-1", "hold": 0.3}
-    responses = _concurrently([("/review15/own-error", body, "race", {}, 0.0)] * 3)
+    responses = _concurrently([("/optimistic-duplicates/own-error", body, "race", {}, 0.0)] * 3)
     _one_winner_the_rest_replay(responses)
 
 
 def test_async_view_duplicates_replay_the_winner() -> None:
     body = {"amount": 1, "order": "A-1"}
-    responses = _concurrently([("/review15/async", body, "race", {}, 0.0)] * 3)
+    responses = _concurrently([("/optimistic-duplicates/async", body, "race", {}, 0.0)] * 3)
     _one_winner_the_rest_replay(responses)
 
 
@@ -203,9 +207,9 @@ def test_a_deploy_switching_modes_commits_once() -> None:
     body = {"amount": 1, "hold": 0.5}
     responses = _concurrently(
         [
-            ("/review15/shared-default", body, "race", {}, 0.0),
-            ("/review15/shared-optimistic", body, "race", {}, 0.1),
-            ("/review15/shared-optimistic", body, "race", {}, 0.0),
+            ("/optimistic-duplicates/shared-default", body, "race", {}, 0.0),
+            ("/optimistic-duplicates/shared-optimistic", body, "race", {}, 0.1),
+            ("/optimistic-duplicates/shared-optimistic", body, "race", {}, 0.0),
         ]
     )
     statuses = sorted(r.status_code for r in responses)
@@ -219,7 +223,7 @@ def test_a_deploy_switching_modes_commits_once() -> None:
 
 def test_a_different_key_waiting_on_a_hot_account_row_in_the_default_mode_is_served() -> None:
     """The default mode sets no lock_timeout on the view: the second transfer waits and runs."""
-    responses = _hot_account_transfers("/review15/lock-account-default")
+    responses = _hot_account_transfers("/optimistic-duplicates/lock-account-default")
     assert [r.status_code for r in responses] == [201, 201], _described(responses)
     assert Order.objects.get(number="acct").amount == 3
 
@@ -227,16 +231,18 @@ def test_a_different_key_waiting_on_a_hot_account_row_in_the_default_mode_is_ser
 def test_a_different_key_waiting_past_in_flight_wait_is_told_to_retry() -> None:
     """Optimistic mode: the transaction-local lock_timeout (IN_FLIGHT_WAIT) bounds every wait.
 
-    Found by the review: a request that is no duplicate, waiting on a hot row
+    Easy to miss: a request that is no duplicate, waiting on a hot row
     longer than IN_FLIGHT_WAIT, is cut too. The documented answer
     (docs/transactions.md, "Waiting"): 409 with Retry-After, nothing
     committed, and its retry with the same key runs.
     """
-    responses = _hot_account_transfers("/review15/lock-account")
+    responses = _hot_account_transfers("/optimistic-duplicates/lock-account")
     assert [r.status_code for r in responses] == [201, 409], _described(responses)
     assert responses[1]["Retry-After"]
     assert Order.objects.get(number="acct").amount == 1
-    retry = _send("/review15/lock-account", {"account": "acct", "amount": 2}, "second", {})
+    retry = _send(
+        "/optimistic-duplicates/lock-account", {"account": "acct", "amount": 2}, "second", {}
+    )
     assert retry.status_code == 201 and "Idempotent-Replayed" not in retry
     assert Order.objects.get(number="acct").amount == 3
 
@@ -265,10 +271,148 @@ def test_an_uncertain_deadlock_victim_does_not_take_the_key_from_the_winner() ->
     winner's INSERT then loses to a record whose work never happened.
     """
     body = {"amount": 1, "ref": "R", "hold": 0.5, "hold_after": 0.5}
-    url = "/review15/two-rows-uncertain"
+    url = "/optimistic-duplicates/two-rows-uncertain"
     responses = _concurrently(
         [(url, body, "race", {"X-First": "a"}, 0.0), (url, body, "race", {"X-First": "b"}, 0.0)]
     )
     assert Charge.objects.count() == 1, _described(responses)
     assert IdempotencyRecord.objects.get().state == State.COMPLETED
     assert 201 in [r.status_code for r in responses], _described(responses)
+
+
+# The optimistic mode's signals, a second database, sealing, a lost session.
+#
+# Each test asserts what docs/transactions.md "Optimistic mode" promises; a
+# failure is a finding.
+
+
+def test_signals_under_a_race_one_stored_none_claimed() -> None:
+    by_name = {
+        "claimed": signals.request_claimed,
+        "stored": signals.response_stored,
+        "released": signals.claim_released,
+    }
+    with signals_sent(by_name) as sent:
+        call: Any = ("/api-view/optimistic", {"amount": 1, "hold": 0.3}, "k", {}, 0.0)
+        responses = _concurrently([call] * 3)
+    _one_winner_the_rest_replay(responses)
+    names = sorted(name for name, _ in sent)
+    assert names.count("stored") == 1, sent
+    assert "claimed" not in names, sent
+    # The losers replayed: nothing of theirs is "released, the retry runs".
+    assert "released" not in names, sent
+
+
+@pytest.fixture
+def atomic_second_alias() -> Iterator[None]:
+    second = connections["shard_a"].settings_dict
+    before = second.get("ATOMIC_REQUESTS", False)
+    second["ATOMIC_REQUESTS"] = True
+    try:
+        yield
+    finally:
+        second["ATOMIC_REQUESTS"] = before
+
+
+@pytest.mark.django_db(databases=["default", "shard_a"], transaction=True)
+@pytest.mark.usefixtures("atomic_second_alias")
+def test_losers_writes_on_a_second_atomic_alias_roll_back() -> None:
+    body = {"amount": 1, "hold": 0.3}
+    responses = _concurrently([("/optimistic-duplicates/second-alias", body, "k", {}, 0)] * 3)
+    _one_winner_the_rest_replay(responses)
+    assert Charge.objects.using("shard_a").count() == 1
+
+
+def test_an_encrypted_finished_record_replays() -> None:
+    with override_settings(IDEMPOTENCY={"ENCRYPTION_KEYS": [Fernet.generate_key().decode()]}):
+        first = _send("/api-view/optimistic", {"amount": 1}, "k", {})
+        record = IdempotencyRecord.objects.get()
+        again = _send("/api-view/optimistic", {"amount": 1}, "k", {})
+    assert first.status_code == again.status_code == 201
+    assert again["Idempotent-Replayed"] == "true" and again.content == first.content
+    assert record.response_sealed and first.content not in raw_body(record)
+    assert record.response_headers == []
+
+
+def test_the_status_view_reads_an_optimistic_record(
+    client_for: Callable[..., TokenClient],
+) -> None:
+    alice = client_for()
+    first = post(alice, "/api-view/optimistic", {"amount": 3}, "k")
+    assert first.status_code == 201
+    where = {"key": "k", "operation": "POST api-view/optimistic"}
+    answer = alice.get("/idempotency/status/", where)
+    assert answer.status_code == 200, answer.content
+    assert answer.json()["state"] == "COMPLETED"
+    assert answer.json()["response"]["status"] == 201
+
+
+def test_a_session_lost_mid_view_is_503_and_leaves_nothing() -> None:
+    if connection.vendor != "postgresql":
+        pytest.skip("pg_terminate_backend")
+    lost = _send(
+        "/optimistic-duplicates/loses-connection", {"amount": 1, "terminate": True}, "k", {}
+    )
+    connections.close_all()
+    assert lost.status_code == 503, lost.content
+    assert not Charge.objects.exists() and not IdempotencyRecord.objects.exists()
+    retry = _send("/optimistic-duplicates/loses-connection", {"amount": 1}, "k", {})
+    assert retry.status_code == 201 and Charge.objects.count() == 1
+
+
+def test_a_loser_that_gave_up_leaves_no_lock_timeout_on_its_connection() -> None:
+    if connection.vendor != "postgresql":
+        pytest.skip("the transaction-local lock_timeout is PostgreSQL's")
+    winner: list[Any] = []
+    body = {"amount": 1, "order": "A-1", "hold": 1.5}
+
+    def run_the_winner() -> None:
+        try:
+            winner.append(_send("/api-view/optimistic", body, "k", {}))
+        finally:
+            connections.close_all()
+
+    thread = threading.Thread(target=run_the_winner)
+    thread.start()
+    time.sleep(0.4)
+    with override_settings(IDEMPOTENCY={"IN_FLIGHT_WAIT": timedelta(milliseconds=200)}):
+        loser = _send("/api-view/optimistic", body, "k", {})
+    with connection.cursor() as cursor:  # the same connection, reused as a pool would
+        cursor.execute("SHOW lock_timeout")
+        after = cursor.fetchone()[0]
+    thread.join(timeout=30)
+    assert loser.status_code == 409 and winner[0].status_code == 201
+    assert after == "0"
+
+
+@contextlib.contextmanager
+def _commit_kills_the_session() -> Iterator[None]:
+    """A deferred constraint trigger on charges that terminates its own session at COMMIT."""
+    with connection.cursor() as cursor:
+        cursor.execute(
+            "CREATE FUNCTION die_at_commit() RETURNS trigger LANGUAGE plpgsql AS $$ "
+            "BEGIN PERFORM pg_terminate_backend(pg_backend_pid()); RETURN NULL; END $$"
+        )
+        cursor.execute(
+            "CREATE CONSTRAINT TRIGGER die_at_commit AFTER INSERT ON testapp_charge "
+            "DEFERRABLE INITIALLY DEFERRED FOR EACH ROW EXECUTE FUNCTION die_at_commit()"
+        )
+    try:
+        yield
+    finally:
+        connections.close_all()
+        with connection.cursor() as cursor:
+            cursor.execute("DROP TRIGGER IF EXISTS die_at_commit ON testapp_charge")
+            cursor.execute("DROP FUNCTION IF EXISTS die_at_commit()")
+
+
+def test_a_session_lost_at_commit_is_503_and_the_retry_is_right() -> None:
+    if connection.vendor != "postgresql":
+        pytest.skip("a deferred trigger terminating its session")
+    with _commit_kills_the_session():
+        lost = _send("/api-view/optimistic", {"amount": 1}, "k", {})
+    assert lost.status_code == 503, lost.content
+    assert not Charge.objects.exists() and not IdempotencyRecord.objects.exists()
+    retry = _send("/api-view/optimistic", {"amount": 1}, "k", {})
+    assert retry.status_code == 201 and "Idempotent-Replayed" not in retry
+    assert Charge.objects.count() == 1
