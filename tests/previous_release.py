@@ -25,7 +25,7 @@ ROOT = Path(__file__).resolve().parent.parent
 #: the last release tagged. Move it to each release's commit when its tag is
 #: made (docs/upgrading.md).
 # The 1.0.0rc1 commit: set when the tag is made.
-PREVIOUS_RELEASE = "303dd3cbe2306b6f25325221b7636330fa7b86b7"
+PREVIOUS_RELEASE = "c7d6682d13a65a5e34b330c009f81a3f4d536101"
 REQUIRE_SERVICES = os.environ.get("IDEMPOTENCY_REQUIRE_SERVICES") == "1"
 
 
