@@ -206,7 +206,7 @@ def timed_claim(alias: str) -> float:
 
     scope = new_scope()
     started = time.perf_counter()
-    fingerprint = Fingerprint(stored="v1:" + "f" * 64, by_version=(("v1", "f" * 64),), legacy="")
+    fingerprint = Fingerprint(stored="v1:" + "f" * 64, by_version=(("v1", "f" * 64),))
     held = store.claim(scope, fingerprint, ttl=TTL, lease=LEASE, using=alias)
     elapsed = time.perf_counter() - started
     assert held is not None

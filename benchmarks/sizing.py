@@ -199,9 +199,7 @@ def fingerprint_of(scope: Any) -> Any:
     from django_idempotency._store.digests import Fingerprint
 
     digest = hashlib.sha256(scope.key.encode()).hexdigest()
-    return Fingerprint(
-        stored=f"sk1a2b3c4d:{digest}", by_version=(("sk1a2b3c4d", digest),), legacy=""
-    )
+    return Fingerprint(stored=f"sk1a2b3c4d:{digest}", by_version=(("sk1a2b3c4d", digest),))
 
 
 def response_of(body: bytes) -> Any:

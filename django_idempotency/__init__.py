@@ -15,7 +15,7 @@ from __future__ import annotations
 import importlib
 from typing import TYPE_CHECKING, Any
 
-__version__ = "0.1.0.dev0"
+__version__ = "1.0.0rc1"
 __all__ = ["IdempotentMixin", "idempotent", "idempotent_task"]
 
 if TYPE_CHECKING:

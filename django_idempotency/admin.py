@@ -478,7 +478,7 @@ class IdempotencyRecordAdmin(admin.ModelAdmin):  # type: ignore[type-arg]
     ) -> tuple[list[list[str]], bytes | None] | str:
         """The stored headers and body, decrypted for those allowed to see them."""
         headers, body = record.response_headers, record.response_body
-        if not record.response_sealed and not sealing.sealed_by_an_earlier_release(headers, body):
+        if not record.response_sealed:
             return headers, None if body is None else bytes(body)
         if not _may_decrypt.get():
             return str(_("(encrypted: you lack the permission to view it)"))

@@ -4,9 +4,13 @@ Run by tests/test_upgrade_from_previous_release.py, in a subprocess whose
 ``sys.path`` starts with an extract (``git archive``) of the previous
 release: its ``django_idempotency``, its test settings and its test app.
 This file is written against THAT release's code, which never changes, so
-it may use the helpers and internals that release had; do not type-check
-it against this checkout. It migrates the app's table into a database with
-the previous release's migrations, drives the previous release for real
+it may use the helpers and internals that release had (its private
+``_store`` and ``_protection`` packages); do not type-check it against this
+checkout. When ``PREVIOUS_RELEASE`` moves to a newer release, adapt the
+imports here to that release's layout (docs/upgrading.md).
+
+It migrates the app's table into a database with the previous release's
+migrations, drives the previous release for real
 (requests through its protected views with Django's test client, its
 Celery task decorator, and, where only a dead worker leaves a record, the
 same store calls that worker made), and prints, as JSON, every response it
@@ -63,7 +67,8 @@ def fill(encryption_key: str) -> dict[str, Any]:
     from django.test import override_settings
     from rest_framework.test import APIClient
 
-    from django_idempotency import signals, store, testing
+    from django_idempotency import _store as store
+    from django_idempotency import signals, testing
     from django_idempotency.context import IdempotencyContext
     from django_idempotency.models import IdempotencyRecord
     from django_idempotency.scope import Scope
@@ -121,7 +126,7 @@ def fill(encryption_key: str) -> dict[str, Any]:
     send("completed", "/api-view/charges", {"amount": 5})
     send("completed_sealed", "/api-view/charges", {"amount": 7}, sealed=True)
     send("failed", "/api-view/charges", {"amount": 3, "status": 402})
-    send("failed_sealed", "/api-view/charges", {"amount": 4, "invalid": True}, sealed=True)
+    send("failed_sealed", "/api-view/charges", {"amount": 4, "status": 400}, sealed=True)
     send("completed_cbv", "/cbv/charges", {"amount": 8})
     send("completed_mixin", "/mixin/charges", {"amount": 9}, sealed=True)
     send("completed_viewset", "/viewset/charges/", {"amount": 10})
@@ -156,9 +161,8 @@ def fill(encryption_key: str) -> dict[str, Any]:
 
 def fill_tasks(idempotency: Any) -> dict[str, Any]:
     """Records of ``idempotent_task``: two completed, one whose worker died holding it."""
-    from django_idempotency.consumers import TASK_TENANT, _arguments
-
-    from django_idempotency import store
+    from django_idempotency import _store as store
+    from django_idempotency._protection.task import TASK_TENANT, _arguments
     from django_idempotency.conf import idempotency_settings
     from django_idempotency.fingerprint import fingerprint
     from django_idempotency.scope import Scope

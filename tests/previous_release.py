@@ -4,8 +4,9 @@ Shared by the upgrade tests: tests/test_upgrade_from_previous_release.py
 (the previous release fills a database, this code serves it) and
 tests/live/test_rolling_upgrade.py (both serve one database at once).
 
-A shallow clone lacks old commits: the test is skipped locally and fails
-under ``IDEMPOTENCY_REQUIRE_SERVICES=1`` (CI), which must fetch the history.
+``PREVIOUS_RELEASE`` names it. A shallow clone lacks old commits: the test
+is skipped locally and fails under ``IDEMPOTENCY_REQUIRE_SERVICES=1`` (CI),
+which must fetch the history.
 """
 
 from __future__ import annotations
@@ -20,6 +21,11 @@ from pathlib import Path
 import pytest
 
 ROOT = Path(__file__).resolve().parent.parent
+#: The release upgraded from, and served beside this checkout: the commit of
+#: the last release tagged. Move it to each release's commit when its tag is
+#: made (docs/upgrading.md).
+# The 1.0.0rc1 commit: set when the tag is made.
+PREVIOUS_RELEASE = "c7d6682d13a65a5e34b330c009f81a3f4d536101"
 REQUIRE_SERVICES = os.environ.get("IDEMPOTENCY_REQUIRE_SERVICES") == "1"
 
 

@@ -14,6 +14,7 @@ from django_idempotency import recovery, testing
 from django_idempotency.fingerprint import canonical, fingerprint
 from django_idempotency.models import IdempotencyRecord
 from django_idempotency.recovery import Completed, register_reconciler
+from django_idempotency.tasks import TaskKeyReused
 from tests.utils import post
 
 pytestmark = pytest.mark.django_db(transaction=True)
@@ -24,7 +25,7 @@ NEW_SECRET = "django-insecure-the-new-secret-key-of-this-project-9876543210"
 
 
 def bare_sha256(value: Any) -> str:
-    """The unkeyed digest older versions stored, of the same canonical form."""
+    """An unkeyed digest of the same canonical form: what an attacker can compute."""
     encoded = canonical(value)
     if not isinstance(encoded, bytes):  # canonical bytes produced in chunks
         encoded = b"".join(c if isinstance(c, bytes) else c.encode() for c in encoded)
@@ -108,14 +109,15 @@ def test_a_retry_after_a_digest_key_rotated_replays(api: APIClient, settings: An
     assert post(api, URL, {"amount": 7}, "k").status_code == 422
 
 
-def test_a_record_stored_as_bare_sha256_by_an_older_version_replays(api: APIClient) -> None:
-    first = post(api, URL, {"amount": 9}, "k")
+def test_a_fingerprint_without_a_version_matches_no_request(api: APIClient) -> None:
+    # Every stored fingerprint names its secret; an unkeyed SHA-256 of the
+    # same input is not accepted in its place.
+    post(api, URL, {"amount": 9}, "k")
     IdempotencyRecord.objects.update(fingerprint=bare_sha256(charge_input(9)))
 
     retry = post(api, URL, {"amount": 9}, "k")
 
-    assert retry.status_code == 201 and retry.content == first.content
-    assert post(api, URL, {"amount": 10}, "k").status_code == 422
+    assert retry.status_code == 422 and retry.json()["code"] == "idempotency_key_reused"
 
 
 def test_an_uncertain_record_from_before_rotation_is_reconciled_with_its_provider_key(
@@ -171,11 +173,13 @@ def test_a_task_record_from_before_rotation_returns_its_stored_result(settings: 
     rotate_secret(settings)
 
     assert charge("evt-digest-rotation", 5) == first
+    # An unkeyed SHA-256 of the same arguments is not the task's fingerprint.
     record = IdempotencyRecord.objects.get(key="evt-digest-rotation")
     IdempotencyRecord.objects.filter(pk=record.pk).update(
         fingerprint=bare_sha256({"event_id": "evt-digest-rotation", "amount": 5, "fail": False})
     )
-    assert charge("evt-digest-rotation", 5) == first
+    with pytest.raises(TaskKeyReused):
+        charge("evt-digest-rotation", 5)
 
 
 def test_fingerprints_fed_in_chunks_equal_one_shot_fingerprints() -> None:

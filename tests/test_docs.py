@@ -440,3 +440,32 @@ def test_the_cost_section_gives_the_measured_cost_per_request() -> None:
     cost = section(page("observability.md"), "Cost")
     assert cost.strip(), "empty section"
     assert re.search(r"\d", cost), "no figure"
+
+
+#: What a user cannot look up: an internal issue's number, a commit.
+INTERNAL_REFERENCE = re.compile(
+    r"\bissue ?#?[0-9]+|\bcommits? `?[0-9a-f]{7,40}\b|`(?=[0-9]*[a-f])[0-9a-f]{7,40}`",
+    re.IGNORECASE,
+)
+
+
+def test_the_docs_and_the_changelog_cite_no_issue_numbers_or_commits() -> None:
+    pages = [*sorted(DOCS.rglob("*.md")), REPO_ROOT / "CHANGELOG.md", REPO_ROOT / "README.md"]
+    cited = [
+        f"{page.relative_to(REPO_ROOT)}:{number}: {line.strip()}"
+        for page in pages
+        for number, line in enumerate(page.read_text(encoding="utf-8").splitlines(), 1)
+        if INTERNAL_REFERENCE.search(line)
+    ]
+    assert not cited, "\n".join(cited)
+
+
+def test_the_docs_say_how_to_get_the_demo_wherever_they_show_its_files() -> None:
+    # Files of the demo project are in the repository, not the wheel: a page
+    # that points at one links to the page that says how to get them.
+    for page in sorted(DOCS.rglob("*.md")):
+        text = page.read_text(encoding="utf-8")
+        if "testproject/" in text and page.name != "index.md":
+            assert "index.md#the-demo-and-the-repository" in text, page.name
+    index = (DOCS / "index.md").read_text(encoding="utf-8")
+    assert "git clone" in index and "make demo" in index

@@ -35,6 +35,8 @@ CONTRACT = {
 #: modules) that the reference leaves out on purpose, each with the reason.
 #: A new name in an ``__all__`` goes on the page or here: never nowhere.
 NOT_IN_THE_REFERENCE = {
+    "django_idempotency.IdempotentMixin": "on the page as django_idempotency.drf's",
+    "django_idempotency.idempotent_task": "on the page as django_idempotency.tasks'",
     "django_idempotency.context.derive_provider_key": "views read provider_key",
     "django_idempotency.drf.protection_of": "for checks and OpenAPI; returns protection.Options",
     "django_idempotency.exceptions.UNREADABLE_RECORD": "a message StoreUnavailable carries",
@@ -361,3 +363,33 @@ def test_docstrings_are_read_where_griffe_reads_them(
     assert docstring("apidocs_sample.public", ["SCHEDULE"]) == "What the schedule holds."
     assert docstring("apidocs_sample.public", ["Report"]) is None
     assert docstring("apidocs_sample.public", ["BARE"]) is None
+
+
+#: Public modules used by naming them to Django rather than by importing
+#: their names: the page says so in "Modules used through Django".
+USED_THROUGH_DJANGO = {"apps", "urls", "admin", "checks", "conf", "decorators"}
+
+
+def public_modules() -> set[str]:
+    """The package's top-level modules and packages whose names do not start with ``_``."""
+    package = Path(__file__).resolve().parent.parent / "django_idempotency"
+    found = {path.stem for path in package.glob("*.py")}
+    found |= {path.name for path in package.iterdir() if (path / "__init__.py").exists()}
+    # migrations, management and templatetags are Django's to load.
+    return {
+        name
+        for name in found - {"__init__", "migrations", "management", "templatetags"}
+        if not name.startswith("_")
+    }
+
+
+def test_every_public_module_has_a_section_or_is_named_as_used_through_django() -> None:
+    page = API_PAGE.read_text(encoding="utf-8")
+    documented = {module.removeprefix("django_idempotency.") for module in documented_names()}
+    section = page.split("## Modules used through Django", 1)
+    assert len(section) == 2, "docs/api.md lacks its 'Modules used through Django' section"
+    for name in USED_THROUGH_DJANGO:
+        assert f"`django_idempotency.{name}`" in section[1], name
+    missing = public_modules() - documented - USED_THROUGH_DJANGO
+    assert not missing, f"public modules with no section in docs/api.md: {sorted(missing)}"
+    assert not USED_THROUGH_DJANGO & documented, "a module is both documented and 'used through'"

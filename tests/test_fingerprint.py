@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import hashlib
 import json
 import math
 import random
@@ -18,10 +19,12 @@ from rest_framework.test import APIClient, APIRequestFactory
 
 from django_idempotency._store.digests import Fingerprint
 from django_idempotency.fingerprint import (
+    _fingerprinted_input,
     canonical,
     fingerprint,
     request_fingerprint,
     select_fields,
+    write_canonical,
 )
 from tests.utils import masked_csrf_token, post
 
@@ -228,7 +231,7 @@ def test_every_value_of_a_multi_value_dict_counts() -> None:
     )
 
 
-# --- legacy fingerprints: what upgrades must not change ------------------------------------
+# --- the canonical form: what a stored fingerprint digests, stable across releases --------
 
 
 @pytest.mark.parametrize(
@@ -249,17 +252,16 @@ def test_every_value_of_a_multi_value_dict_counts() -> None:
         ),
     ],
 )
-def test_json_requests_keep_the_fingerprints_earlier_versions_stored(
-    body: str, expected: str
-) -> None:
-    """Computed by the release before the streaming encoder: a retry across the upgrade replays."""
+def test_json_requests_keep_their_canonical_form(body: str, expected: str) -> None:
+    """The SHA-256 of each request's canonical form, pinned: a stored fingerprint is an HMAC of it,
+    so a change of the form would turn a retry across an upgrade into a 422."""
     django_request = APIRequestFactory().post(
         "/x?b=2&a=1&a=0", body, content_type="application/json"
     )
     request = Request(django_request, parsers=[JSONParser()])
-    # Since versioned digests the value is a Fingerprint: a stored bare
-    # SHA-256 of an earlier release must still match it.
-    assert request_fingerprint(request, None, (), {"pk": 7}).matches(expected)
+    canonical_form = hashlib.sha256()
+    write_canonical(_fingerprinted_input(request, None, (), {"pk": 7}), canonical_form)
+    assert canonical_form.hexdigest() == expected
 
 
 # --- form data is not JSON ----------------------------------------------------------------

@@ -594,8 +594,8 @@ def test_squashing_the_packages_migrations_today_keeps_the_brin_index_apart() ->
 
     The squash command runs exactly this optimizer over the operations of
     0001..0007. The BRIN index stays a separate, vendor-restricted
-    ``AddIndexWithoutBlocking`` here only because the RunPython operations of
-    0005 and 0006 stand between it and ``CreateModel`` (see the next test).
+    ``AddIndexWithoutBlocking`` here only because the operations of 0006
+    that run code stand between it and ``CreateModel`` (see the next test).
     """
     loader = MigrationLoader(None, ignore_no_migrations=True)
     plan = loader.graph.forwards_plan(AFTER)

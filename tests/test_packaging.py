@@ -6,6 +6,8 @@ import os
 import subprocess
 import sys
 from io import StringIO
+from pathlib import Path
+from typing import Any
 
 import pytest
 from django.core.management import call_command
@@ -178,3 +180,64 @@ def test_non_atomic_requests_stacked_on_top_keeps_every_database_exempt() -> Non
     exempt = vars(view)["_non_atomic_requests"]  # set by Django, declared by no stub
     assert "default" in exempt
     assert "any-other-alias" in exempt
+
+
+def test_the_changelog_has_a_dated_section_for_this_version_and_an_unreleased_one() -> None:
+    import re
+
+    import django_idempotency
+
+    changelog = Path(ROOT, "CHANGELOG.md").read_text(encoding="utf-8")
+    version = re.escape(django_idempotency.__version__)
+    assert re.search(rf"^## \[{version}\] - \d{{4}}-\d\d-\d\d$", changelog, re.MULTILINE)
+    assert re.search(r"^## \[Unreleased\]$", changelog, re.MULTILINE)
+
+
+def test_a_pre_release_is_classified_beta() -> None:
+    import re
+
+    import django_idempotency
+
+    pyproject = Path(ROOT, "pyproject.toml").read_text(encoding="utf-8")
+    pre_release = re.search(r"(a|b|rc|\.dev)\d+$", django_idempotency.__version__)
+    stage = "4 - Beta" if pre_release else "5 - Production/Stable"
+    assert f'"Development Status :: {stage}"' in pyproject
+
+
+def load_check_dist() -> object:
+    import importlib.util
+
+    spec = importlib.util.spec_from_file_location(
+        "check_dist", os.path.join(ROOT, "scripts", "check_dist.py")
+    )
+    assert spec is not None and spec.loader is not None
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
+
+
+def write_wheel(path: str, names: list[str]) -> None:
+    import zipfile
+
+    with zipfile.ZipFile(path, "w") as archive:
+        for name in names:
+            archive.writestr(name, "")
+
+
+def test_the_dist_check_accepts_the_package_alone_and_names_what_else_a_wheel_holds(
+    tmp_path: object,
+) -> None:
+    check_dist: Any = load_check_dist()
+    expected = check_dist.tracked_package_files()
+    metadata = ["django_idempotency-1.0.0rc1.dist-info/METADATA"]
+    whole, stray, partial = (os.path.join(str(tmp_path), f"{n}.whl") for n in "abc")
+    write_wheel(whole, [*sorted(expected), *metadata])
+    write_wheel(stray, [*sorted(expected), *metadata, "tests/settings.py", "testproject/x.py"])
+    missing = "django_idempotency/_store/digests.py"
+    write_wheel(partial, [*sorted(expected - {missing}), *metadata])
+
+    assert check_dist.wheel_problems(Path(whole), expected) == []
+    stray_problems = check_dist.wheel_problems(Path(stray), expected)
+    assert any("tests/settings.py" in problem for problem in stray_problems)
+    assert any("'testproject'" in problem for problem in stray_problems)
+    assert check_dist.wheel_problems(Path(partial), expected) == [f"wheel lacks {missing}"]

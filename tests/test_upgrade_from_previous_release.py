@@ -17,10 +17,9 @@ Then this checkout migrates the same database and must:
   records settled by their reconciler, under the provider key and
   provider operation id the previous release stored.
 
-There is no tagged release yet: the previous release is the last commit of
-main before steps, tombstones and the optimistic mode. Move
-``PREVIOUS_RELEASE`` to each new release's tag once releases are tagged (and
-adapt the fill script to it if needed).
+``PREVIOUS_RELEASE`` is the commit of the last release tagged; move it to
+each new release's commit when it is tagged, and adapt the fill script to
+that release's layout if needed (docs/upgrading.md).
 """
 
 from __future__ import annotations
@@ -51,12 +50,10 @@ from django_idempotency import recovery, tasks
 from django_idempotency.models import IdempotencyRecord, IdempotencyStep
 from django_idempotency.recovery import Completed, register_reconciler
 from django_idempotency.tasks import TaskKeyReused, idempotent_task
-from tests.previous_release import extract_release
+from tests.previous_release import PREVIOUS_RELEASE, extract_release
 
 pytestmark = pytest.mark.django_db(transaction=True)
 
-#: The last commit of main before steps, tombstones and the optimistic mode.
-PREVIOUS_RELEASE = "6aa1767e0fae3d80c65d497dbc22213c1101836f"
 FILL_SCRIPT = Path(__file__).resolve().parent / "fill_with_previous_release.py"
 #: What the fill script imports of the previous release's tree.
 RELEASE_PATHS = [
@@ -65,6 +62,7 @@ RELEASE_PATHS = [
     "tests/settings.py",
     "tests/configurations",
     "tests/testapp",
+    "tests/utils.py",
     "testproject/payments",
 ]
 ENCRYPTION_KEY = Fernet.generate_key().decode()

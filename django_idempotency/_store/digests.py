@@ -8,9 +8,8 @@ default derived from ``SECRET_KEY`` and ``SECRET_KEY_FALLBACKS``), written
 as ``"<version>:<hex>"`` so that a stored digest names the secret it was
 made with. New digests use the first (newest) secret; a fingerprint is
 compared under every listed one, so rotating the secret does not turn a
-retry into a 422. A stored fingerprint without a version was written by an
-older release as the bare SHA-256 of the same canonical form, and is
-compared as such.
+retry into a 422. A stored fingerprint without a version matches nothing:
+every release writes the version.
 """
 
 from __future__ import annotations
@@ -76,14 +75,12 @@ class Fingerprint:
     stored: str
     #: (version, hex digest) for every active secret, newest first.
     by_version: tuple[tuple[str, str], ...]
-    #: The bare SHA-256 that releases before versioned digests stored.
-    legacy: str
 
     def matches(self, stored: str) -> bool:
         """Whether ``stored`` (a record's fingerprint) is this request's."""
         version, separator, digest = stored.partition(VERSION_SEPARATOR)
         if not separator:
-            return hmac.compare_digest(stored.encode(), self.legacy.encode())
+            return False  # not a digest this package writes
         for known, expected in self.by_version:
             if known == version:
                 return hmac.compare_digest(digest.encode(), expected.encode())
@@ -93,28 +90,25 @@ class Fingerprint:
 class FingerprintHasher:
     """Takes the canonical form in chunks; ``finish()`` gives the Fingerprint.
 
-    Each chunk goes to one HMAC per active secret and to the bare SHA-256
-    that older records are compared with: the canonical form is produced
-    once and never held whole.
+    Each chunk goes to one HMAC per active secret: the canonical form is
+    produced once and never held whole.
     """
 
     def __init__(self) -> None:
         self._macs = [
             (secret.version, secret.fingerprint_mac.copy()) for secret in active_secrets()
         ]
-        self._legacy = hashlib.sha256()
 
     def update(self, chunk: str | bytes) -> None:
         data = chunk.encode("utf-8") if isinstance(chunk, str) else chunk
         for _, mac in self._macs:
             mac.update(data)
-        self._legacy.update(data)
 
     def finish(self) -> Fingerprint:
         by_version = tuple((version, mac.hexdigest()) for version, mac in self._macs)
         newest_version, newest = by_version[0]
         stored = f"{newest_version}{VERSION_SEPARATOR}{newest}"
-        return Fingerprint(stored, by_version, self._legacy.hexdigest())
+        return Fingerprint(stored, by_version)
 
 
 def provider_key(material: bytes) -> str:

@@ -25,7 +25,6 @@ from django_idempotency._store.sealing import (
     UnreadableRecord,
     encrypt,
     reseal,
-    sealed_by_an_earlier_release,
 )
 from django_idempotency._store.statements import statements_for
 from django_idempotency.conf import idempotency_settings
@@ -321,7 +320,7 @@ def reseal_batch(*, after: int, limit: int, using: str) -> ResealBatch:
         unchanged = IdempotencyRecord.objects.using(using).filter(
             pk=pk, fencing_token=token, response_sealed=sealed
         )
-        if sealed or sealed_by_an_earlier_release(headers, body):
+        if sealed:
             try:
                 batch.rotated += unchanged.update(response_body=reseal(body), response_sealed=True)
             except UnreadableRecord:

@@ -8,10 +8,8 @@ encrypts, every key decrypts, so keys rotate by putting a new one first and
 re-encrypting with ``manage.py idempotency_rotate_keys`` (which also encrypts
 responses stored before encryption was turned on). The record's
 ``response_sealed`` column says whether its response is encrypted, written
-by the same statement as the response: never guessed from the bytes alone,
-which a plaintext body could spell alike. (An unflagged row counts as
-sealed only if a configured key decrypts it: what the previous release's
-workers seal during a rolling deploy.)
+by the same statement as the response: never guessed from the bytes, which
+a plaintext body could spell alike.
 """
 
 from __future__ import annotations
@@ -81,32 +79,11 @@ def encrypt(status: int, headers: list[list[str]], body: bytes | None) -> Stored
     return StoredResponse(status, [], SEALED_PREFIX + token)
 
 
-def sealed_by_an_earlier_release(headers: list[list[str]], body: Any) -> bool:
-    """Whether an unflagged row holds a response sealed by the previous release.
-
-    During a rolling deploy, workers of the previous release go on sealing
-    responses after migration 0005 added ``response_sealed``, and leave it
-    False. Such a row is recognised only if one of the configured keys
-    decrypts it: a plaintext body that merely starts like a token (defect
-    12) cannot pass that without the key.
-    """
-    keys = idempotency_settings.ENCRYPTION_KEYS
-    if headers or body is None or not keys or not bytes(body).startswith(SEALED_PREFIX):
-        return False
-    from cryptography.fernet import InvalidToken
-
-    try:
-        _fernet(keys).decrypt(_token(body))
-    except InvalidToken:
-        return False
-    return True
-
-
 def unseal(
     headers: list[list[str]], body: Any, *, sealed: bool
 ) -> tuple[list[list[str]], bytes | None]:
     """The headers and body to replay, decrypted if they were sealed."""
-    if not sealed and not sealed_by_an_earlier_release(headers, body):
+    if not sealed:
         return headers, None if body is None else bytes(body)
     from cryptography.fernet import InvalidToken
 
