@@ -3,7 +3,10 @@
 A view inside ``ATOMIC_REQUESTS`` (W002), an optimistic view calling out
 (E036), reconcilers registered for no protected operation (W004, W005) and
 operations sharing a name (W006). Beside ``_routes``, which finds the
-protected views; registered by ``django_idempotency.checks``.
+protected views in ``ROOT_URLCONF``. Imported only by
+``django_idempotency.checks``, which registers these checks with the
+``urls`` tag. Private: it reaches the HTTP glue (through ``_routes``), so
+it sits at the top, not in ``_protection``.
 """
 
 from __future__ import annotations
