@@ -3,7 +3,7 @@
 PYTHON ?= python3
 VENV ?= .venv
 
-.PHONY: demo test configurations fleet lint precommit docs dist-check matrix matrix-ci clean
+.PHONY: demo test configurations fleet lint precommit docs settings-reference dist-check matrix matrix-ci clean
 
 $(VENV)/.installed: pyproject.toml
 	$(PYTHON) -m venv $(VENV)
@@ -45,6 +45,11 @@ lint: $(VENV)/.installed
 # typos) on every file; the hooks' environments come from PyPI on first use.
 precommit: $(VENV)/.installed
 	$(VENV)/bin/pre-commit run --all-files --show-diff-on-failure
+
+# Rewrite the generated reference of docs/settings.md from the declarations
+# in django_idempotency/conf.py (tests/test_conf.py fails while they differ).
+settings-reference: $(VENV)/.installed
+	$(VENV)/bin/python scripts/settings_reference.py
 
 # The documentation site (mkdocs.yml), warnings as errors.
 docs: $(VENV)/.installed

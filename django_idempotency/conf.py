@@ -1,13 +1,22 @@
 """The ``IDEMPOTENCY`` settings dict, read through a typed object.
 
+Each setting is declared once, below, as an attribute of
+``IdempotencySettings``: its default, how a value is normalised (which also
+gives the attribute its type), the ids of the system checks that validate
+it and one line of documentation. ``DEFAULTS``, the checks' list of known
+settings and the reference in docs/settings.md
+(``scripts/settings_reference.py``) are derived from these declarations.
+
 Each attribute is resolved (defaults filled in, durations made timedeltas,
 dotted paths imported) on first access and kept until ``settings.IDEMPOTENCY``
 (or ``SECRET_KEY``, which the default ``DIGEST_KEYS`` follow) changes: Django
 sends ``setting_changed`` for ``override_settings`` and the pytest-django
 ``settings`` fixture, and that clears what was kept. (Mutating
 the dict in place at run time is not seen; nothing should.) Values are
-validated by the system checks in ``checks.py``; here they are only
-normalised.
+validated by the system checks registered by ``checks.py``; here they are
+only normalised.
+
+Imports nothing from the package: every module may read its settings.
 """
 
 from __future__ import annotations
@@ -26,11 +35,12 @@ if TYPE_CHECKING:
     from django.http import HttpRequest
 
     from django_idempotency.responses import StoredResponse
-    from django_idempotency.scope import OperationNames
 
 __all__ = [
     "DEFAULTS",
+    "SETTINGS",
     "IdempotencySettings",
+    "Setting",
     "TenantResolver",
     "as_timedelta",
     "idempotency_settings",
@@ -38,52 +48,13 @@ __all__ = [
 ]
 
 TenantResolver = Callable[["HttpRequest"], str]
+Redactor = Callable[["StoredResponse"], "StoredResponse"]
+#: The values of ``OPERATION_NAMES`` (``scope.OPERATION_NAMES`` lists them).
+OperationNames = Literal["pattern", "normalised", "route_name"]
+#: What the generic checks know how to validate (see ``checks.py``); None:
+#: the setting has a check of its own beside the feature it configures.
+Kind = Literal["boolean", "duration"]
 T = TypeVar("T")
-
-DEFAULTS: Mapping[str, Any] = {
-    "HEADER": "Idempotency-Key",
-    "REQUIRED": True,
-    "KEY_MAX_LENGTH": 255,
-    "TTL": timedelta(hours=24),
-    "LEASE": timedelta(minutes=2),
-    "TENANT": "django_idempotency.scope.default_tenant",
-    "DATABASE": "default",
-    "IN_FLIGHT": "conflict",
-    "IN_FLIGHT_WAIT": timedelta(seconds=10),
-    "FAIL_OPEN": False,
-    "STORED_HEADERS": (),
-    "MAX_STORED_BODY": 1024 * 1024,
-    "SINGLE_TRANSACTION": False,
-    "ERROR_FORMAT": "drf",
-    "REDACT": None,
-    "ENCRYPTION_KEYS": (),
-    #: None: one secret derived from SECRET_KEY, then one per SECRET_KEY_FALLBACKS.
-    "DIGEST_KEYS": None,
-    "MAX_FINGERPRINTED_BODY": 2_621_440,
-    "PROBLEM_TYPE_BASE": "https://django-idempotency.readthedocs.io/en/latest/errors/#",
-    #: How default operation names are written; see scope.operation_name.
-    "OPERATION_NAMES": "pattern",
-    #: {records alias: alias of the connections that commit at once while the
-    #: view's transaction is open}; {}: a second connection to the same alias.
-    "INTENT_DATABASES": {},
-    #: None: no tombstones; a key past retention starts a new operation.
-    "TOMBSTONE_TTL": None,
-    #: Whether protected responses say how long their outcome is still kept
-    #: (``responses.RETENTION_HEADER``).
-    "ADVERTISE_RETENTION": False,
-    #: Where metrics go: "opentelemetry" (the API; a no-op without an SDK)
-    #: and/or "prometheus" (prometheus_client); () for none. See metrics.py.
-    "METRICS": ("opentelemetry",),
-    #: Distinct ``operation`` values a process labels metrics with; later
-    #: ones are counted as "other", so a route with ids in it cannot flood
-    #: the metrics backend.
-    "METRICS_OPERATIONS": 100,
-    #: Whether the request counter is labelled with the tenant too.
-    "METRICS_TENANT": False,
-    #: Spans for the claim, the view, the completion, begin_external() and
-    #: replays, through the OpenTelemetry API (tracing.py).
-    "TRACING": True,
-}
 
 
 def as_timedelta(value: timedelta | float) -> timedelta:
@@ -106,32 +77,49 @@ def import_callable(path: str, setting: str) -> Callable[..., Any]:
     return cast(Callable[..., Any], imported)
 
 
-def _as_bytes(secret: str | bytes) -> bytes:
-    return secret.encode("utf-8") if isinstance(secret, str) else bytes(secret)
+class Setting(Generic[T]):
+    """One key of ``IDEMPOTENCY``, declared once; read on an instance, its resolved value.
 
-
-class _resolved(Generic[T]):  # lower case: a decorator, like @property
-    """A read-only property computed once per value of ``settings.IDEMPOTENCY``.
-
-    Every protected request reads about fifteen settings; resolving each one
+    The value is computed once per value of ``settings.IDEMPOTENCY``: every
+    protected request reads about fifteen settings, and resolving each one
     anew (dict lookups with defaults, timedelta conversions, imports) was a
     measurable share of the request path.
     """
 
-    def __init__(self, compute: Callable[[IdempotencySettings], T]) -> None:
-        self.compute = compute
-        self.name = compute.__name__
-        self.__doc__ = compute.__doc__
+    name: str
+
+    def __init__(
+        self,
+        default: Any,
+        normalise: Callable[[Any], T],
+        *,
+        checks: tuple[str, ...],
+        doc: str,
+        kind: Kind | None = None,
+        default_note: str = "",
+    ) -> None:
+        self.default = default
+        self.normalise = normalise
+        #: The ids (``E002``...) of the system checks that report a bad value.
+        self.checks = checks
+        #: The reference's line for this setting (Markdown).
+        self.doc = doc
+        self.kind = kind
+        #: What the reference adds after the default, e.g. " (1 MiB)".
+        self.default_note = default_note
+
+    def __set_name__(self, owner: type, name: str) -> None:
+        self.name = name
 
     @overload
-    def __get__(self, instance: None, owner: type | None = None) -> _resolved[T]: ...
+    def __get__(self, instance: None, owner: type | None = None) -> Setting[T]: ...
 
     @overload
     def __get__(self, instance: IdempotencySettings, owner: type | None = None) -> T: ...
 
     def __get__(
         self, instance: IdempotencySettings | None, owner: type | None = None
-    ) -> T | _resolved[T]:
+    ) -> T | Setting[T]:
         if instance is None:
             return self
         # The dict of the settings' current value: a change meanwhile
@@ -140,8 +128,81 @@ class _resolved(Generic[T]):  # lower case: a decorator, like @property
         try:
             value: T = resolved[self.name]
         except KeyError:
-            value = resolved[self.name] = self.compute(instance)
+            value = resolved[self.name] = self.normalise(instance.value_of(self.name))
         return value
+
+
+# Normalisers: the value as given (validated by the checks) to the typed value.
+
+
+def _text(value: Any) -> str:
+    return cast(str, value)
+
+
+def _count(value: Any) -> int:
+    return cast(int, value)
+
+
+def _optional_alias(value: Any) -> str | None:
+    # None: the routers choose per request (routing.database_for).
+    return cast("str | None", value)
+
+
+def _optional_duration(value: Any) -> timedelta | None:
+    return None if value is None else as_timedelta(value)
+
+
+def _names(value: Any) -> tuple[str, ...]:
+    return tuple(value)
+
+
+def _sinks(value: Any) -> tuple[str, ...]:
+    return (value,) if isinstance(value, str) else tuple(value or ())
+
+
+def _aliases(value: Any) -> Mapping[str, str]:
+    return dict(value)
+
+
+def _tenant(value: Any) -> TenantResolver:
+    if isinstance(value, str):
+        return import_callable(value, "TENANT")
+    return cast(TenantResolver, value)
+
+
+def _redactor(value: Any) -> Redactor | None:
+    if isinstance(value, str):
+        return import_callable(value, "REDACT")
+    return cast("Redactor | None", value)
+
+
+def _in_flight(value: Any) -> Literal["conflict", "wait"]:
+    return cast(Literal["conflict", "wait"], value)
+
+
+def _error_format(value: Any) -> Literal["drf", "problem"]:
+    return cast(Literal["drf", "problem"], value)
+
+
+def _operation_names(value: Any) -> OperationNames:
+    return cast(OperationNames, value)
+
+
+def _as_bytes(secret: str | bytes) -> bytes:
+    return secret.encode("utf-8") if isinstance(secret, str) else bytes(secret)
+
+
+def _digest_keys(value: Any) -> tuple[tuple[str | None, bytes], ...]:
+    """(version, secret) pairs, newest first.
+
+    A version of None: the secret is ``SECRET_KEY`` or one of its fallbacks,
+    whose version ``_store.digests`` derives from it (with the stored
+    format's salt, which is the digests' to know).
+    """
+    if value is None:
+        secrets = [django_settings.SECRET_KEY, *django_settings.SECRET_KEY_FALLBACKS]
+        return tuple((None, _as_bytes(secret)) for secret in secrets)
+    return tuple((str(version), _as_bytes(secret)) for version, secret in value)
 
 
 class IdempotencySettings:
@@ -155,135 +216,263 @@ class IdempotencySettings:
         value = getattr(django_settings, "IDEMPOTENCY", {})
         return value if isinstance(value, Mapping) else {}
 
-    def _get(self, name: str) -> Any:
+    def value_of(self, name: str) -> Any:
+        """The value of setting ``name`` as given, or its default."""
         return self.user_settings.get(name, DEFAULTS[name])
 
-    @_resolved
-    def HEADER(self) -> str:
-        return cast(str, self._get("HEADER"))
+    HEADER = Setting(
+        "Idempotency-Key",
+        _text,
+        checks=("E002",),
+        doc="The request header carrying the key; echoed on executed and replayed responses.",
+    )
+    REQUIRED = Setting(
+        True,
+        bool,
+        kind="boolean",
+        checks=("E003",),
+        doc="Refuse a protected request without a key (400 `idempotency_key_missing`). "
+        "`False` runs it unprotected. Per view: `idempotent(required=...)`.",
+    )
+    KEY_MAX_LENGTH = Setting(
+        255,
+        _count,
+        checks=("E004",),
+        doc="Longest accepted key, 1 to 255 (the column size).",
+    )
+    TTL = Setting(
+        timedelta(hours=24),
+        as_timedelta,
+        kind="duration",
+        checks=("E005", "E014"),
+        doc="Retention: how long an outcome is replayed, counted from when it was stored. "
+        "Per view: `idempotent(ttl=...)`. See [Choosing TTL and lease](ttl-and-lease.md).",
+    )
+    LEASE = Setting(
+        timedelta(minutes=2),
+        as_timedelta,
+        kind="duration",
+        checks=("E006", "E014"),
+        doc="How long an owner holds a record before a duplicate request or recovery may "
+        "take it over.",
+    )
+    TENANT = Setting(
+        "django_idempotency.scope.default_tenant",
+        _tenant,
+        checks=("E007",),
+        doc="A callable, or the dotted path to one, taking the request and returning the "
+        "tenant as a string. See [Tenants](#tenants).",
+    )
+    DATABASE = Setting(
+        "default",
+        _optional_alias,
+        checks=("E008", "E023"),
+        doc="Database alias of the record table. It must be the database your protected "
+        "views write to, so that their writes and the outcome commit together. See "
+        "[Multiple databases](databases.md). `None`: your database routers choose the alias "
+        "per request, `db_for_write(IdempotencyRecord, tenant=..., operation=..., "
+        "request=...)`, so that each tenant's records live with its data (shards); the view "
+        "learns it as `request.idempotency.database`. See [Databases: routing records with "
+        "the tenant's data](shards.md).",
+    )
+    IN_FLIGHT = Setting(
+        "conflict",
+        _in_flight,
+        checks=("E009",),
+        doc='A duplicate of a running request gets 409 at once. `"wait"`: it waits up to '
+        "`IN_FLIGHT_WAIT` for the first to finish and replays its outcome, else 409. Views "
+        "with `optimistic=True` always wait (on the database, up to `IN_FLIGHT_WAIT` on "
+        "PostgreSQL) whatever this says.",
+    )
+    IN_FLIGHT_WAIT = Setting(
+        timedelta(seconds=10),
+        as_timedelta,
+        kind="duration",
+        checks=("E010",),
+        doc='Bound of the `"wait"` mode, and of every wait of a request on another '
+        "session's lock on its record (then 409 with Retry-After): on PostgreSQL the "
+        "transaction-local `lock_timeout` of the claim, of the takeover of an abandoned claim "
+        "(also on MySQL/MariaDB, in whole seconds) and of `optimistic` views' claims, how "
+        "long a duplicate waits on the first request's rows; and the "
+        "`idle_in_transaction_session_timeout` (at least 1 s) of recovery's takeover, so "
+        "that a recovery worker cut off from the database mid-takeover never holds a "
+        "record's row longer ([partitions](fleet.md#a-partition)).",
+    )
+    FAIL_OPEN = Setting(
+        False,
+        bool,
+        kind="boolean",
+        checks=("E011",),
+        doc="When the record store cannot be reached, run the view unprotected (logging a "
+        "warning) instead of answering 503.",
+    )
+    STORED_HEADERS = Setting(
+        (),
+        _names,
+        checks=("E012",),
+        doc="Response headers stored and replayed besides `Content-Type` and `Location`, "
+        'e.g. `["ETag"]`. A list or tuple of header names.',
+    )
+    MAX_STORED_BODY = Setting(
+        1024 * 1024,
+        _count,
+        checks=("E013",),
+        default_note=" (1 MiB)",
+        doc="Largest response body stored, in bytes. See [Stored responses](responses.md).",
+    )
+    ERROR_FORMAT = Setting(
+        "drf",
+        _error_format,
+        checks=("E015",),
+        doc='`"drf"`: refusals are raised for your `EXCEPTION_HANDLER` (`{"detail", '
+        '"code"}`). `"problem"`: RFC 9457 `application/problem+json`. See '
+        "[Errors](errors.md).",
+    )
+    PROBLEM_TYPE_BASE = Setting(
+        "https://django-idempotency.readthedocs.io/en/latest/errors/#",
+        _text,
+        checks=("E016",),
+        doc="Prefix of each problem's `type` URI; the error code follows it. Point it at "
+        "your own API documentation if you publish one.",
+    )
+    REDACT = Setting(
+        None,
+        _redactor,
+        checks=("E017",),
+        doc="A callable (or dotted path) receiving the `StoredResponse` (status, headers, "
+        "body) about to be stored and returning what to store instead: strip card numbers, "
+        "tokens, personal data. The first answer is the view's own; replays carry what was "
+        "kept. See [Security](security.md).",
+    )
+    ENCRYPTION_KEYS = Setting(
+        (),
+        _names,
+        checks=("E018",),
+        doc='Fernet keys (`cryptography`, `pip install "django-idempotency[encryption]"`), '
+        "newest first: the first encrypts stored headers and bodies (the headers also when "
+        "the body was not stored), every key decrypts. Rotate by putting a new key first, "
+        "running `manage.py idempotency_rotate_keys`, then removing the old one; the same "
+        "command encrypts responses stored before the keys were set.",
+    )
+    DIGEST_KEYS = Setting(
+        None,
+        _digest_keys,
+        checks=("E021",),
+        default_note=": one secret derived from `SECRET_KEY`, then one from each of "
+        "`SECRET_KEY_FALLBACKS`",
+        doc="The secrets of the keyed digests (HMAC-SHA256) stored as fingerprints and "
+        "provider keys, newest first, as `[(version, secret), ...]`: a version of 1 to 16 "
+        "letters, digits, `_`, `.` or `-` that never changes for its secret, and a secret of "
+        "at least 32 characters. New digests use the first; fingerprints are compared under "
+        "every one listed. See [Digest keys](#digest-keys).",
+    )
+    MAX_FINGERPRINTED_BODY = Setting(
+        2_621_440,
+        _count,
+        checks=("E019",),
+        default_note=" (Django's `DATA_UPLOAD_MAX_MEMORY_SIZE` default)",
+        doc="Largest declared body (Content-Length) of a protected request; larger ones are "
+        "refused with 413 `idempotency_body_too_large` before anything is parsed or claimed. "
+        "Every request whose `Content-Type` is `multipart/*` is exempt, not only "
+        "`multipart/form-data` uploads: see "
+        "[idempotency_body_too_large](errors.md#idempotency_body_too_large).",
+    )
+    OPERATION_NAMES = Setting(
+        "pattern",
+        _operation_names,
+        checks=("E022",),
+        doc='How a protected view\'s default operation name is written: `"pattern"`, the '
+        "method plus the URL route pattern (`PATCH api/orders/(?P<pk>[^/.]+)`); "
+        '`"normalised"`, with the URL arguments as `{name}` (`PATCH api/orders/{pk}`); '
+        '`"route_name"`, with the URL\'s name and namespaces (`PATCH orders-detail`). Choose '
+        "it when you start: changing it renames operations under a running system. See "
+        "[Operation names](#operation-names).",
+    )
+    INTENT_DATABASES = Setting(
+        {},
+        _aliases,
+        checks=("E030", "E031", "E032", "E033", "W010"),
+        doc="For each records' alias (`DATABASE`, or each alias your router sends records "
+        "to), the alias whose connections write what must commit while the view's "
+        "transaction is still open: the intent of `begin_external()`, "
+        "`set_provider_operation()` and `renew_lease()` inside the view. `{}`: a second "
+        "connection to the records' alias itself. Behind PgBouncer in transaction pooling, "
+        "map it to a second PgBouncer entry of the same database, a pool of its own, or the "
+        "pool deadlocks when it is no larger than the concurrent external calls. The mapped "
+        "alias must reach the same database. Its connections are opened per thread and "
+        "closed when the protected view is done. See [PgBouncer](pgbouncer.md).",
+    )
+    TOMBSTONE_TTL = Setting(
+        None,
+        _optional_duration,
+        checks=("E035",),
+        default_note=": no tombstones",
+        doc="How long a key stays refused after its record's retention (`expires_at`) has "
+        "passed: a retry of the same request then gets 422 `idempotency_key_expired` instead "
+        "of running again, one of other input 422 `idempotency_key_reused`. The purge drops "
+        "the stored response and keeps the record's scope and fingerprint (a tombstone) "
+        "until `expires_at` plus `TOMBSTONE_TTL`, then deletes it. `None`: past retention a "
+        "key starts a new operation. See [Expired keys](ttl-and-lease.md#expired-keys).",
+    )
+    ADVERTISE_RETENTION = Setting(
+        False,
+        bool,
+        kind="boolean",
+        checks=("E034",),
+        doc="Put `Idempotency-Key-Expires-In: <seconds>` on every response whose outcome is "
+        "stored: how long a retry with the same key still gets it (the retention on a first "
+        "execution, what is left on a replay). See "
+        "[Advertising retention](http.md#advertising-retention).",
+    )
+    METRICS = Setting(
+        ("opentelemetry",),
+        _sinks,
+        checks=("E037", "W022"),
+        doc='Where the package\'s metrics go: `"opentelemetry"` (the OpenTelemetry API: a '
+        "no-op until your project configures an SDK, and when the API is not installed), "
+        '`"prometheus"` (`prometheus_client`, `pip install "django-idempotency[prometheus]"`, '
+        "across gunicorn's workers with `PROMETHEUS_MULTIPROC_DIR`), both, or `()` for none. "
+        "See [Observability](observability.md).",
+    )
+    METRICS_OPERATIONS = Setting(
+        100,
+        _count,
+        checks=("E038",),
+        doc="How many distinct `operation` label values a process uses; requests of later "
+        'operations are counted under `"other"`, so that routes with ids in their names '
+        "cannot flood the metrics backend.",
+    )
+    METRICS_TENANT = Setting(
+        False,
+        bool,
+        kind="boolean",
+        checks=("E039",),
+        doc="Label the request counter with the tenant too. Only where tenants are few: "
+        "every tenant is a time series of its own. Keys are never labels.",
+    )
+    TRACING = Setting(
+        True,
+        bool,
+        kind="boolean",
+        checks=("E040",),
+        doc="Spans for the claim, the view, the completion, `begin_external()` and replays, "
+        "through the OpenTelemetry API (a no-op without it or without an SDK). See "
+        "[Observability](observability.md#traces).",
+    )
 
-    @_resolved
-    def REQUIRED(self) -> bool:
-        return bool(self._get("REQUIRED"))
-
-    @_resolved
-    def KEY_MAX_LENGTH(self) -> int:
-        return cast(int, self._get("KEY_MAX_LENGTH"))
-
-    @_resolved
-    def TTL(self) -> timedelta:
-        return as_timedelta(self._get("TTL"))
-
-    @_resolved
-    def LEASE(self) -> timedelta:
-        return as_timedelta(self._get("LEASE"))
-
-    @_resolved
-    def TENANT(self) -> TenantResolver:
-        value = self._get("TENANT")
-        if isinstance(value, str):
-            return import_callable(value, "TENANT")
-        return cast(TenantResolver, value)
-
-    @_resolved
-    def DATABASE(self) -> str | None:
-        # None: the routers choose per request (databases.database_for).
-        return cast("str | None", self._get("DATABASE"))
-
-    @_resolved
-    def IN_FLIGHT(self) -> Literal["conflict", "wait"]:
-        return cast(Literal["conflict", "wait"], self._get("IN_FLIGHT"))
-
-    @_resolved
-    def IN_FLIGHT_WAIT(self) -> timedelta:
-        return as_timedelta(self._get("IN_FLIGHT_WAIT"))
-
-    @_resolved
-    def FAIL_OPEN(self) -> bool:
-        return bool(self._get("FAIL_OPEN"))
-
-    @_resolved
-    def STORED_HEADERS(self) -> tuple[str, ...]:
-        return tuple(self._get("STORED_HEADERS"))
-
-    @_resolved
-    def MAX_STORED_BODY(self) -> int:
-        return cast(int, self._get("MAX_STORED_BODY"))
-
-    @_resolved
-    def REDACT(self) -> Callable[[StoredResponse], StoredResponse] | None:
-        value = self._get("REDACT")
-        if isinstance(value, str):
-            return import_callable(value, "REDACT")
-        return cast("Callable[[StoredResponse], StoredResponse] | None", value)
-
-    @_resolved
-    def ENCRYPTION_KEYS(self) -> tuple[str, ...]:
-        return tuple(self._get("ENCRYPTION_KEYS"))
-
-    @_resolved
-    def DIGEST_KEYS(self) -> tuple[tuple[str, bytes], ...]:
-        """(version, secret) pairs, newest first; the default follows SECRET_KEY."""
-        value = self._get("DIGEST_KEYS")
-        if value is None:
-            from django_idempotency._store.digests import default_version
-
-            secrets = [django_settings.SECRET_KEY, *django_settings.SECRET_KEY_FALLBACKS]
-            encoded = [_as_bytes(secret) for secret in secrets]
-            return tuple((default_version(secret), secret) for secret in encoded)
-        return tuple((str(version), _as_bytes(secret)) for version, secret in value)
-
-    @_resolved
-    def MAX_FINGERPRINTED_BODY(self) -> int:
-        return cast(int, self._get("MAX_FINGERPRINTED_BODY"))
-
-    @_resolved
+    @property
     def SINGLE_TRANSACTION(self) -> bool:
-        return bool(self._get("SINGLE_TRANSACTION"))
+        # Not a setting any more (no default, check or reference): read by the
+        # request flow only until the single-transaction mode is removed
+        # beside this change, after which this goes too.
+        return bool(self.user_settings.get("SINGLE_TRANSACTION", False))
 
-    @_resolved
-    def ERROR_FORMAT(self) -> Literal["drf", "problem"]:
-        return cast(Literal["drf", "problem"], self._get("ERROR_FORMAT"))
 
-    @_resolved
-    def PROBLEM_TYPE_BASE(self) -> str:
-        return cast(str, self._get("PROBLEM_TYPE_BASE"))
-
-    @_resolved
-    def OPERATION_NAMES(self) -> OperationNames:
-        return cast("OperationNames", self._get("OPERATION_NAMES"))
-
-    @_resolved
-    def INTENT_DATABASES(self) -> Mapping[str, str]:
-        return dict(self._get("INTENT_DATABASES"))
-
-    @_resolved
-    def TOMBSTONE_TTL(self) -> timedelta | None:
-        """How long a purged record's scope and fingerprint are kept; ``None``: not at all."""
-        value = self._get("TOMBSTONE_TTL")
-        return None if value is None else as_timedelta(value)
-
-    @_resolved
-    def ADVERTISE_RETENTION(self) -> bool:
-        return bool(self._get("ADVERTISE_RETENTION"))
-
-    @_resolved
-    def METRICS(self) -> tuple[str, ...]:
-        value = self._get("METRICS")
-        return (value,) if isinstance(value, str) else tuple(value or ())
-
-    @_resolved
-    def METRICS_OPERATIONS(self) -> int:
-        return cast(int, self._get("METRICS_OPERATIONS"))
-
-    @_resolved
-    def METRICS_TENANT(self) -> bool:
-        return bool(self._get("METRICS_TENANT"))
-
-    @_resolved
-    def TRACING(self) -> bool:
-        return bool(self._get("TRACING"))
-
+#: Every setting, in the reference's order.
+SETTINGS: tuple[Setting[Any], ...] = tuple(
+    value for value in vars(IdempotencySettings).values() if isinstance(value, Setting)
+)
+DEFAULTS: Mapping[str, Any] = {setting.name: setting.default for setting in SETTINGS}
 
 idempotency_settings = IdempotencySettings()
 

@@ -97,7 +97,8 @@ def test_a_complete_valid_configuration_passes() -> None:
         ({"ENCRYPTION_KEYS": "one-key"}, "E018"),
         ({"ENCRYPTION_KEYS": ["not a fernet key"]}, "E018"),
         ({"MAX_FINGERPRINTED_BODY": 0}, "E019"),
-        ({"SINGLE_TRANSACTION": "yes"}, "E020"),
+        # Gone with the single-transaction mode: an unknown key now (E020 is retired).
+        ({"SINGLE_TRANSACTION": True}, "W001"),
         ({"OPERATION_NAMES": "route-name"}, "E022"),
         ({"OPERATION_NAMES": None}, "E022"),
         ({"INTENT_DATABASES": "default"}, "E030"),
@@ -108,6 +109,39 @@ def test_a_complete_valid_configuration_passes() -> None:
 )
 def test_invalid_value_is_reported_with_its_id(settings_value: Any, expected: str) -> None:
     assert ids(settings_value) == [f"django_idempotency.{expected}"]
+
+
+def test_every_check_is_registered_with_its_tag() -> None:
+    from django.core.checks import registry
+
+    from django_idempotency import checks
+
+    tags = {
+        "check_settings": "compatibility",
+        "check_prometheus_directory": "compatibility",
+        "check_celery_timeouts": "compatibility",
+        "check_atomic_requests": "urls",
+        "check_optimistic_views": "urls",
+        "check_operations": "urls",
+        "check_intent_databases_reach_the_records": "database",
+    }
+    assert set(tags) == set(checks.__all__)
+    registered = registry.registry.registered_checks
+    for name, tag in tags.items():
+        check = getattr(checks, name)
+        assert check in registered
+        assert tag in getattr(check, "tags", ())
+
+
+def test_each_declared_setting_is_checked_by_one_validator() -> None:
+    from django_idempotency._observability import checks as observability
+    from django_idempotency._protection import checks as protection
+    from django_idempotency._store import checks as store
+    from django_idempotency.conf import SETTINGS
+
+    own = [*protection.VALIDATORS, *store.VALIDATORS, *observability.VALIDATORS]
+    assert len(own) == len(set(own))
+    assert set(own) == {setting.name for setting in SETTINGS if setting.kind is None}
 
 
 def test_every_error_carries_a_hint() -> None:

@@ -29,7 +29,7 @@ from rest_framework.response import Response
 
 import django_idempotency.management
 from django_idempotency import checks, exceptions, idempotent, signals, tasks
-from django_idempotency.conf import DEFAULTS
+from django_idempotency.conf import DEFAULTS, SETTINGS
 from django_idempotency.drf import IdempotentMixin
 from django_idempotency.models import IdempotencyRecord
 
@@ -145,18 +145,22 @@ def test_the_readme_lists_every_argument_of_idempotent_and_the_mixin() -> None:
 
 
 def ids_in_checks_module() -> set[str]:
-    """Every check id checks.py can emit: ``_error(N, ...)``, ``_check_*(name, N)``, literals."""
-    tree = ast.parse(Path(inspect.getfile(checks)).read_text())
-    ids = set()
-    for node in ast.walk(tree):
-        if isinstance(node, ast.Constant) and isinstance(node.value, str):
-            ids.update(re.findall(r"django_idempotency\.[EW]\d{3}", node.value))
-        if isinstance(node, ast.Call) and isinstance(node.func, ast.Name):
-            numbered = {"_error": 0, "_check_bool": 1, "_check_duration": 1}
-            position = numbered.get(node.func.id)
-            number = node.args[position] if position is not None else None
-            if isinstance(number, ast.Constant) and isinstance(number.value, int):
-                ids.add(f"django_idempotency.E{number.value:03d}")
+    """Every check id the check modules can emit: ``error(N, ...)``, literals, and the
+    generic checks of the booleans and durations that conf.py declares."""
+    package = Path(inspect.getfile(checks)).parent
+    ids = {
+        f"django_idempotency.{setting.checks[0]}"
+        for setting in SETTINGS
+        if setting.kind is not None
+    }
+    for module in [package / "_view_checks.py", *package.glob("**/checks.py")]:
+        for node in ast.walk(ast.parse(module.read_text())):
+            if isinstance(node, ast.Constant) and isinstance(node.value, str):
+                ids.update(re.findall(r"django_idempotency\.[EW]\d{3}", node.value))
+            if isinstance(node, ast.Call) and isinstance(node.func, ast.Name):
+                number = node.args[0] if node.func.id == "error" and node.args else None
+                if isinstance(number, ast.Constant) and isinstance(number.value, int):
+                    ids.add(f"django_idempotency.E{number.value:03d}")
     return ids
 
 
@@ -167,7 +171,12 @@ def test_every_system_check_id_is_documented_and_no_other() -> None:
         if (match := re.fullmatch(r"`(django_idempotency\.[EW]\d{3})`", cells[0]))
     }
     in_code = ids_in_checks_module()
-    assert "django_idempotency.E001" in in_code  # the reading of checks.py found them
+    # The reading of the modules found them: the shared, a store and a view check.
+    assert {
+        "django_idempotency.E001",
+        "django_idempotency.E032",
+        "django_idempotency.E036",
+    } <= in_code
     assert documented == in_code
 
 

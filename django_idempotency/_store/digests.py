@@ -46,10 +46,10 @@ def _derive(purpose: str, secret: bytes) -> bytes:
 
 
 @lru_cache(maxsize=8)
-def _secrets(keys: tuple[tuple[str, bytes], ...]) -> tuple[_Secret, ...]:
+def _secrets(keys: tuple[tuple[str | None, bytes], ...]) -> tuple[_Secret, ...]:
     return tuple(
         _Secret(
-            version,
+            default_version(secret) if version is None else version,
             hmac.new(_derive("fingerprint", secret), digestmod="sha256"),
             hmac.new(_derive("provider-key", secret), digestmod="sha256"),
         )
