@@ -432,7 +432,10 @@ def documented_modules() -> list[str]:
     return sorted(
         name
         for name in modules
-        if name.split(".")[0] == "django_idempotency" and name in DOCUMENTED
+        if name.split(".")[0] == "django_idempotency"
+        and name in DOCUMENTED
+        # A page that explains the internals names private modules: not API.
+        and not any(part.startswith("_") for part in name.split("."))
     )
 
 
@@ -442,7 +445,11 @@ MISSING = object()
 
 def public_names() -> Iterator[tuple[str, Any]]:
     """Every documented or SPEC-fixed path, and every name in a documented module's ``__all__``."""
-    paths = set(DOCUMENTED) | set(SPEC_PATHS)
+    paths = {
+        path
+        for path in set(DOCUMENTED) | set(SPEC_PATHS)
+        if not any(part.startswith("_") and not part.endswith("__") for part in path.split(".")[1:])
+    }
     for module_name in documented_modules():
         module = resolve(module_name)
         paths.update(f"{module_name}.{name}" for name in getattr(module, "__all__", ()))
