@@ -88,17 +88,6 @@ def test_an_uncertain_verdict_leaves_the_record_uncertain(api: APIClient) -> Non
     assert sent == ["record_uncertain"]
 
 
-@pytest.mark.postgres
-def test_an_uncertain_verdict_in_single_transaction_mode(api: APIClient) -> None:
-    first = post(api, "/policy/single", {"amount": 5, "status": 504}, "k-1")
-    retry = post(api, "/policy/single", {"amount": 5, "status": 504}, "k-1")
-
-    assert first.status_code == 504
-    assert retry.status_code == 409
-    assert IdempotencyRecord.objects.get().state == State.UNCERTAIN
-    assert Charge.objects.count() == 0
-
-
 def test_a_released_status_runs_again(api: APIClient) -> None:
     post(api, "/policy/by-status", {"amount": 5, "status": 418}, "k-1")
     retry = post(api, "/policy/by-status", {"amount": 5}, "k-1")

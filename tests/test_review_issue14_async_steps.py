@@ -20,7 +20,6 @@ from django_idempotency.models import IdempotencyRecord, IdempotencyStep
 
 pytestmark = [
     pytest.mark.django_db(transaction=True),
-    pytest.mark.not_under("single-transaction", reason="begin_external() is refused (E020)"),
     pytest.mark.not_under(
         "repeatable-read", reason="IsolationNotSupported", databases=("postgres",)
     ),

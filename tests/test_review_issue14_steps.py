@@ -32,7 +32,6 @@ from tests.utils import post
 
 pytestmark = [
     pytest.mark.django_db(transaction=True),
-    pytest.mark.not_under("single-transaction", reason="begin_external() is refused (E020)"),
     pytest.mark.not_under(
         "repeatable-read", reason="IsolationNotSupported", databases=("postgres",)
     ),

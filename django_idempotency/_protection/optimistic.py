@@ -31,7 +31,6 @@ from typing import TYPE_CHECKING
 from django.db import DatabaseError, InterfaceError, transaction
 
 from django_idempotency import _store as store
-from django_idempotency import signals
 from django_idempotency._observability.tracing import step_span
 from django_idempotency._protection.answers import (
     UNAVAILABLE_RETRY_AFTER,
@@ -41,8 +40,8 @@ from django_idempotency._protection.answers import (
     store_unavailable,
 )
 from django_idempotency._protection.crash import SimulatedCrash
-from django_idempotency._protection.owned import log_unsettled, rolled_back_success
-from django_idempotency._protection.retention import mark_stored
+from django_idempotency._protection.outcome import Tally
+from django_idempotency._protection.owned import log_unsettled, note_stored, rolled_back_success
 from django_idempotency._protection.transactions import view_transactions, writes_discarded
 from django_idempotency._store.digests import Fingerprint
 from django_idempotency._store.errors import (
@@ -93,6 +92,7 @@ class _Run:
 
 def run_optimistically(
     request: HttpRequest,
+    tally: Tally,
     scope: Scope,
     fingerprint: Fingerprint,
     view: Callable[[], HttpResponseBase],
@@ -118,10 +118,10 @@ def run_optimistically(
     for attempt in range(1, _ATTEMPTS + 1):
         started = time.monotonic()
         try:
-            return _attempt(request, scope, fingerprint, view, ttl, database, outcome)
+            return _attempt(request, tally, fingerprint, view, ttl, database, outcome)
         except _Retryable as retryable:
             exc = retryable.error
-            answer = _the_winners_answer(request, scope, fingerprint, database)
+            answer = _the_winners_answer(tally, fingerprint, database)
             if answer is not None:
                 return answer
             # At least as long as the attempt took: duplicates whose views take
@@ -132,9 +132,7 @@ def run_optimistically(
             took = time.monotonic() - started
             pause = random.uniform(0, max(_FIRST_PAUSE * 2 ** (attempt - 1), took))
             if attempt == _ATTEMPTS or time.monotonic() + pause >= deadline:
-                return _after_a_database_error(
-                    request, scope, fingerprint, view, database, _Phase.VIEW, exc
-                )
+                return _after_a_database_error(tally, fingerprint, view, database, _Phase.VIEW, exc)
             logger.info("%s: %s; trying its transaction again.", scope, type(exc).__name__)
             # Duplicates that deadlocked together would meet again at once
             # (MariaDB's SERIALIZABLE lookups share locks on the key's gap).
@@ -159,13 +157,15 @@ class _Retryable(Exception):
 
 def _attempt(
     request: HttpRequest,
-    scope: Scope,
+    tally: Tally,
     fingerprint: Fingerprint,
     view: Callable[[], HttpResponseBase],
     ttl: timedelta,
     database: str,
     outcome: Outcome,
 ) -> HttpResponseBase | None:
+    scope = tally.scope
+    assert scope is not None
     phase = _Phase.LOOKUP
     record = None
     run: _Run | None = None
@@ -191,24 +191,24 @@ def _attempt(
     except (DatabaseError, InterfaceError) as exc:
         if phase is not _Phase.LOOKUP and (is_deadlock(exc) or is_serialization_failure(exc)):
             raise _Retryable(exc) from exc
-        return _after_a_database_error(request, scope, fingerprint, view, database, phase, exc)
+        return _after_a_database_error(tally, fingerprint, view, database, phase, exc)
     except Exception as exc:
         # The view's own error, or one it raised on meeting a duplicate's
         # row (its own "order exists", say): the winner answers, if any.
         try:
-            answer = _the_winners_answer(request, scope, fingerprint, database)
+            answer = _the_winners_answer(tally, fingerprint, database)
         except StoreUnavailable:
             answer = None  # the view's error tells more than this one
         if answer is None:
-            signals.notify(signals.claim_released, request, scope, reason="exception")
+            tally.release_reason = "exception"
             raise exc
         return answer
     if run is None:
         assert record is not None
         if not fingerprint.matches(record.fingerprint) or record.is_resolved:
-            return answer_settled(request, scope, fingerprint, record)
+            return answer_settled(tally, fingerprint, record)
         return None
-    return _settle(request, scope, fingerprint, run, ttl, database)
+    return _settle(tally, fingerprint, run, ttl, database)
 
 
 def _view_then_record(
@@ -257,17 +257,18 @@ def _roll_back(aliases: list[str]) -> None:
 
 
 def _settle(
-    request: HttpRequest,
-    scope: Scope,
+    tally: Tally,
     fingerprint: Fingerprint,
     run: _Run,
     ttl: timedelta,
     database: str,
 ) -> HttpResponseBase:
     """After the transaction: the winner tells what it stored; anybody else asks the winner."""
+    scope = tally.scope
+    assert scope is not None
     status = run.response.status_code
     if run.recorded:
-        _signal_stored(request, scope, run)
+        note_stored(tally, run.verdict, status)
         return run.response
     # Rolled back: by losing the record's INSERT, or by the view or the
     # outcome policy, where a duplicate's row may be what made it fail (a
@@ -276,28 +277,22 @@ def _settle(
     # nothing outside the database ran in this mode, and its writes rolled
     # back, so nothing is uncertain, and a record claimed now to say so
     # could take the key from a duplicate still running.
-    answer = _the_winners_answer(request, scope, fingerprint, database)
+    answer = _the_winners_answer(tally, fingerprint, database)
     if answer is not None:
         return answer
     if run.lost:  # taken, then gone again (released, purged): ask again later
-        in_flight(request, scope, state="released")
+        in_flight(tally, state="released")
     if run.discarded and run.verdict is Verdict.COMPLETED:
         raise rolled_back_success(scope, run.response)
     if run.store_after is not None:
         if _store_on_its_own(scope, fingerprint, run, ttl, database):
-            _signal_stored(request, scope, run)
+            note_stored(tally, run.verdict, status)
             return run.response
-        answer = _the_winners_answer(request, scope, fingerprint, database)
+        answer = _the_winners_answer(tally, fingerprint, database)
         if answer is not None:  # a duplicate's record, stored meanwhile
             return answer
-    signals.notify(signals.claim_released, request, scope, reason=status)
+    tally.release_reason = status
     return run.response
-
-
-def _signal_stored(request: HttpRequest, scope: Scope, run: _Run) -> None:
-    mark_stored(request)  # for the retention header, when advertised
-    status = run.response.status_code
-    signals.notify(signals.response_stored, request, scope, state=run.verdict.value, status=status)
 
 
 def _store_on_its_own(
@@ -314,8 +309,7 @@ def _store_on_its_own(
 
 
 def _after_a_database_error(
-    request: HttpRequest,
-    scope: Scope,
+    tally: Tally,
     fingerprint: Fingerprint,
     view: Callable[[], HttpResponseBase],
     database: str,
@@ -323,9 +317,10 @@ def _after_a_database_error(
     exc: DatabaseError | InterfaceError,
 ) -> HttpResponseBase:
     """The transaction rolled back on a database error: say what is known."""
+    scope = tally.scope
     if is_connection_lost(exc):
         if phase is _Phase.LOOKUP:  # nothing ran: the one outage FAIL_OPEN may answer
-            return store_unavailable(request, scope, view, exc)
+            return store_unavailable(tally, view, exc)
         if phase is _Phase.COMMITTING:
             logger.error("Could not learn whether %s committed (%s); answering 503.", scope, exc)
             raise OutcomeUncertain(retry_after=UNAVAILABLE_RETRY_AFTER) from exc
@@ -333,26 +328,28 @@ def _after_a_database_error(
         raise StoreUnavailable(retry_after=UNAVAILABLE_RETRY_AFTER) from exc
     # A business unique key, a deadlock, a lock timeout, a serialization
     # failure: a duplicate's work, most likely, and then its record answers.
-    answer = _the_winners_answer(request, scope, fingerprint, database)
+    answer = _the_winners_answer(tally, fingerprint, database)
     if answer is not None:
         return answer
     if is_contention(exc):
         # A busy database, a duplicate still running most likely: never an
         # outage, never the view's error. The retry finds the winner's record.
-        in_flight(request, scope, state="contended", cause=exc)
+        in_flight(tally, state="contended", cause=exc)
     # The view's own error (a rule of its own, a bug): as in any mode.
-    signals.notify(signals.claim_released, request, scope, reason="exception")
+    tally.release_reason = "exception"
     raise exc
 
 
 def _the_winners_answer(
-    request: HttpRequest, scope: Scope, fingerprint: Fingerprint, database: str
+    tally: Tally, fingerprint: Fingerprint, database: str
 ) -> HttpResponseBase | None:
     """After this request rolled back: the answer of the record holding the key now.
 
     A replay, or 422 for other input; 409 while a request of the two-commit
     kind holds it; ``None`` when no record holds it (or one past retention).
     """
+    scope = tally.scope
+    assert scope is not None
     try:
         record = store.lookup(scope, using=database)
     except UNREACHABLE_ERRORS as exc:
@@ -361,5 +358,5 @@ def _the_winners_answer(
     if record is None or store.past_retention(record):
         return None
     if not fingerprint.matches(record.fingerprint) or record.is_resolved:
-        return answer_settled(request, scope, fingerprint, record)
-    in_flight(request, scope, state=record.state)
+        return answer_settled(tally, fingerprint, record)
+    in_flight(tally, state=record.state)

@@ -25,13 +25,12 @@ from django_idempotency._protection.answers import (
     UNREACHABLE_ERRORS,
 )
 from django_idempotency._protection.crash import SimulatedCrash
-from django_idempotency._protection.retention import mark_stored
+from django_idempotency._protection.outcome import Tally
 from django_idempotency._protection.transactions import (
     view_transactions,
     writes_discarded,
 )
 from django_idempotency._store.connections import close_independent_connections
-from django_idempotency._store.digests import Fingerprint
 from django_idempotency._store.errors import is_connection_lost
 from django_idempotency.conf import idempotency_settings
 from django_idempotency.context import IdempotencyContext
@@ -42,7 +41,7 @@ from django_idempotency.exceptions import (
     StaleOwner,
     StoreUnavailable,
 )
-from django_idempotency.outcomes import Outcome, standard
+from django_idempotency.outcomes import Outcome
 from django_idempotency.responses import StoredResponse, Verdict, capture
 from django_idempotency.scope import Scope
 
@@ -69,11 +68,11 @@ def _complete(held: store.Claim, verdict: Verdict, stored: StoredResponse, ttl: 
 
 def run_owned(
     request: HttpRequest,
+    tally: Tally,
     held: store.Claim,
     view: Callable[[], HttpResponseBase],
     ttl: timedelta,
-    *,
-    outcome: Outcome = standard,
+    outcome: Outcome,
 ) -> HttpResponseBase:
     conf = idempotency_settings
     store_after: StoredResponse | None = None
@@ -81,6 +80,9 @@ def run_owned(
     step = _Step.VIEW
     try:
         request.idempotency = context  # type: ignore[attr-defined]
+        # Documented to come before the view runs: the one signal not sent
+        # with the request's outcome, at its end.
+        tally.claimed = True
         signals.notify(
             signals.request_claimed, request, held.scope, fencing_token=held.fencing_token
         )
@@ -110,19 +112,19 @@ def run_owned(
             step = _Step.COMPLETING
             _complete(held, verdict, store_after, ttl)
     except StaleOwner:
-        signals.notify(signals.request_in_flight, request, held.scope, state="taken over")
+        tally.in_flight_state = "taken over"
         raise RequestInProgress(retry_after=IN_FLIGHT_RETRY_AFTER) from None
     except SimulatedCrash:
         raise  # a "killed" process cleans nothing up (testing helper)
     except (DatabaseError, InterfaceError) as exc:
         lost = is_connection_lost(exc)
-        released = _give_up(
-            request, held, context, reason="store unavailable" if lost else "exception"
+        released = give_up(
+            tally, held, context, reason="store unavailable" if lost else "exception"
         )
         _answer_a_database_error(held, context, step, exc, released=released)
         raise
     except BaseException:
-        _give_up(request, held, context, reason="exception")
+        give_up(tally, held, context, reason="exception")
         raise
     finally:
         # The second connection begin_external() may have opened is this
@@ -130,11 +132,11 @@ def run_owned(
         # run on another thread (ASGI).
         close_independent_connections()
     if verdict is Verdict.RELEASE:
-        _give_up(request, held, context, reason=response.status_code)
+        give_up(tally, held, context, reason=response.status_code)
     elif verdict is Verdict.UNCERTAIN:
-        leave_uncertain(request, held, context, reason=response.status_code)
+        _leave_uncertain(tally, held, context, reason=response.status_code)
     else:
-        signal_stored(request, held, verdict, response.status_code)
+        note_stored(tally, verdict, response.status_code)
     return response
 
 
@@ -164,19 +166,19 @@ def _answer_a_database_error(
         raise StoreUnavailable(retry_after=lease_seconds) from exc
 
 
-def signal_stored(request: HttpRequest, held: store.Claim, verdict: Verdict, status: int) -> None:
-    mark_stored(request)
-    signals.notify(signals.response_stored, request, held.scope, state=verdict.value, status=status)
+def note_stored(tally: Tally, verdict: Verdict, status: int) -> None:
+    tally.stored_state = verdict.value
+    tally.stored_status = status
 
 
-def _give_up(
-    request: HttpRequest, held: store.Claim, context: IdempotencyContext, *, reason: object
+def give_up(
+    tally: Tally, held: store.Claim, context: IdempotencyContext, *, reason: object
 ) -> bool:
     """The view failed: release the claim, or, after an external call began,
     leave the record UNCERTAIN, since the call may have happened. Whether it
     was released."""
     if not context.external_begun:
-        return _release(request, held, reason=reason)
+        return _release(tally, held, reason=reason)
     try:
         context.leave_uncertain()
     except (StaleOwner, DatabaseError, InterfaceError) as exc:
@@ -187,12 +189,12 @@ def _give_up(
         held.scope,
         reason,
     )
-    signals.notify(signals.record_uncertain, request, held.scope, reason=reason)
+    tally.uncertain_reason = reason
     return False
 
 
-def leave_uncertain(
-    request: HttpRequest, held: store.Claim, context: IdempotencyContext, *, reason: object
+def _leave_uncertain(
+    tally: Tally, held: store.Claim, context: IdempotencyContext, *, reason: object
 ) -> None:
     """The outcome policy called the answer uncertain: a reconciler settles the record.
 
@@ -205,7 +207,7 @@ def leave_uncertain(
         log_unsettled(exc, f"mark {held.scope} uncertain", "recovery finds it once its lease ends")
         return
     logger.warning("%s answered %s: left UNCERTAIN for a reconciler.", held.scope, reason)
-    signals.notify(signals.record_uncertain, request, held.scope, reason=reason)
+    tally.uncertain_reason = reason
 
 
 def log_unsettled(exc: Exception, write: str, afterwards: str) -> None:
@@ -220,7 +222,7 @@ def log_unsettled(exc: Exception, write: str, afterwards: str) -> None:
         logger.exception("Could not %s", write)
 
 
-def _release(request: HttpRequest, held: store.Claim, *, reason: object) -> bool:
+def _release(tally: Tally, held: store.Claim, *, reason: object) -> bool:
     try:
         released = store.release(held)
     except (StaleOwner, DatabaseError, InterfaceError) as exc:
@@ -229,7 +231,7 @@ def _release(request: HttpRequest, held: store.Claim, *, reason: object) -> bool
         )
         return False
     if released:
-        signals.notify(signals.claim_released, request, held.scope, reason=reason)
+        tally.release_reason = reason
     return released
 
 
@@ -241,36 +243,3 @@ def rolled_back_success(scope: Scope, response: HttpResponseBase) -> RolledBackR
         "released and the retry runs. Wrap the statement that may fail in its own "
         "transaction.atomic() block."
     )
-
-
-def leave_uncertain_afresh(
-    request: HttpRequest,
-    scope: Scope,
-    fingerprint: Fingerprint,
-    response: HttpResponseBase,
-    ttl: timedelta,
-    database: str,
-) -> HttpResponseBase:
-    """The outcome policy called the answer uncertain after the view's writes rolled back.
-
-    For the modes whose record commits only with the view (single
-    transaction, optimistic): claim the key again and leave it UNCERTAIN,
-    for a reconciler. A duplicate may have claimed it first: then it is
-    that one's.
-    """
-    conf = idempotency_settings
-    try:
-        again = store.claim(scope, fingerprint, ttl=ttl, lease=conf.LEASE, using=database)
-    except DatabaseError as exc:
-        log_unsettled(exc, f"claim {scope} to mark it uncertain", "its retry runs again")
-        again = None
-    if again is None:
-        signals.notify(signals.claim_released, request, scope, reason=response.status_code)
-    else:
-        # A context of its own: the request's held no committed record
-        # (fenced writes on it would match nothing). begin_external() is
-        # refused in these modes, so the request began no step to carry over.
-        context = IdempotencyContext(again)
-        request.idempotency = context  # type: ignore[attr-defined]
-        leave_uncertain(request, again, context, reason=response.status_code)
-    return response
