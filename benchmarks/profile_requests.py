@@ -10,7 +10,7 @@ network hop to a client), one request at a time:
 1. for each endpoint of benchmarks/http.py (no write, unprotected, the first
    executions and replays of ``@idempotent``, ``@idempotent(optimistic=True)``
    and the hand-written floors: claim first, lookup first, optimistic; the
-   first execution under ``single_transaction=True`` and its floor): ``--requests``
+   hand-written single-transaction floor): ``--requests``
    requests after a warm-up, reporting the median wall time per request,
    how much of it was spent inside database calls (``execute`` and the
    commits, measured with an execute wrapper and a commit hook), the
@@ -191,7 +191,6 @@ def run(args: argparse.Namespace) -> None:
         ("floor lookup-first replay", replay("/floor-lookup-first")),
         ("floor optimistic", first("/floor-optimistic")),
         ("floor optimistic replay", replay("/floor-optimistic")),
-        ("single transaction", first("/protected-single")),
         ("floor single", first("/floor-single")),
     ]
     profiled = [(name, send) for name, send in endpoints if name in PROFILED]

@@ -168,7 +168,6 @@ def run(args: argparse.Namespace, admin: Any) -> None:
         ("protected replay", replay("/protected")),
         ("optimistic", first("/protected-optimistic")),
         ("optimistic replay", replay("/protected-optimistic")),
-        ("single transaction", first("/protected-single")),
         ("floor (two commits)", first("/floor")),
         ("floor replay", replay("/floor")),
         ("floor optimistic", first("/floor-optimistic")),

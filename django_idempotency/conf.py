@@ -460,13 +460,6 @@ class IdempotencySettings:
         "[Observability](observability.md#traces).",
     )
 
-    @property
-    def SINGLE_TRANSACTION(self) -> bool:
-        # Not a setting any more (no default, check or reference): read by the
-        # request flow only until the single-transaction mode is removed
-        # beside this change, after which this goes too.
-        return bool(self.user_settings.get("SINGLE_TRANSACTION", False))
-
 
 #: Every setting, in the reference's order.
 SETTINGS: tuple[Setting[Any], ...] = tuple(

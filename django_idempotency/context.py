@@ -114,11 +114,8 @@ class IdempotencyContext:
     ends with 409.
     """
 
-    def __init__(
-        self, held: store.Claim, *, single_transaction: bool = False, optimistic: bool = False
-    ) -> None:
+    def __init__(self, held: store.Claim, *, optimistic: bool = False) -> None:
         self._held = held
-        self._single_transaction = single_transaction
         self._optimistic = optimistic
         self.external_begun = False
         self.provider_operation_id = ""
@@ -263,20 +260,13 @@ class IdempotencyContext:
             the provider as its idempotency key.
 
         Raises:
-            ImproperlyConfigured: The view claims with
-                ``single_transaction=True``, so the intent cannot commit
-                before the call; or it runs with ``optimistic=True``, where
-                duplicates may each run it.
+            ImproperlyConfigured: The view runs with ``optimistic=True``,
+                where duplicates may each run it.
             IsolationNotSupported: The records' database runs the view's
                 transaction above READ COMMITTED.
             ValueError: ``step`` is empty or longer than 64 characters.
             StaleOwner: The record was taken over meanwhile.
         """
-        if self._single_transaction:
-            raise ImproperlyConfigured(
-                "begin_external() cannot be used with single_transaction=True: the claim "
-                "commits only with the view, so the intent could not commit before the call."
-            )
         self._refuse_optimistic("begin_external()")
         if step is not None:
             _checked_step_name(step)

@@ -192,7 +192,6 @@ def idempotent(
     operation: OperationSpec = None,
     required: bool | None = None,
     ttl: timedelta | float | None = None,
-    single_transaction: bool | None = None,
     optimistic: bool = False,
     key: KeySpec = None,
     outcome: Outcome | None = None,
@@ -208,7 +207,6 @@ def idempotent(
     operation: OperationSpec = None,
     required: bool | None = None,
     ttl: timedelta | float | None = None,
-    single_transaction: bool | None = None,
     optimistic: bool = False,
     key: KeySpec = None,
     outcome: Outcome | None = None,
@@ -241,10 +239,6 @@ def idempotent(
             it runs unprotected). ``None``: ``IDEMPOTENCY["REQUIRED"]``.
         ttl: How long the outcome is kept and replayed, in seconds or as a
             ``timedelta``; must be positive. ``None``: ``IDEMPOTENCY["TTL"]``.
-        single_transaction: On PostgreSQL, claim inside the view's own
-            transaction: one commit instead of two, for views that make no
-            external call (``begin_external()`` is then refused). ``None``:
-            ``IDEMPOTENCY["SINGLE_TRANSACTION"]``.
         optimistic: Run the view first and write its record once, finished,
             with one conditional INSERT before the view's transaction
             commits: one commit, no UPDATE. For views whose effects all
@@ -280,8 +274,7 @@ def idempotent(
     Raises:
         ImproperlyConfigured: ``fingerprint`` is a string (a list of names
             was meant), ``ttl`` is not positive, ``key`` is no key source,
-            or ``outcome``, ``tenant`` or ``verify`` is not callable, or
-            ``optimistic`` and ``single_transaction`` are both true.
+            or ``outcome``, ``tenant`` or ``verify`` is not callable.
     """
     for name, value in (("outcome", outcome), ("tenant", tenant), ("verify", verify)):
         if value is not None and not callable(value):
@@ -291,7 +284,6 @@ def idempotent(
         operation=operation,
         required=required,
         ttl=ttl,
-        single_transaction=single_transaction,
         optimistic=optimistic,
         key=KeySource.of(key),
         outcome=outcome,

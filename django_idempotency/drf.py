@@ -37,7 +37,6 @@ class IdempotentMixin:
         idempotency_operation: As ``idempotent(operation=...)``.
         idempotency_required: As ``idempotent(required=...)``.
         idempotency_ttl: As ``idempotent(ttl=...)``: seconds or a ``timedelta``.
-        idempotency_single_transaction: As ``idempotent(single_transaction=...)``.
         idempotency_optimistic: As ``idempotent(optimistic=...)``.
         idempotency_key: As ``idempotent(key=...)``: ``"header:<Name>"``,
             ``"body:<field>"`` or a callable; checked when the class is made.
@@ -53,7 +52,6 @@ class IdempotentMixin:
     idempotency_operation: ClassVar[OperationSpec] = None
     idempotency_required: ClassVar[bool | None] = None
     idempotency_ttl: ClassVar[timedelta | float | None] = None
-    idempotency_single_transaction: ClassVar[bool | None] = None
     idempotency_optimistic: ClassVar[bool] = False
     idempotency_key: ClassVar[KeySpec] = None
     idempotency_outcome: ClassVar[Outcome | None] = None
@@ -75,7 +73,6 @@ class IdempotentMixin:
             operation=cls.idempotency_operation,
             required=cls.idempotency_required,
             ttl=cls.idempotency_ttl,
-            single_transaction=cls.idempotency_single_transaction,
             optimistic=cls.idempotency_optimistic,
             key=KeySource.of(cls.idempotency_key),
             outcome=cls.idempotency_outcome,

@@ -407,6 +407,7 @@ def settle(record: IdempotencyRecord, held: store.Claim, report: RecoveryReport)
         if store.release(held):
             report.released += 1
             signals.notify(signals.claim_released, None, held.scope, reason="recovery")
+            metrics.count_release(held.scope.operation, "recovery")
         return
     reconciler = reconciler_for(record.operation)
     if reconciler is None:
@@ -421,6 +422,7 @@ def settle(record: IdempotencyRecord, held: store.Claim, report: RecoveryReport)
             record.operation,
         )
         signals.notify(signals.record_unreconciled, None, held.scope, record=record)
+        metrics.count_unreconciled(held.scope.operation)
         return
     try:
         with transaction.atomic(using=held.database):
@@ -455,6 +457,7 @@ def settle(record: IdempotencyRecord, held: store.Claim, report: RecoveryReport)
         if store.release(held, states=store.UNRESOLVED_STATES):
             report.released += 1
             signals.notify(signals.claim_released, None, held.scope, reason="reconciled")
+            metrics.count_release(held.scope.operation, "reconciled")
         else:
             report.stale += 1
     elif isinstance(outcome, RetryFrom):

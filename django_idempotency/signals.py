@@ -11,9 +11,6 @@ from typing import TYPE_CHECKING, Any
 
 from django.dispatch import Signal
 
-from django_idempotency._observability import recording as metrics
-from django_idempotency.conf import idempotency_settings
-
 if TYPE_CHECKING:
     from django.http import HttpRequest
 
@@ -83,14 +80,10 @@ def notify(signal: Signal, request: HttpRequest | None, scope: Scope, **kwargs: 
     """Send ``signal``; a failing receiver is logged, never fails the request.
 
     Receivers count things. A metrics backend that is down must not turn a
-    replay into a 500, nor leave a claim behind that nobody releases. The
-    package's own metrics (``IDEMPOTENCY["METRICS"]``) count from here too.
+    replay into a 500, nor leave a claim behind that nobody releases. (The
+    package's own metrics do not listen here: they count the request's
+    outcome beside its signals, ``_protection.outcome.announce``.)
     """
-    if idempotency_settings.METRICS:
-        try:
-            metrics.note(signal, request, scope, kwargs)
-        except Exception:  # counting must never fail what it counts
-            logger.exception("Counting %r failed; the request goes on.", signal)
     if not signal.receivers:
         return  # the common case, on every request: nothing to build or look up
     from django_idempotency.models import IdempotencyRecord

@@ -6,9 +6,9 @@ server notices, which with default TCP settings takes minutes to hours
 (docs/fleet.md gives the keepalive settings that shorten it). A retry on
 another host must not hang behind it for that long: on PostgreSQL the
 takeover of an abandoned claim waits at most ``IN_FLIGHT_WAIT`` and then
-answers 409 with Retry-After, the answer of a key in flight; the claim of a
-``single_transaction`` or ``optimistic`` view is bounded the same way
-(tests/test_single_transaction.py, tests/test_optimistic.py).
+answers 409 with Retry-After, the answer of a key in flight; an
+``optimistic`` view's lookup is bounded the same way
+(tests/test_optimistic.py).
 """
 
 from __future__ import annotations
@@ -219,7 +219,7 @@ def test_a_claim_waits_at_most_in_flight_wait_behind_an_uncommitted_record_of_it
 ) -> None:
     """Another session inserted (or deleted) the scope's row and went silent before COMMIT.
 
-    A duplicate's ``single_transaction`` or ``optimistic`` claim, or recovery
+    A duplicate's ``optimistic`` transaction, or recovery
     releasing a claim while its reconciler's writes wait: the default
     mode's INSERT ... ON CONFLICT waits for that transaction to end. The
     fleet's partition test met it (tests/fleet/test_partition.py).

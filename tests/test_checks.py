@@ -176,7 +176,6 @@ def test_api_view_under_atomic_requests_is_warned_about(atomic_requests: None) -
         "api-view/optimistic",
         "api-view/optional",
         "api-view/probe",
-        "api-view/single",
         "api-view/steps",
         "cbv/own-dispatch",
         "keyed/body-field",
@@ -186,7 +185,6 @@ def test_api_view_under_atomic_requests_is_warned_about(atomic_requests: None) -
         "optimistic/orders",
         "optimistic/orders-default",
         "policy/by-status",
-        "policy/single",
     ]
 
 

@@ -16,7 +16,6 @@ import pytest
 from django.db import connection
 from rest_framework.test import APIClient
 
-from django_idempotency.models import IdempotencyRecord
 from tests.sessions import key_held_by_an_open_transaction
 from tests.testapp.models import Charge
 from tests.utils import post
@@ -35,11 +34,7 @@ def fail_open(settings: Any) -> None:
     settings.IDEMPOTENCY = {"FAIL_OPEN": True}
 
 
-@pytest.mark.parametrize(
-    "url",
-    ["/api-view/charges", pytest.param("/api-view/single", marks=pytest.mark.postgres)],
-    ids=["two-commit", "single-transaction"],
-)
+@pytest.mark.parametrize("url", ["/api-view/charges"], ids=["two-commit"])
 @pytest.mark.parametrize("kind", VIEW_ERRORS)
 def test_a_views_database_error_is_not_an_outage_even_with_fail_open(
     api: APIClient, fail_open: None, kind: str, url: str, new_key: Callable[[], str]
@@ -57,16 +52,6 @@ def test_a_views_database_error_is_not_an_outage_even_with_fail_open(
     assert retry.status_code == 201 and "Idempotent-Replayed" not in retry
     assert replay["Idempotent-Replayed"] == "true"
     assert Charge.objects.count() == 1
-
-
-@pytest.mark.postgres
-def test_single_transaction_without_fail_open_does_not_say_not_run_for_a_views_error(
-    api: APIClient,
-) -> None:
-    api.raise_request_exception = False
-    response = post(api, "/api-view/single", {"amount": 1, "db_error": "deadlock"}, "k")
-    assert response.status_code == 500
-    assert not IdempotencyRecord.objects.exists()
 
 
 def _bound_lock_waits() -> None:

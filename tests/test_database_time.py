@@ -227,7 +227,7 @@ def test_the_completion_sets_retention_from_the_database_clock() -> None:
     connection.vendor != "postgresql", reason="now() vs statement_timestamp() is PostgreSQL's"
 )
 def test_times_are_the_statement_s_not_the_transaction_s() -> None:
-    """Inside a long transaction (a caller's, single_transaction), ``now()`` is its start."""
+    """Inside a long transaction (a caller's), ``now()`` is its start."""
     scope = Scope("anonymous", "tests.long-transaction", str(uuid.uuid4()))
     with transaction.atomic():
         with connection.cursor() as cursor:

@@ -21,9 +21,6 @@ pytestmark = [
     pytest.mark.django_db(transaction=True),
     pytest.mark.guarantees,
     pytest.mark.not_under(
-        "single-transaction", reason="begin_external() is refused in this mode (E020)"
-    ),
-    pytest.mark.not_under(
         "repeatable-read",
         reason="begin_external() is refused above READ COMMITTED on PostgreSQL "
         "(IsolationNotSupported; tests/test_isolation.py)",

@@ -20,6 +20,7 @@ from rest_framework.test import APIClient
 
 from django_idempotency import idempotent, purge, recovery
 from django_idempotency._observability import recording as metrics
+from django_idempotency._protection import flow
 from django_idempotency._store.database_time import DatabaseLater
 from django_idempotency.metrics import INSTRUMENTS
 from django_idempotency.models import IdempotencyRecord
@@ -67,6 +68,23 @@ def test_a_first_execution_and_its_replay_are_counted_by_outcome(
     assert counted(requests, operation=OPERATION, outcome="executed") == 1
     assert counted(requests, operation=OPERATION, outcome="replayed") == 2
     assert counted("idempotency.protection.duration", operation=OPERATION) == 3
+
+
+def test_metrics_count_the_outcome_whatever_the_signals_do(
+    api: APIClient, counted: Callable[..., float], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The metrics read the request's outcome, not the signals: silenced, they still count."""
+    from django_idempotency import signals
+
+    monkeypatch.setattr(signals, "notify", lambda *args, **kwargs: None)
+    post(api, URL, {"amount": 1, "status": 503}, "m-silent")
+    post(api, URL, {"amount": 1}, "m-silent")
+    post(api, URL, {"amount": 1}, "m-silent")
+
+    requests = "idempotency.requests"
+    assert counted(requests, operation=OPERATION, outcome="executed") == 2
+    assert counted(requests, operation=OPERATION, outcome="replayed") == 1
+    assert counted("idempotency.releases", operation=OPERATION, reason="status") == 1
 
 
 def test_the_optimistic_mode_counts_its_execution_once(
@@ -266,20 +284,18 @@ def test_the_protection_time_leaves_the_views_time_out(
     def perf_counter() -> float:
         return next(ticks) * 0.001 + clock["offset"]
 
-    real_timed = metrics.RequestObservation.timed
+    real_timed = flow._timed
 
-    def timed(self: metrics.RequestObservation, view: Callable[[], Any]) -> Callable[[], Any]:
+    def timed(view: Callable[[], Any], tally: Any) -> Callable[[], Any]:
         def slow_view() -> Any:
             clock["offset"] += 1000.0
             view_runs.append(clock["offset"])
             return view()
 
-        return real_timed(self, slow_view)
+        return real_timed(slow_view, tally)
 
-    monkeypatch.setattr(
-        "django_idempotency._observability.recording.time.perf_counter", perf_counter
-    )
-    monkeypatch.setattr(metrics.RequestObservation, "timed", timed)
+    monkeypatch.setattr("django_idempotency._protection.outcome.time.perf_counter", perf_counter)
+    monkeypatch.setattr(flow, "_timed", timed)
     before = read().matching("idempotency.protection.duration", {"outcome": "executed"})
     before_sum = sum(point.sum for point in before)
 

@@ -25,7 +25,6 @@ from django.utils import timezone
 from rest_framework.test import APIClient
 
 from django_idempotency import idempotent, signals
-from django_idempotency._protection.flow import Options
 from django_idempotency.models import IdempotencyRecord
 from django_idempotency.outcomes import Verdict, by_status
 from tests import configurations
@@ -160,13 +159,6 @@ def test_begin_external_and_provider_ids_are_refused(api: APIClient) -> None:
         with pytest.raises(ImproperlyConfigured, match="optimistic=True"):
             post(api, URL, {"amount": 1, switch: True}, f"k-{switch}")
     assert not IdempotencyRecord.objects.exists() and not Charge.objects.exists()
-
-
-def test_optimistic_and_single_transaction_are_refused_together() -> None:
-    with pytest.raises(ImproperlyConfigured, match="cannot be combined"):
-        idempotent(optimistic=True, single_transaction=True)
-    with pytest.raises(ImproperlyConfigured, match="cannot be combined"):
-        Options(optimistic=True, single_transaction=True)
 
 
 @not_in_a_request_transaction

@@ -117,18 +117,6 @@ def test_an_extended_retention_shows_on_replays(
     assert 2 * DAY - 10 <= int(replay[RETENTION_HEADER]) <= 2 * DAY
 
 
-@pytest.mark.postgres
-def test_the_single_transaction_mode_carries_it(
-    advertised: None, alice: TokenClient, new_key: Callable[[], str]
-) -> None:
-    key = new_key()
-    first = post(alice, "/api-view/single", {"amount": 1}, key)
-    replay = post(alice, "/api-view/single", {"amount": 1}, key)
-
-    assert first[RETENTION_HEADER] == str(DAY)
-    assert 0 < int(replay[RETENTION_HEADER]) <= DAY
-
-
 def test_the_optimistic_mode_carries_it(
     advertised: None, alice: TokenClient, new_key: Callable[[], str]
 ) -> None:

@@ -14,7 +14,7 @@ failed on the code of that time, and each now guards its fix:
 
 The others passed then and cover paths no other test does (each fails when
 ``store.database_time.uses_host_clock()`` is forced to True): no record read
-goes to ``db_for_read``; the wait mode, ``single_transaction``,
+goes to ``db_for_read``; the wait mode,
 ``idempotent_task``, ``Retry(after=...)`` and an operator's release on a
 host whose clock runs ahead never take over a live lease.
 """
@@ -383,13 +383,10 @@ def running_claim_of(key: str) -> IdempotencyRecord:
 
 
 @on_a_database_clock
-@pytest.mark.parametrize("single", [False, True])
-def test_wait_mode_and_single_transaction_on_a_host_ahead_never_take_over(single: bool) -> None:
-    if single and connection.vendor != "postgresql":
-        pytest.skip("single_transaction is PostgreSQL's")
+def test_wait_mode_on_a_host_ahead_never_takes_over() -> None:
     key = str(uuid.uuid4())
     running = running_claim_of(key)
-    more = {"IN_FLIGHT": "wait", "IN_FLIGHT_WAIT": 0.3, "SINGLE_TRANSACTION": single}
+    more = {"IN_FLIGHT": "wait", "IN_FLIGHT_WAIT": 0.3}
     with (
         override_settings(IDEMPOTENCY={**getattr(settings, "IDEMPOTENCY", {}), **more}),
         host_clock(timedelta(minutes=10)),

@@ -125,18 +125,6 @@ def test_a_failing_view_rolls_back_and_releases_in_its_shard() -> None:
     assert charges("shard_b") == [("tenant-b", 5)]
 
 
-@pytest.mark.postgres
-def test_a_single_transaction_claim_commits_in_the_shard() -> None:
-    with override_settings(IDEMPOTENCY=sharded(SINGLE_TRANSACTION=True)):
-        answer = charge("tenant-a", "k-single")
-        failed = charge("tenant-a", "k-single-fail", fail=True)
-
-    assert answer.status_code == 201
-    assert failed.status_code == 500
-    assert records("shard_a") == [("tenant-a", "k-single", State.COMPLETED)]
-    assert charges("shard_a") == [("tenant-a", 5)]
-
-
 def test_a_fixed_database_is_exposed_to_the_view_and_no_router_is_asked(
     router: type[TenantShardRouter],
 ) -> None:

@@ -83,3 +83,30 @@ def test_a_failing_receiver_is_logged_and_never_fails_the_request(
     assert retry["Idempotent-Replayed"] == "true"
     assert IdempotencyRecord.objects.get().state == IdempotencyRecord.State.COMPLETED
     assert "metrics backend down" in caplog.text
+
+
+def test_a_request_announces_its_outcome_once_when_answered(
+    api: APIClient, sent: SentSignals
+) -> None:
+    """The release and the answer are announced together, after the view's last write.
+
+    A view that fails after its claim: ``claim_released`` comes once, after
+    ``request_claimed`` (the one signal sent before the view), and no
+    receiver hears of the release while the view is still running.
+    """
+    api.raise_request_exception = False
+    during_view: list[str] = []
+
+    def note_during_view(sender: Any, **kwargs: Any) -> None:
+        during_view.extend(names(sent))
+
+    signals.request_claimed.connect(note_during_view, weak=False)
+    try:
+        response = post(api, "/api-view/charges", {"amount": 1, "raise": True}, "boom")
+    finally:
+        signals.request_claimed.disconnect(note_during_view)
+
+    assert response.status_code == 500
+    assert during_view == ["request_claimed"]
+    assert names(sent) == ["request_claimed", "claim_released"]
+    assert sent[1][1]["reason"] == "exception"

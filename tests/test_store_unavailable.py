@@ -14,6 +14,7 @@ import pytest
 from django.db import connections
 from rest_framework.test import APIClient
 
+from django_idempotency import signals
 from django_idempotency.models import IdempotencyRecord
 from tests.testapp.models import Charge
 from tests.utils import post
@@ -81,6 +82,26 @@ def test_store_outage_with_fail_open_runs_the_view_and_logs(
     assert "Idempotent-Replayed" not in response
     assert Charge.objects.count() == 1
     assert "FAIL_OPEN runs" in caplog.text
+
+
+def test_store_unavailable_is_announced_with_the_outcome_once_the_view_ran(
+    api: APIClient, unreachable_store: None, settings: Any
+) -> None:
+    """Sent once, when the request is answered: ``fail_open`` says the view ran, and it has."""
+    settings.IDEMPOTENCY = {**settings.IDEMPOTENCY, "FAIL_OPEN": True}
+    seen: list[tuple[bool, int]] = []
+
+    def receiver(sender: Any, fail_open: bool, **kwargs: Any) -> None:
+        seen.append((fail_open, Charge.objects.count()))
+
+    signals.store_unavailable.connect(receiver, weak=False)
+    try:
+        response = post(api, "/api-view/charges", {"amount": 1}, "k")
+    finally:
+        signals.store_unavailable.disconnect(receiver)
+
+    assert response.status_code == 201
+    assert seen == [(True, 1)]
 
 
 @pytest.mark.postgres

@@ -167,9 +167,6 @@ def _takeovers_lose() -> Iterator[None]:
                 cursor.execute("DROP TRIGGER review_skip")
 
 
-@pytest.mark.not_under(
-    "single-transaction", reason="its own claim comes first: one INSERT more, then this loop"
-)
 def test_a_key_that_keeps_changing_hands_is_claimed_four_times_then_refused_with_409(
     api: APIClient,
 ) -> None:

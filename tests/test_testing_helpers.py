@@ -62,9 +62,6 @@ def reconciler() -> Iterator[list[str]]:
     reason="a non-exempt @api_view claims inside the request transaction (W002)",
 )
 @pytest.mark.not_under(
-    "single-transaction", reason="begin_external() is refused in this mode (E020)"
-)
-@pytest.mark.not_under(
     "repeatable-read",
     reason="begin_external() is refused above READ COMMITTED on PostgreSQL (IsolationNotSupported)",
     databases=("postgres",),

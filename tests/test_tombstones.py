@@ -41,9 +41,8 @@ from tests.utils import post
 pytestmark = pytest.mark.django_db(transaction=True)
 State = IdempotencyRecord.State
 TOMBSTONE_TTL = timedelta(days=7)
-#: The two-commit path, and the single-transaction one (on PostgreSQL; the
-#: general path elsewhere).
-URLS = ["/api-view/charges", "/api-view/single"]
+#: The two-commit path.
+URLS = ["/api-view/charges"]
 
 
 @pytest.fixture

@@ -20,7 +20,6 @@ from rest_framework.test import APIClient
 from django_idempotency import idempotent
 from django_idempotency.models import IdempotencyRecord
 from tests.sessions import key_held_by_an_open_transaction
-from tests.testapp import views as testapp_views
 from tests.testapp.models import Charge
 from tests.utils import idempotency_of, post
 
@@ -89,7 +88,6 @@ urlpatterns = [
     path("after-swallow", query_after_a_swallowed_integrity_error),
     path("other-db", swallow_on_the_other_database),
     path("external", read_then_call_out),
-    path("single", testapp_views.SingleTransactionChargeView.as_view()),
 ]
 
 
@@ -177,43 +175,4 @@ def test_a_contention_409_leaves_a_callers_transaction_usable(api: APIClient) ->
         connection.close()
 
 
-# --- the connection lost during the single transaction's COMMIT -------------
-
-
-@pytest.fixture
-def session_ends_at_commit() -> Iterator[None]:
-    """A deferred trigger ends the session at COMMIT when a charge's note says so."""
-    with connection.cursor() as cursor:
-        cursor.execute(
-            "CREATE FUNCTION review_die() RETURNS trigger LANGUAGE plpgsql AS $$ BEGIN "
-            "IF NEW.note = 'die-at-commit' THEN PERFORM pg_terminate_backend(pg_backend_pid()); "
-            "PERFORM pg_sleep(1); END IF; RETURN NEW; END $$"
-        )
-        cursor.execute(
-            f"CREATE CONSTRAINT TRIGGER review_die AFTER INSERT ON {Charge._meta.db_table} "
-            "DEFERRABLE INITIALLY DEFERRED FOR EACH ROW EXECUTE FUNCTION review_die()"
-        )
-    try:
-        yield
-    finally:
-        connection.close()
-        with connection.cursor() as cursor:
-            cursor.execute(f"DROP TRIGGER review_die ON {Charge._meta.db_table}")
-            cursor.execute("DROP FUNCTION review_die()")
-
-
-@pytest.mark.postgres
-def test_single_transaction_lost_at_commit_is_uncertain_and_not_signalled_released(
-    api: APIClient, session_ends_at_commit: None
-) -> None:
-    """The commit may have happened: the answer says "uncertain", so the signals
-    must not also report the claim released (receivers would, say, re-enqueue)."""
-    from django_idempotency import signals
-    from tests.utils import signals_sent
-
-    api.raise_request_exception = False
-    with signals_sent({"released": signals.claim_released}) as sent:
-        response = post(api, "/single", {"amount": 1, "note": "die-at-commit"}, "k")
-
-    assert response.json()["code"] == "idempotency_outcome_uncertain"
-    assert [name for name, _ in sent] == []
+# --- the connection lost during a COMMIT ---------------------------------------

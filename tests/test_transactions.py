@@ -21,7 +21,6 @@ pytestmark = [pytest.mark.django_db(transaction=True), pytest.mark.guarantees]
 State = IdempotencyRecord.State
 
 
-@pytest.mark.not_under("single-transaction", reason="in this mode the claim commits with the view")
 @pytest.mark.parametrize("atomic", [False, True], ids=["autocommit", "ATOMIC_REQUESTS"])
 def test_claim_is_committed_before_the_view_runs_in_a_transaction(
     api: APIClient, request: pytest.FixtureRequest, atomic: bool
@@ -74,9 +73,6 @@ def taken_over_after_claim() -> Iterator[None]:
     signals.request_claimed.disconnect(take_over)
 
 
-@pytest.mark.not_under(
-    "single-transaction", reason="no worker can take over a claim not yet committed"
-)
 @pytest.mark.parametrize("atomic", [False, True], ids=["autocommit", "ATOMIC_REQUESTS"])
 def test_a_stale_owner_changes_nothing(
     api: APIClient,
@@ -212,7 +208,6 @@ def test_api_view_under_atomic_requests_claims_inside_the_request_transaction(
     assert Charge.objects.count() == 1
 
 
-@pytest.mark.not_under("single-transaction", reason="in this mode the claim commits with the view")
 def test_api_view_exempted_as_documented_commits_its_claim_first(
     api: APIClient, atomic_requests: None
 ) -> None:

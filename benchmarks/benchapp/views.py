@@ -8,13 +8,11 @@
 * ``protected_optimistic``: the same under ``@idempotent(optimistic=True)``:
   the view and one conditional INSERT of the finished record in one
   transaction, after a lookup that sets a transaction-local lock_timeout.
-* ``protected_single``: the same under ``@idempotent(single_transaction=True)``
-  (measured only with ``benchmarks/http.py --single-transaction``).
-* ``floor_single``: the single-transaction design written by hand the same
-  way (claim, business INSERT and completion in one transaction; a
-  concurrent duplicate waits on the unique index, bounded by lock_timeout):
-  the ceiling for ``single_transaction=True`` (``benchmarks/http.py
-  --single-transaction``).
+* ``floor_single``: the single-transaction design written by hand (claim,
+  business INSERT and completion in one transaction; a concurrent duplicate
+  waits on the unique index, bounded by lock_timeout), measured with
+  ``benchmarks/http.py --single-transaction``. The package's own mode of
+  that design was removed (docs/performance.md says why).
 * ``floor``: the same view under a minimal correct idempotency written by
   hand in raw SQL: the claim is ``INSERT ... ON CONFLICT DO NOTHING
   RETURNING`` in its own statement (autocommit, so it commits at once); the
@@ -95,14 +93,6 @@ def protected(request: Request) -> Response:
 @idempotent(optimistic=True)
 def protected_optimistic(request: Request) -> Response:
     """The optimistic mode: the view, then the finished record, one commit."""
-    body, location = _charge(request.data)
-    return Response(body, status=201, headers={"Location": location})
-
-
-@api_view(["POST"])
-@idempotent(single_transaction=True)
-def protected_single(request: Request) -> Response:
-    """The single-transaction mode: claim, view and completion in one transaction."""
     body, location = _charge(request.data)
     return Response(body, status=201, headers={"Location": location})
 

@@ -13,7 +13,6 @@ urlpatterns = [
     path("unprotected", views.unprotected),
     path("protected", views.protected),
     path("protected-optimistic", views.protected_optimistic),
-    path("protected-single", views.protected_single),
     path("floor", views.floor),
     path("floor-lookup-first", views.floor_lookup_first),
     path("floor-optimistic", views.floor_optimistic),

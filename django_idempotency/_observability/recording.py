@@ -9,10 +9,11 @@ from; docs/observability.md lists it with what to watch.
 
 Where the figures come from:
 
-- per request, from ``protect()``: one ``requests`` count with its outcome,
-  and the protection's own time (the view's time taken out);
-- per event, from ``signals.notify``: releases, UNCERTAIN outcomes,
-  records recovery could not reconcile;
+- per request, from the request's outcome (``_protection.outcome``),
+  counted once it is answered: one ``requests`` count with its outcome,
+  the protection's own time (the view's time taken out), and the release
+  or the UNCERTAIN record it left, if any;
+- per event, from recovery: releases, records it could not reconcile;
 - per run, from recovery and the purge;
 - the gauges, from ``census.take_census``, taken by ONE process (the
   beat-driven ``observe_records`` task): read by every worker they would
@@ -26,11 +27,9 @@ Keys are never labels. A failing sink is logged and never fails a request.
 
 from __future__ import annotations
 
-import functools
 import logging
 import threading
-import time
-from collections.abc import Callable, Iterator, Mapping
+from collections.abc import Iterator, Mapping
 from typing import TYPE_CHECKING, Any, Protocol
 
 from django.core.signals import setting_changed
@@ -53,12 +52,8 @@ from django_idempotency.metrics import (
 )
 
 if TYPE_CHECKING:
-    from django.dispatch import Signal
-    from django.http import HttpRequest, HttpResponseBase
-
     from django_idempotency.census import Census
     from django_idempotency.recovery import RecoveryReport
-    from django_idempotency.scope import Scope
 
 # The rest (the recording functions) is the package's own plumbing.
 
@@ -139,65 +134,6 @@ def _operation_label(operation: str) -> str:
     return operation
 
 
-class RequestObservation:
-    """One protected request's outcome and timing, counted once it is answered."""
-
-    __slots__ = ("operation", "outcome", "scope", "started", "view_ran", "view_seconds")
-
-    def __init__(self) -> None:
-        self.started = time.perf_counter()
-        self.view_seconds = 0.0
-        self.view_ran = False
-        self.outcome: str | None = None
-        #: The request's scope, once it has one.
-        self.scope: Scope | None = None
-        #: The operation of a request refused before it had a scope.
-        self.operation: str | None = None
-
-    def timed(self, view: Callable[[], HttpResponseBase]) -> Callable[[], HttpResponseBase]:
-        """``view``, its time added up so that it can be taken out of the protection's."""
-
-        def run() -> HttpResponseBase:
-            self.view_ran = True
-            started = time.perf_counter()
-            try:
-                return view()
-            finally:
-                self.view_seconds += time.perf_counter() - started
-
-        return run
-
-    def refused(self, refusal: Exception) -> None:
-        """The request was answered with ``refusal``: that answer is its outcome."""
-        self.outcome = _REFUSALS.get(getattr(refusal, "default_code", ""), "rejected")
-
-    def finish(self) -> None:
-        """Count the request: its outcome and its time."""
-        elapsed = time.perf_counter() - self.started - self.view_seconds
-        scope = self.scope
-        operation = scope.operation if scope is not None else self.operation
-        if operation is None:
-            return  # not a protected request after all (a GET, a key-less call)
-        # No outcome: an exception that is no refusal ended the request (the
-        # view's own, or a bug before it ran).
-        outcome = self.outcome or ("executed" if self.view_ran else "error")
-        labels = {"operation": _operation_label(operation), "outcome": outcome}
-        _send("record", PROTECTION_DURATION, elapsed, labels)
-        if idempotency_settings.METRICS_TENANT and scope is not None:
-            labels = {**labels, "tenant": scope.tenant}
-        _send("add", REQUESTS, 1, labels)
-
-
-#: Refusals by their code; any other (no key, a key too long, a body too
-#: large or unreadable) is refused input, "rejected".
-_REFUSALS = {
-    "idempotency_key_reused": "key_reused",
-    "idempotency_key_expired": "key_expired",
-    "idempotency_request_in_progress": "in_flight",
-    "idempotency_store_unavailable": "store_unavailable",
-    "idempotency_outcome_uncertain": "outcome_uncertain",
-}
-
 #: Release reasons as labels; any other is "other".
 _RELEASE_REASONS = {
     "exception": "exception",
@@ -206,66 +142,30 @@ _RELEASE_REASONS = {
     "store unavailable": "store_unavailable",
 }
 
-_OBSERVATION = "_idempotency_observation"
+
+def count_request(operation: str, outcome: str, seconds: float, *, tenant: str | None) -> None:
+    """Count one answered request: its ``outcome`` label and the protection's own time."""
+    labels = {"operation": _operation_label(operation), "outcome": outcome}
+    _send("record", PROTECTION_DURATION, seconds, labels)
+    if idempotency_settings.METRICS_TENANT and tenant is not None:
+        labels = {**labels, "tenant": tenant}
+    _send("add", REQUESTS, 1, labels)
 
 
-def observe_request(request: HttpRequest) -> RequestObservation | None:
-    """Start observing ``request`` (None when no sink is configured: nothing to do)."""
-    if not sinks():
-        return None
-    observation = RequestObservation()
-    setattr(request, _OBSERVATION, observation)
-    return observation
+def count_release(operation: str, reason: object) -> None:
+    """Count a claim given up so that a retry runs (a status code is "status")."""
+    label = "status" if isinstance(reason, int) else _RELEASE_REASONS.get(str(reason), "other")
+    _send("add", RELEASES, 1, {"operation": _operation_label(operation), "reason": label})
 
 
-def _outcome_of(name: str, kwargs: Mapping[str, Any]) -> str | None:
-    if name == "request_claimed" or name == "response_stored":
-        return "executed"
-    if name == "response_replayed":
-        return "replayed"
-    if name == "key_reused":
-        return "key_reused"
-    if name == "key_expired":
-        return "key_expired"
-    if name == "request_in_flight":
-        return "in_flight"
-    if name == "store_unavailable":
-        return "unprotected" if kwargs.get("fail_open") else "store_unavailable"
-    return None
+def count_uncertain(operation: str) -> None:
+    """Count a record left UNCERTAIN for a reconciler."""
+    _send("add", UNCERTAIN, 1, {"operation": _operation_label(operation)})
 
 
-def note(
-    signal: Signal, request: HttpRequest | None, scope: Scope, kwargs: Mapping[str, Any]
-) -> None:
-    """Count what ``signal`` reports (called by ``signals.notify`` when metrics are on)."""
-    name = _signal_names().get(id(signal))
-    if name is None:
-        return
-    observation = getattr(request, _OBSERVATION, None) if request is not None else None
-    if observation is not None:
-        outcome = _outcome_of(name, kwargs)
-        # A claim counts as executed once: the stored response (or a
-        # release) that follows does not change it; a replay, a refusal or a
-        # lost lease after it does (the optimistic mode's losers, say).
-        if outcome is not None and not (outcome == "executed" and observation.outcome):
-            observation.outcome = outcome
-        elif name == "claim_released" and observation.outcome is None:
-            observation.outcome = "executed"  # the optimistic mode runs the view unclaimed
-    if name == "claim_released":
-        reason = kwargs.get("reason")
-        label = "status" if isinstance(reason, int) else _RELEASE_REASONS.get(str(reason), "other")
-        _send("add", RELEASES, 1, {"operation": _operation_label(scope.operation), "reason": label})
-    elif name == "record_uncertain":
-        _send("add", UNCERTAIN, 1, {"operation": _operation_label(scope.operation)})
-    elif name == "record_unreconciled":
-        _send("add", UNRECONCILED, 1, {"operation": _operation_label(scope.operation)})
-
-
-@functools.cache
-def _signal_names() -> dict[int, str]:
-    from django_idempotency import signals
-
-    return {id(getattr(signals, name)): name for name in signals.__all__ if name != "notify"}
+def count_unreconciled(operation: str) -> None:
+    """Count a record recovery found no reconciler for."""
+    _send("add", UNRECONCILED, 1, {"operation": _operation_label(operation)})
 
 
 def count_recovery(report: RecoveryReport) -> None:

@@ -2,9 +2,10 @@
 
 Owns the request's path from its key to its answer: reading the key
 (``keys``), the flow itself (``flow``: fingerprint, claim, run, settle,
-answer), the owner's run and what a failure leaves (``owned``), the
-write-once ``optimistic`` mode and the one-transaction mode
-(``single_transaction``), the answers to everybody who does not run the
+answer), the one value a request ends with and its announcement
+(``outcome``), the run of the view that both modes share (``run``), the
+default mode's claim and what a failure leaves (``owned``), the
+write-once ``optimistic`` mode, the answers to everybody who does not run the
 view and how refusals are rendered (``answers``), the transactions a view
 runs in (``transactions``), the retention header (``retention``), the
 consumer side of Celery tasks (``task``) and the staged crash of the test

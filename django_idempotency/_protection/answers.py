@@ -21,8 +21,8 @@ from typing import TYPE_CHECKING, NoReturn
 from django.db import InterfaceError, OperationalError
 
 from django_idempotency import _store as store
-from django_idempotency import signals
 from django_idempotency._observability.tracing import step_span
+from django_idempotency._protection.outcome import Tally
 from django_idempotency._protection.retention import advertise_replay
 from django_idempotency._protection.transactions import run_unprotected
 from django_idempotency._store.digests import Fingerprint
@@ -37,7 +37,6 @@ from django_idempotency.exceptions import (
 )
 from django_idempotency.models import IdempotencyRecord
 from django_idempotency.responses import replay
-from django_idempotency.scope import Scope
 
 if TYPE_CHECKING:
     from django.http import HttpRequest, HttpResponseBase
@@ -66,16 +65,14 @@ IN_FLIGHT_RETRY_AFTER = 1
 UNAVAILABLE_RETRY_AFTER = 5
 
 
-def in_flight(
-    request: HttpRequest, scope: Scope, *, state: str, cause: BaseException | None = None
-) -> NoReturn:
+def in_flight(tally: Tally, *, state: str, cause: BaseException | None = None) -> NoReturn:
     """Refuse with 409: another request holds the key (``state`` says how)."""
-    signals.notify(signals.request_in_flight, request, scope, state=state)
+    tally.in_flight_state = state
     raise RequestInProgress(retry_after=IN_FLIGHT_RETRY_AFTER) from cause
 
 
 def answer_settled(
-    request: HttpRequest, scope: Scope, fingerprint: Fingerprint, record: IdempotencyRecord
+    tally: Tally, fingerprint: Fingerprint, record: IdempotencyRecord
 ) -> HttpResponseBase:
     """The answer a settled record gives: 422 for other input, else its replay.
 
@@ -83,12 +80,12 @@ def answer_settled(
     refused as ``idempotency_key_expired`` instead: the response is gone,
     or is due to be, and the operation is never run a second time.
     """
+    scope = tally.scope
+    assert scope is not None
     if not fingerprint.matches(record.fingerprint):
-        signals.notify(signals.key_reused, request, scope)
         raise KeyReused()
     if store.kept_as_tombstone(record):
         logger.info("Refused a retry of %s: past retention, kept as a tombstone.", scope)
-        signals.notify(signals.key_expired, request, scope)
         raise KeyExpired()
     with step_span("idempotency.replay", scope) as span:
         span.set_attribute("http.response.status_code", record.response_status or 200)
@@ -101,18 +98,18 @@ def answer_settled(
             raise StoreUnavailable(
                 str(UNREADABLE_RECORD), retry_after=UNAVAILABLE_RETRY_AFTER
             ) from exc
-        signals.notify(signals.response_replayed, request, scope, status=record.response_status)
+        tally.replayed = True
+        tally.replayed_status = record.response_status
         return advertise_replay(replay(record.response_status or 200, headers, body), record)
 
 
 def store_unavailable(
-    request: HttpRequest,
-    scope: Scope,
-    view: Callable[[], HttpResponseBase],
-    exc: Exception,
+    tally: Tally, view: Callable[[], HttpResponseBase], exc: Exception
 ) -> HttpResponseBase:
     fail_open = idempotency_settings.FAIL_OPEN
-    signals.notify(signals.store_unavailable, request, scope, fail_open=fail_open)
+    scope = tally.scope
+    tally.store_unreachable = True
+    tally.fail_open = fail_open
     if fail_open:
         logger.warning(
             "Idempotency store unreachable (%s); FAIL_OPEN runs %s unprotected.",

@@ -2,9 +2,10 @@
 
 HTTP glue (``decorators.py``, ``drf.py``) adapts the kinds of views to
 ``protect()``; the store is the only thing that touches records. The
-owner's run is in ``owned_run``, the one-transaction variant in
-``single_transaction``, the write-once variant in ``optimistic``, the
-answers to everybody else in ``answers``.
+owner's run is in ``owned``, the write-once variant in ``optimistic``, the
+answers to everybody else in ``answers``. What the request ended with is
+noted on a ``Tally`` on the way and announced once, here, at the end
+(``outcome``).
 """
 
 from __future__ import annotations
@@ -17,11 +18,9 @@ from dataclasses import dataclass, field
 from datetime import timedelta
 from typing import TYPE_CHECKING, Any
 
-from django.core.exceptions import ImproperlyConfigured
 from django.db import connections
 
 from django_idempotency import _store as store
-from django_idempotency._observability.recording import RequestObservation, observe_request
 from django_idempotency._observability.tracing import contended, step_span, traced_view
 from django_idempotency._protection.answers import (
     UNREACHABLE_ERRORS,
@@ -31,9 +30,9 @@ from django_idempotency._protection.answers import (
 )
 from django_idempotency._protection.keys import KeySource
 from django_idempotency._protection.optimistic import run_optimistically
+from django_idempotency._protection.outcome import Tally, announce, finish
 from django_idempotency._protection.owned import run_owned
 from django_idempotency._protection.retention import advertise_first_execution
-from django_idempotency._protection.single_transaction import claim_in_one_transaction
 from django_idempotency._protection.transactions import run_unprotected
 from django_idempotency._store.digests import Fingerprint
 from django_idempotency._store.errors import is_contention
@@ -75,21 +74,11 @@ class Options:
     operation: OperationSpec = None
     required: bool | None = None
     ttl: timedelta | float | None = None
-    single_transaction: bool | None = None
     optimistic: bool = False
     key: KeySource = field(default_factory=KeySource)
     outcome: Outcome | None = None
     tenant: Callable[[Any], str] | None = None
     verify: Callable[[Any], HttpResponseBase | None] | None = None
-
-    def __post_init__(self) -> None:
-        if self.optimistic and self.single_transaction:
-            # Two different answers to "when is the record written": pick one.
-            raise ImproperlyConfigured(
-                "optimistic=True and single_transaction=True cannot be combined: the "
-                "optimistic mode claims nothing before the view and writes the record once, "
-                "at the end of the same single transaction."
-            )
 
     @property
     def retention(self) -> timedelta:
@@ -125,22 +114,32 @@ def protect(
             return refusal
     if request.method not in PROTECTED_METHODS:
         return run_unprotected(view)
-    observation = observe_request(request)
-    if observation is None:
-        return _protect(request, view, options, view_args, view_kwargs, None)
+    tally = Tally()
+    refused: IdempotencyRefusal | None = None
     try:
-        return _protect(request, view, options, view_args, view_kwargs, observation)
+        return _protect(request, _timed(view, tally), options, view_args, view_kwargs, tally)
     except IdempotencyRefusal as refusal:
-        observation.refused(refusal)
-        if observation.scope is None:  # refused before it had one: no key, a body too large
+        refused = refusal
+        if tally.scope is None:  # refused before it had one: no key, a body too large
             with contextlib.suppress(Exception):
-                observation.operation = resolve_operation(request, options.operation)
+                tally.operation = resolve_operation(request, options.operation)
         raise
     finally:
+        announce(request, finish(tally, refused))
+
+
+def _timed(view: Callable[[], HttpResponseBase], tally: Tally) -> Callable[[], HttpResponseBase]:
+    """``view``, its time added up so that it can be taken out of the protection's."""
+
+    def run() -> HttpResponseBase:
+        tally.view_ran = True
+        started = time.perf_counter()
         try:
-            observation.finish()
-        except Exception:  # counting must never replace the answer
-            logger.exception("Counting the request failed; the request goes on.")
+            return view()
+        finally:
+            tally.view_seconds += time.perf_counter() - started
+
+    return run
 
 
 def _protect(
@@ -149,7 +148,7 @@ def _protect(
     options: Options,
     view_args: Sequence[Any],
     view_kwargs: Mapping[str, Any],
-    observation: RequestObservation | None,
+    tally: Tally,
 ) -> HttpResponseBase:
     conf = idempotency_settings
     if options.key.kind == "body":
@@ -167,18 +166,13 @@ def _protect(
         operation=resolve_operation(request, options.operation),
         key=key,
     )
-    if observation is not None:
-        observation.scope = scope
-        view = observation.timed(view)
+    tally.scope = scope
     view = traced_view(scope, view)
     _refuse_a_body_too_large(request)
     try:
         fingerprint = request_fingerprint(request, options.fingerprint, view_args, view_kwargs)
     except NonCanonicalValue as exc:  # NestedTooDeeply included
         raise InputUnreadable(str(exc)) from exc
-    single = options.single_transaction
-    if single is None:
-        single = conf.SINGLE_TRANSACTION
     # Asked once: the claim, the view's transaction and the completion all
     # use this alias, and the view learns it as request.idempotency.database.
     database = database_for(scope, request=request)
@@ -187,16 +181,7 @@ def _protect(
     if options.optimistic and not connection.in_atomic_block:
         response = run_optimistically(
             request,
-            scope,
-            fingerprint,
-            view,
-            options.retention,
-            database=database,
-            outcome=options.outcome_policy,
-        )
-    elif single and connection.vendor == "postgresql" and not connection.in_atomic_block:
-        response = claim_in_one_transaction(
-            request,
+            tally,
             scope,
             fingerprint,
             view,
@@ -205,12 +190,12 @@ def _protect(
             outcome=options.outcome_policy,
         )
     if response is None:
-        response = _claim_or_answer(request, scope, fingerprint, view, options, database)
+        response = _claim_or_answer(request, tally, fingerprint, view, options, database)
     if options.key.is_client_header:
         # Echoed to the client that sent it; a key read from elsewhere (a
         # webhook's delivery id) is the sender's, and no Idempotency-Key.
         response[conf.HEADER] = request.headers[conf.HEADER]
-    advertise_first_execution(request, response, options.retention)
+    advertise_first_execution(response, options.retention, stored=tally.stored_state is not None)
     return response
 
 
@@ -244,13 +229,15 @@ def _declared_length(request: HttpRequest) -> int:
 
 def _claim_or_answer(
     request: HttpRequest,
-    scope: Scope,
+    tally: Tally,
     fingerprint: Fingerprint,
     view: Callable[[], HttpResponseBase],
     options: Options,
     database: str,
 ) -> HttpResponseBase:
     conf = idempotency_settings
+    scope = tally.scope
+    assert scope is not None
     ttl = options.retention
     lease = conf.LEASE
     deadline: float | None = None  # "wait" mode: when to stop, once there is a wait
@@ -264,22 +251,22 @@ def _claim_or_answer(
                 _describe_claim(span, attempt)
         except UNREACHABLE_ERRORS as exc:
             if is_contention(exc):  # a busy database, most likely this very key
-                in_flight(request, scope, state="contended", cause=exc)
-            return store_unavailable(request, scope, view, exc)
+                in_flight(tally, state="contended", cause=exc)
+            return store_unavailable(tally, view, exc)
         if attempt.held is not None:
-            return run_owned(request, attempt.held, view, ttl, outcome=options.outcome_policy)
+            return run_owned(request, tally, attempt.held, view, ttl, options.outcome_policy)
         record = attempt.record
         if record is not None and (
             not fingerprint.matches(record.fingerprint) or record.is_resolved
         ):
-            return answer_settled(request, scope, fingerprint, record)
+            return answer_settled(tally, fingerprint, record)
         if record is not None and conf.IN_FLIGHT == "wait":
             if deadline is None:
                 deadline = time.monotonic() + conf.IN_FLIGHT_WAIT.total_seconds()
             if time.monotonic() >= deadline:
-                in_flight(request, scope, state=record.state)
+                in_flight(tally, state=record.state)
             time.sleep(min(poll, max(deadline - time.monotonic(), 0)))
             poll = min(poll * 2, _LAST_POLL)
             continue
         # In flight, or (None) the key kept changing hands: ask again later.
-        in_flight(request, scope, state=attempt.last_seen if record is None else record.state)
+        in_flight(tally, state=attempt.last_seen if record is None else record.state)

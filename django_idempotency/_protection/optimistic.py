@@ -19,19 +19,17 @@ to the general path in ``protection``.
 
 from __future__ import annotations
 
-import enum
 import logging
 import random
 import time
-from collections.abc import Callable
-from dataclasses import dataclass
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
 from datetime import timedelta
 from typing import TYPE_CHECKING
 
 from django.db import DatabaseError, InterfaceError, transaction
 
 from django_idempotency import _store as store
-from django_idempotency import signals
 from django_idempotency._observability.tracing import step_span
 from django_idempotency._protection.answers import (
     UNAVAILABLE_RETRY_AFTER,
@@ -41,8 +39,16 @@ from django_idempotency._protection.answers import (
     store_unavailable,
 )
 from django_idempotency._protection.crash import SimulatedCrash
-from django_idempotency._protection.owned import log_unsettled, rolled_back_success
-from django_idempotency._protection.retention import mark_stored
+from django_idempotency._protection.outcome import Tally
+from django_idempotency._protection.owned import log_unsettled, note_stored
+from django_idempotency._protection.run import (
+    Phase,
+    Progress,
+    Ran,
+    rolled_back_success,
+    run_view,
+    what_a_lost_store_means,
+)
 from django_idempotency._protection.transactions import view_transactions, writes_discarded
 from django_idempotency._store.digests import Fingerprint
 from django_idempotency._store.errors import (
@@ -53,9 +59,9 @@ from django_idempotency._store.errors import (
 )
 from django_idempotency.conf import idempotency_settings
 from django_idempotency.context import IdempotencyContext
-from django_idempotency.exceptions import OutcomeUncertain, StoreUnavailable
+from django_idempotency.exceptions import StoreUnavailable
 from django_idempotency.outcomes import Outcome
-from django_idempotency.responses import StoredResponse, Verdict, capture
+from django_idempotency.responses import StoredResponse, Verdict
 from django_idempotency.scope import Scope
 
 if TYPE_CHECKING:
@@ -65,34 +71,41 @@ if TYPE_CHECKING:
 logger = logging.getLogger("django_idempotency")
 
 
-class _Phase(enum.Enum):
-    """How far the transaction got: what a database error then means."""
+class _OptimisticRecording:
+    """The optimistic mode's part of the run: the view in the lookup's
+    transaction, then one conditional INSERT of its finished record."""
 
-    LOOKUP = "lookup"
-    VIEW = "view"
-    COMMITTING = "committing"
+    refuses_a_rolled_back_success_at_once = False  # the winner answers first
 
+    def __init__(
+        self, scope: Scope, fingerprint: Fingerprint, ttl: timedelta, database: str
+    ) -> None:
+        self.scope = scope
+        self.fingerprint = fingerprint
+        self.ttl = ttl
+        self.database = database
 
-@dataclass(frozen=True)
-class _Run:
-    """What the view answered, and what became of its transaction."""
+    @contextmanager
+    def transactions(self) -> Iterator[list[str]]:
+        with view_transactions() as opened:  # other ATOMIC_REQUESTS databases
+            yield [self.database, *opened]
 
-    response: HttpResponseBase
-    verdict: Verdict
-    #: The finished record was inserted; it commits with the view's writes.
-    recorded: bool = False
-    #: The record's INSERT found the key taken: a duplicate won.
-    lost: bool = False
-    #: The view's writes were discarded (a transaction marked for rollback:
-    #: DRF does so under ATOMIC_REQUESTS, and so does a database error the
-    #: view caught without a savepoint).
-    discarded: bool = False
-    #: A definitive refusal from such a transaction: stored on its own, after.
-    store_after: StoredResponse | None = None
+    def refusal_discarded(self) -> bool:
+        return writes_discarded()
+
+    def write(self, verdict: Verdict, stored: StoredResponse) -> bool:
+        with step_span("idempotency.complete", self.scope) as span:
+            span.set_attribute("idempotency.outcome", verdict.value)
+            recorded = store.record_finished(
+                self.scope, self.fingerprint, verdict, stored, ttl=self.ttl, using=self.database
+            )
+            span.set_attribute("idempotency.recorded", recorded)
+        return recorded
 
 
 def run_optimistically(
     request: HttpRequest,
+    tally: Tally,
     scope: Scope,
     fingerprint: Fingerprint,
     view: Callable[[], HttpResponseBase],
@@ -118,10 +131,10 @@ def run_optimistically(
     for attempt in range(1, _ATTEMPTS + 1):
         started = time.monotonic()
         try:
-            return _attempt(request, scope, fingerprint, view, ttl, database, outcome)
+            return _attempt(request, tally, fingerprint, view, ttl, database, outcome)
         except _Retryable as retryable:
             exc = retryable.error
-            answer = _the_winners_answer(request, scope, fingerprint, database)
+            answer = _the_winners_answer(tally, fingerprint, database)
             if answer is not None:
                 return answer
             # At least as long as the attempt took: duplicates whose views take
@@ -132,9 +145,7 @@ def run_optimistically(
             took = time.monotonic() - started
             pause = random.uniform(0, max(_FIRST_PAUSE * 2 ** (attempt - 1), took))
             if attempt == _ATTEMPTS or time.monotonic() + pause >= deadline:
-                return _after_a_database_error(
-                    request, scope, fingerprint, view, database, _Phase.VIEW, exc
-                )
+                return _after_a_database_error(tally, fingerprint, view, database, Phase.VIEW, exc)
             logger.info("%s: %s; trying its transaction again.", scope, type(exc).__name__)
             # Duplicates that deadlocked together would meet again at once
             # (MariaDB's SERIALIZABLE lookups share locks on the key's gap).
@@ -159,16 +170,18 @@ class _Retryable(Exception):
 
 def _attempt(
     request: HttpRequest,
-    scope: Scope,
+    tally: Tally,
     fingerprint: Fingerprint,
     view: Callable[[], HttpResponseBase],
     ttl: timedelta,
     database: str,
     outcome: Outcome,
 ) -> HttpResponseBase | None:
-    phase = _Phase.LOOKUP
+    scope = tally.scope
+    assert scope is not None
+    progress = Progress(Phase.LOOKUP)
     record = None
-    run: _Run | None = None
+    run: Ran | None = None
     try:
         with transaction.atomic(using=database):
             record = store.lookup_waiting_at_most(
@@ -182,92 +195,54 @@ def _attempt(
                 store.discard_expired(record, using=database)
                 record = None
             if record is None:
-                phase = _Phase.VIEW
-                run = _view_then_record(request, scope, fingerprint, view, ttl, database, outcome)
-                if run.recorded:
-                    phase = _Phase.COMMITTING
+                progress.phase = Phase.VIEW
+                # No record exists while the view runs: nothing to fence
+                # (token 0), no lease to renew, no intent to commit before a call.
+                unclaimed = store.Claim(
+                    record_id=0, fencing_token=0, scope=scope, database=database
+                )
+                request.idempotency = IdempotencyContext(unclaimed, optimistic=True)  # type: ignore[attr-defined]
+                recording = _OptimisticRecording(scope, fingerprint, ttl, database)
+                run = run_view(view, outcome, recording, progress)
     except SimulatedCrash:
         raise  # a "killed" process cleans nothing up (testing helper)
     except (DatabaseError, InterfaceError) as exc:
-        if phase is not _Phase.LOOKUP and (is_deadlock(exc) or is_serialization_failure(exc)):
+        retryable = is_deadlock(exc) or is_serialization_failure(exc)
+        if progress.phase is not Phase.LOOKUP and retryable:
             raise _Retryable(exc) from exc
-        return _after_a_database_error(request, scope, fingerprint, view, database, phase, exc)
+        return _after_a_database_error(tally, fingerprint, view, database, progress.phase, exc)
     except Exception as exc:
         # The view's own error, or one it raised on meeting a duplicate's
         # row (its own "order exists", say): the winner answers, if any.
         try:
-            answer = _the_winners_answer(request, scope, fingerprint, database)
+            answer = _the_winners_answer(tally, fingerprint, database)
         except StoreUnavailable:
             answer = None  # the view's error tells more than this one
         if answer is None:
-            signals.notify(signals.claim_released, request, scope, reason="exception")
+            tally.release_reason = "exception"
             raise exc
         return answer
     if run is None:
         assert record is not None
         if not fingerprint.matches(record.fingerprint) or record.is_resolved:
-            return answer_settled(request, scope, fingerprint, record)
+            return answer_settled(tally, fingerprint, record)
         return None
-    return _settle(request, scope, fingerprint, run, ttl, database)
-
-
-def _view_then_record(
-    request: HttpRequest,
-    scope: Scope,
-    fingerprint: Fingerprint,
-    view: Callable[[], HttpResponseBase],
-    ttl: timedelta,
-    database: str,
-    outcome: Outcome,
-) -> _Run:
-    """In the lookup's transaction: the view, then its finished record, or the rollback."""
-    conf = idempotency_settings
-    # No record exists while the view runs: nothing to fence (token 0), no
-    # lease to renew, no intent to commit before a call.
-    unclaimed = store.Claim(record_id=0, fencing_token=0, scope=scope, database=database)
-    request.idempotency = IdempotencyContext(unclaimed, optimistic=True)  # type: ignore[attr-defined]
-    with view_transactions() as opened:  # other ATOMIC_REQUESTS databases
-        response = view()
-        verdict = outcome(response)
-        everything = [database, *opened]
-        if verdict in (Verdict.RELEASE, Verdict.UNCERTAIN):
-            _roll_back(everything)
-            return _Run(response, verdict)
-        if writes_discarded():
-            _roll_back(everything)
-            stored = capture(response, conf.STORED_HEADERS, conf.MAX_STORED_BODY)
-            refusal = stored if verdict is Verdict.FAILED else None
-            return _Run(response, verdict, discarded=True, store_after=refusal)
-        stored = capture(response, conf.STORED_HEADERS, conf.MAX_STORED_BODY)
-        with step_span("idempotency.complete", scope) as span:
-            span.set_attribute("idempotency.outcome", verdict.value)
-            recorded = store.record_finished(
-                scope, fingerprint, verdict, stored, ttl=ttl, using=database
-            )
-            span.set_attribute("idempotency.recorded", recorded)
-        if recorded:
-            return _Run(response, verdict, recorded=True)
-        _roll_back(everything)
-        return _Run(response, verdict, lost=True)
-
-
-def _roll_back(aliases: list[str]) -> None:
-    for alias in aliases:
-        transaction.set_rollback(True, using=alias)
+    return _settle(tally, fingerprint, run, ttl, database)
 
 
 def _settle(
-    request: HttpRequest,
-    scope: Scope,
+    tally: Tally,
     fingerprint: Fingerprint,
-    run: _Run,
+    run: Ran,
     ttl: timedelta,
     database: str,
 ) -> HttpResponseBase:
     """After the transaction: the winner tells what it stored; anybody else asks the winner."""
+    scope = tally.scope
+    assert scope is not None
     status = run.response.status_code
     if run.recorded:
-        _signal_stored(request, scope, run)
+        note_stored(tally, run.verdict, status)
         return run.response
     # Rolled back: by losing the record's INSERT, or by the view or the
     # outcome policy, where a duplicate's row may be what made it fail (a
@@ -276,32 +251,26 @@ def _settle(
     # nothing outside the database ran in this mode, and its writes rolled
     # back, so nothing is uncertain, and a record claimed now to say so
     # could take the key from a duplicate still running.
-    answer = _the_winners_answer(request, scope, fingerprint, database)
+    answer = _the_winners_answer(tally, fingerprint, database)
     if answer is not None:
         return answer
     if run.lost:  # taken, then gone again (released, purged): ask again later
-        in_flight(request, scope, state="released")
+        in_flight(tally, state="released")
     if run.discarded and run.verdict is Verdict.COMPLETED:
         raise rolled_back_success(scope, run.response)
     if run.store_after is not None:
         if _store_on_its_own(scope, fingerprint, run, ttl, database):
-            _signal_stored(request, scope, run)
+            note_stored(tally, run.verdict, status)
             return run.response
-        answer = _the_winners_answer(request, scope, fingerprint, database)
+        answer = _the_winners_answer(tally, fingerprint, database)
         if answer is not None:  # a duplicate's record, stored meanwhile
             return answer
-    signals.notify(signals.claim_released, request, scope, reason=status)
+    tally.release_reason = status
     return run.response
 
 
-def _signal_stored(request: HttpRequest, scope: Scope, run: _Run) -> None:
-    mark_stored(request)  # for the retention header, when advertised
-    status = run.response.status_code
-    signals.notify(signals.response_stored, request, scope, state=run.verdict.value, status=status)
-
-
 def _store_on_its_own(
-    scope: Scope, fingerprint: Fingerprint, run: _Run, ttl: timedelta, database: str
+    scope: Scope, fingerprint: Fingerprint, run: Ran, ttl: timedelta, database: str
 ) -> bool:
     assert run.store_after is not None
     try:
@@ -314,45 +283,55 @@ def _store_on_its_own(
 
 
 def _after_a_database_error(
-    request: HttpRequest,
-    scope: Scope,
+    tally: Tally,
     fingerprint: Fingerprint,
     view: Callable[[], HttpResponseBase],
     database: str,
-    phase: _Phase,
+    phase: Phase,
     exc: DatabaseError | InterfaceError,
 ) -> HttpResponseBase:
     """The transaction rolled back on a database error: say what is known."""
-    if is_connection_lost(exc):
-        if phase is _Phase.LOOKUP:  # nothing ran: the one outage FAIL_OPEN may answer
-            return store_unavailable(request, scope, view, exc)
-        if phase is _Phase.COMMITTING:
-            logger.error("Could not learn whether %s committed (%s); answering 503.", scope, exc)
-            raise OutcomeUncertain(retry_after=UNAVAILABLE_RETRY_AFTER) from exc
-        logger.error("Idempotency store lost during %s (%s); answering 503.", scope, exc)
-        raise StoreUnavailable(retry_after=UNAVAILABLE_RETRY_AFTER) from exc
+    scope = tally.scope
+    assert scope is not None
+    if phase is Phase.LOOKUP and is_connection_lost(exc):
+        return store_unavailable(
+            tally, view, exc
+        )  # nothing ran: the one outage FAIL_OPEN may answer
+    # Nothing was claimed, so nothing is released, and no call began.
+    refusal = what_a_lost_store_means(
+        scope,
+        exc,
+        phase,
+        external_begun=False,
+        released=False,
+        retry_after=UNAVAILABLE_RETRY_AFTER,
+    )
+    if refusal is not None:
+        raise refusal from exc
     # A business unique key, a deadlock, a lock timeout, a serialization
     # failure: a duplicate's work, most likely, and then its record answers.
-    answer = _the_winners_answer(request, scope, fingerprint, database)
+    answer = _the_winners_answer(tally, fingerprint, database)
     if answer is not None:
         return answer
     if is_contention(exc):
         # A busy database, a duplicate still running most likely: never an
         # outage, never the view's error. The retry finds the winner's record.
-        in_flight(request, scope, state="contended", cause=exc)
+        in_flight(tally, state="contended", cause=exc)
     # The view's own error (a rule of its own, a bug): as in any mode.
-    signals.notify(signals.claim_released, request, scope, reason="exception")
+    tally.release_reason = "exception"
     raise exc
 
 
 def _the_winners_answer(
-    request: HttpRequest, scope: Scope, fingerprint: Fingerprint, database: str
+    tally: Tally, fingerprint: Fingerprint, database: str
 ) -> HttpResponseBase | None:
     """After this request rolled back: the answer of the record holding the key now.
 
     A replay, or 422 for other input; 409 while a request of the two-commit
     kind holds it; ``None`` when no record holds it (or one past retention).
     """
+    scope = tally.scope
+    assert scope is not None
     try:
         record = store.lookup(scope, using=database)
     except UNREACHABLE_ERRORS as exc:
@@ -361,5 +340,5 @@ def _the_winners_answer(
     if record is None or store.past_retention(record):
         return None
     if not fingerprint.matches(record.fingerprint) or record.is_resolved:
-        return answer_settled(request, scope, fingerprint, record)
-    in_flight(request, scope, state=record.state)
+        return answer_settled(tally, fingerprint, record)
+    in_flight(tally, state=record.state)

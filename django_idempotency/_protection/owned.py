@@ -1,17 +1,17 @@
-"""The view run by the owner of a claim, and what its failure leaves behind.
+"""The default mode: the view run by the owner of a claim, and what its failure leaves.
 
-The view's writes and the stored outcome commit in one transaction; a view
+The run itself is ``run``'s, with this mode's ``Recording``: the view's
+writes and the completion of the claim commit in one transaction. A view
 that fails releases the claim, or, once an external call has begun, leaves
 the record UNCERTAIN for a reconciler. A database error is answered with
-what is known of the outcome (``OutcomeUncertain`` when the commit or an
-external call may have happened).
+what is known of the outcome (``run.what_a_lost_store_means``).
 """
 
 from __future__ import annotations
 
-import enum
 import logging
 from collections.abc import Callable
+from contextlib import AbstractContextManager
 from datetime import timedelta
 from typing import TYPE_CHECKING
 
@@ -25,26 +25,21 @@ from django_idempotency._protection.answers import (
     UNREACHABLE_ERRORS,
 )
 from django_idempotency._protection.crash import SimulatedCrash
-from django_idempotency._protection.retention import mark_stored
+from django_idempotency._protection.outcome import Tally
+from django_idempotency._protection.run import Phase, Progress, run_view, what_a_lost_store_means
 from django_idempotency._protection.transactions import (
     view_transactions,
-    writes_discarded,
 )
 from django_idempotency._store.connections import close_independent_connections
-from django_idempotency._store.digests import Fingerprint
 from django_idempotency._store.errors import is_connection_lost
 from django_idempotency.conf import idempotency_settings
 from django_idempotency.context import IdempotencyContext
 from django_idempotency.exceptions import (
-    OutcomeUncertain,
     RequestInProgress,
-    RolledBackResponse,
     StaleOwner,
-    StoreUnavailable,
 )
-from django_idempotency.outcomes import Outcome, standard
-from django_idempotency.responses import StoredResponse, Verdict, capture
-from django_idempotency.scope import Scope
+from django_idempotency.outcomes import Outcome
+from django_idempotency.responses import StoredResponse, Verdict
 
 if TYPE_CHECKING:
     from django.http import HttpRequest, HttpResponseBase
@@ -53,12 +48,28 @@ if TYPE_CHECKING:
 logger = logging.getLogger("django_idempotency")
 
 
-class _Step(enum.Enum):
-    """How far a claimed request got: what a database error then means."""
+class _OwnedRecording:
+    """The default mode's part of the run: the view's writes and the claim's
+    completion commit in one transaction, so a crash leaves both or neither."""
 
-    VIEW = "view"
-    COMPLETING = "completing"
-    COMMITTING = "committing"
+    refuses_a_rolled_back_success_at_once = True
+
+    def __init__(self, held: store.Claim, ttl: timedelta) -> None:
+        self.held = held
+        self.scope = held.scope
+        self.ttl = ttl
+
+    def transactions(self) -> AbstractContextManager[list[str]]:
+        return view_transactions(records_database=self.held.database)
+
+    def refusal_discarded(self) -> bool:
+        # DRF's exception handler marked the transaction for rollback (it
+        # does under ATOMIC_REQUESTS).
+        return transaction.get_rollback(using=self.held.database)
+
+    def write(self, verdict: Verdict, stored: StoredResponse) -> bool:
+        _complete(self.held, verdict, stored, self.ttl)
+        return True  # or StaleOwner: taken over meanwhile
 
 
 def _complete(held: store.Claim, verdict: Verdict, stored: StoredResponse, ttl: timedelta) -> None:
@@ -69,114 +80,76 @@ def _complete(held: store.Claim, verdict: Verdict, stored: StoredResponse, ttl: 
 
 def run_owned(
     request: HttpRequest,
+    tally: Tally,
     held: store.Claim,
     view: Callable[[], HttpResponseBase],
     ttl: timedelta,
-    *,
-    outcome: Outcome = standard,
+    outcome: Outcome,
 ) -> HttpResponseBase:
-    conf = idempotency_settings
-    store_after: StoredResponse | None = None
     context = IdempotencyContext(held)
-    step = _Step.VIEW
+    progress = Progress()
     try:
         request.idempotency = context  # type: ignore[attr-defined]
+        # Documented to come before the view runs: the one signal not sent
+        # with the request's outcome, at its end.
+        tally.claimed = True
         signals.notify(
             signals.request_claimed, request, held.scope, fencing_token=held.fencing_token
         )
-        # The view's writes and the stored outcome commit in one transaction:
-        # a crash leaves both or neither.
-        with view_transactions(records_database=held.database) as opened:
-            response = view()
-            step = _Step.COMPLETING
-            verdict = outcome(response)
-            if verdict in (Verdict.RELEASE, Verdict.UNCERTAIN):
-                # The retry, or the reconciler, starts from a clean slate.
-                for alias in opened:
-                    transaction.set_rollback(True, using=alias)
-            elif verdict is Verdict.COMPLETED and writes_discarded():
-                raise rolled_back_success(held.scope, response)
-            else:
-                stored = capture(response, conf.STORED_HEADERS, conf.MAX_STORED_BODY)
-                if transaction.get_rollback(using=held.database):
-                    # DRF's exception handler marked the transaction for
-                    # rollback (it does under ATOMIC_REQUESTS): the view's
-                    # writes are undone, so the refusal is stored on its own.
-                    store_after = stored
-                else:
-                    _complete(held, verdict, stored, ttl)
-            step = _Step.COMMITTING
-        if store_after is not None:
-            step = _Step.COMPLETING
-            _complete(held, verdict, store_after, ttl)
+        ran = run_view(view, outcome, _OwnedRecording(held, ttl), progress)
+        if ran.store_after is not None:
+            progress.phase = Phase.COMPLETING
+            _complete(held, ran.verdict, ran.store_after, ttl)
     except StaleOwner:
-        signals.notify(signals.request_in_flight, request, held.scope, state="taken over")
+        tally.in_flight_state = "taken over"
         raise RequestInProgress(retry_after=IN_FLIGHT_RETRY_AFTER) from None
     except SimulatedCrash:
         raise  # a "killed" process cleans nothing up (testing helper)
     except (DatabaseError, InterfaceError) as exc:
-        lost = is_connection_lost(exc)
-        released = _give_up(
-            request, held, context, reason="store unavailable" if lost else "exception"
+        reason = "store unavailable" if is_connection_lost(exc) else "exception"
+        released = give_up(tally, held, context, reason=reason)
+        refusal = what_a_lost_store_means(
+            held.scope,
+            exc,
+            progress.phase,
+            external_begun=context.external_begun,
+            released=released,
+            retry_after=max(1, round(idempotency_settings.LEASE.total_seconds())),
         )
-        _answer_a_database_error(held, context, step, exc, released=released)
+        if refusal is not None:
+            raise refusal from exc
         raise
     except BaseException:
-        _give_up(request, held, context, reason="exception")
+        give_up(tally, held, context, reason="exception")
         raise
     finally:
         # The second connection begin_external() may have opened is this
         # request's alone: close it now, not at request_finished, which may
         # run on another thread (ASGI).
         close_independent_connections()
-    if verdict is Verdict.RELEASE:
-        _give_up(request, held, context, reason=response.status_code)
-    elif verdict is Verdict.UNCERTAIN:
-        leave_uncertain(request, held, context, reason=response.status_code)
+    status = ran.response.status_code
+    if ran.verdict is Verdict.RELEASE:
+        give_up(tally, held, context, reason=status)
+    elif ran.verdict is Verdict.UNCERTAIN:
+        _leave_uncertain(tally, held, context, reason=status)
     else:
-        signal_stored(request, held, verdict, response.status_code)
-    return response
+        note_stored(tally, ran.verdict, status)
+    return ran.response
 
 
-def _answer_a_database_error(
-    held: store.Claim, context: IdempotencyContext, step: _Step, exc: Exception, *, released: bool
-) -> None:
-    """Raise the refusal that says what is known after a database error; else return.
-
-    The claim is already released (``released``), or the record left
-    UNCERTAIN. A view's own error (a deadlock, a timeout, a bug) returns: it
-    is re-raised as it is.
-    """
-    lost = is_connection_lost(exc)
-    lease_seconds = max(1, round(idempotency_settings.LEASE.total_seconds()))
-    committed_maybe = step is _Step.COMMITTING and lost and not released
-    if committed_maybe or (step is not _Step.VIEW and context.external_begun):
-        # The commit may have happened (a CLAIMED record deleted by the
-        # release proves it did not), or an external call did and its
-        # outcome could not be recorded: never "not run".
-        logger.error("Could not record the outcome of %s (%s); answering 503.", held.scope, exc)
-        raise OutcomeUncertain(retry_after=lease_seconds) from exc
-    if lost:
-        # The store went away: the view's writes rolled back with its session.
-        logger.error("Idempotency store lost during %s (%s); answering 503.", held.scope, exc)
-        if context.external_begun:
-            raise OutcomeUncertain(retry_after=lease_seconds) from exc
-        raise StoreUnavailable(retry_after=lease_seconds) from exc
+def note_stored(tally: Tally, verdict: Verdict, status: int) -> None:
+    tally.stored_state = verdict.value
+    tally.stored_status = status
 
 
-def signal_stored(request: HttpRequest, held: store.Claim, verdict: Verdict, status: int) -> None:
-    mark_stored(request)
-    signals.notify(signals.response_stored, request, held.scope, state=verdict.value, status=status)
-
-
-def _give_up(
-    request: HttpRequest, held: store.Claim, context: IdempotencyContext, *, reason: object
+def give_up(
+    tally: Tally, held: store.Claim, context: IdempotencyContext, *, reason: object
 ) -> bool:
     """The view failed: release the claim, or, after an external call began,
     leave the record UNCERTAIN, since the call may have happened. Whether it
     was released."""
     if not context.external_begun:
-        return _release(request, held, reason=reason)
+        return _release(tally, held, reason=reason)
     try:
         context.leave_uncertain()
     except (StaleOwner, DatabaseError, InterfaceError) as exc:
@@ -187,12 +160,12 @@ def _give_up(
         held.scope,
         reason,
     )
-    signals.notify(signals.record_uncertain, request, held.scope, reason=reason)
+    tally.uncertain_reason = reason
     return False
 
 
-def leave_uncertain(
-    request: HttpRequest, held: store.Claim, context: IdempotencyContext, *, reason: object
+def _leave_uncertain(
+    tally: Tally, held: store.Claim, context: IdempotencyContext, *, reason: object
 ) -> None:
     """The outcome policy called the answer uncertain: a reconciler settles the record.
 
@@ -205,7 +178,7 @@ def leave_uncertain(
         log_unsettled(exc, f"mark {held.scope} uncertain", "recovery finds it once its lease ends")
         return
     logger.warning("%s answered %s: left UNCERTAIN for a reconciler.", held.scope, reason)
-    signals.notify(signals.record_uncertain, request, held.scope, reason=reason)
+    tally.uncertain_reason = reason
 
 
 def log_unsettled(exc: Exception, write: str, afterwards: str) -> None:
@@ -220,7 +193,7 @@ def log_unsettled(exc: Exception, write: str, afterwards: str) -> None:
         logger.exception("Could not %s", write)
 
 
-def _release(request: HttpRequest, held: store.Claim, *, reason: object) -> bool:
+def _release(tally: Tally, held: store.Claim, *, reason: object) -> bool:
     try:
         released = store.release(held)
     except (StaleOwner, DatabaseError, InterfaceError) as exc:
@@ -229,48 +202,5 @@ def _release(request: HttpRequest, held: store.Claim, *, reason: object) -> bool
         )
         return False
     if released:
-        signals.notify(signals.claim_released, request, held.scope, reason=reason)
+        tally.release_reason = reason
     return released
-
-
-def rolled_back_success(scope: Scope, response: HttpResponseBase) -> RolledBackResponse:
-    return RolledBackResponse(
-        f"The view answered {response.status_code} for {scope}, but its transaction "
-        "(on one of its databases) was marked for rollback (a database error caught "
-        "without a savepoint?), so its writes are discarded. Not stored; the claim is "
-        "released and the retry runs. Wrap the statement that may fail in its own "
-        "transaction.atomic() block."
-    )
-
-
-def leave_uncertain_afresh(
-    request: HttpRequest,
-    scope: Scope,
-    fingerprint: Fingerprint,
-    response: HttpResponseBase,
-    ttl: timedelta,
-    database: str,
-) -> HttpResponseBase:
-    """The outcome policy called the answer uncertain after the view's writes rolled back.
-
-    For the modes whose record commits only with the view (single
-    transaction, optimistic): claim the key again and leave it UNCERTAIN,
-    for a reconciler. A duplicate may have claimed it first: then it is
-    that one's.
-    """
-    conf = idempotency_settings
-    try:
-        again = store.claim(scope, fingerprint, ttl=ttl, lease=conf.LEASE, using=database)
-    except DatabaseError as exc:
-        log_unsettled(exc, f"claim {scope} to mark it uncertain", "its retry runs again")
-        again = None
-    if again is None:
-        signals.notify(signals.claim_released, request, scope, reason=response.status_code)
-    else:
-        # A context of its own: the request's held no committed record
-        # (fenced writes on it would match nothing). begin_external() is
-        # refused in these modes, so the request began no step to carry over.
-        context = IdempotencyContext(again)
-        request.idempotency = context  # type: ignore[attr-defined]
-        leave_uncertain(request, again, context, reason=response.status_code)
-    return response

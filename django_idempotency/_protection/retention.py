@@ -37,26 +37,24 @@ from django_idempotency.conf import idempotency_settings
 from django_idempotency.responses import REPLAYED_HEADER, RETENTION_HEADER
 
 if TYPE_CHECKING:
-    from django.http import HttpRequest, HttpResponseBase
+    from django.http import HttpResponseBase
 
     from django_idempotency.models import IdempotencyRecord
 
 R = TypeVar("R", bound="HttpResponseBase")
 
 
-#: Set on the request when its own outcome was stored (``mark_stored``,
-#: called where ``response_stored`` is sent, once the outcome is written):
-#: the one fact that says so, whatever decided which answers are stored.
-_STORED_MARK = "_idempotency_outcome_stored"
-
-
 def advertise_first_execution(
-    request: HttpRequest, response: HttpResponseBase, retention: timedelta
+    response: HttpResponseBase, retention: timedelta, *, stored: bool
 ) -> None:
-    """Put the header on a first execution whose outcome was stored; else leave it."""
+    """Put the header on a first execution whose outcome was ``stored``; else leave it.
+
+    ``stored``: the request's own outcome was written (the outcome's
+    ``stored_state``), whatever decided which answers are stored.
+    """
     if not idempotency_settings.ADVERTISE_RETENTION or REPLAYED_HEADER in response:
         return
-    if getattr(request, _STORED_MARK, False):
+    if stored:
         response[RETENTION_HEADER] = str(_whole_seconds(retention))
 
 
@@ -79,14 +77,3 @@ def seconds_left(record: IdempotencyRecord) -> int:
 
 def _whole_seconds(duration: timedelta) -> int:
     return max(0, math.floor(duration.total_seconds()))
-
-
-def mark_stored(request: HttpRequest | None) -> None:
-    """Note that ``request``'s own outcome was stored: its response may carry the header.
-
-    Called by the runs that store an outcome, beside ``response_stored``;
-    not a receiver of that signal, which would cost every stored first
-    execution a signal dispatch whether the header is wanted or not.
-    """
-    if request is not None:
-        setattr(request, _STORED_MARK, True)

@@ -33,7 +33,6 @@ IN_PROCESS = (
     "tests/test_behaviour.py",
     "tests/test_optimistic.py",
     "tests/test_transactions.py",
-    "tests/test_single_transaction.py",
     "tests/test_external.py",
     "tests/test_recovery.py",
     "tests/test_tenant_isolation.py",
@@ -42,9 +41,6 @@ IN_PROCESS = (
 )
 #: Races over real gunicorn processes (PostgreSQL cells).
 LIVE = ("tests/live/test_concurrency.py", "tests/live/test_configurations_live.py")
-#: The same with the single-transaction mode's races, where a configuration
-#: touches that mode's transaction (isolation, ATOMIC_REQUESTS, the setting).
-LIVE_SINGLE = (*LIVE, "tests/live/test_single_transaction_live.py")
 #: The demo project's crash and fencing tests (a Celery worker, the provider).
 CRASHES = ("tests/live/test_crashes.py",)
 
@@ -130,10 +126,6 @@ def fail_open(settings: Settings) -> None:
     _idempotency(settings, FAIL_OPEN=True)
 
 
-def single_transaction(settings: Settings) -> None:
-    _idempotency(settings, SINGLE_TRANSACTION=True)
-
-
 #: Two Fernet keys (newest first), fixed so that servers and tests agree.
 ENCRYPTION_KEYS = (
     "3Curi30a91CTJvp6EQRirB6a7b6LQhz3tXff1uSgj6E=",
@@ -190,17 +182,12 @@ LIVE_MARIADB = "IDEMPOTENCY_TEST_LIVE_MARIADB_URL"
 LIVE_PGBOUNCER = "IDEMPOTENCY_TEST_LIVE_PGBOUNCER"
 #: The intents' pool the live harness gives the app processes, when it does.
 INTENT_DATABASE_URL = "IDEMPOTENCY_TEST_INTENT_DATABASE_URL"
-#: What the PgBouncer cell runs: the race (50 x 20), single_transaction's
-#: race (its claims wait under lock_timeout), the crash points with the
-#: Celery worker's recovery. The begin_external() pool deadlock, the state
-#: leaks, prepared statements, the recover and purge commands are
-#: tests/live/test_pgbouncer.py, in every `make test`. single_transaction's
-#: SIGKILL test is left out for time: the crash points kill mid-transaction
-#: behind PgBouncer already.
+#: What the PgBouncer cell runs: the race (50 x 20), the crash points with
+#: the Celery worker's recovery. The begin_external() pool deadlock, the
+#: state leaks, prepared statements, the recover and purge commands are
+#: tests/live/test_pgbouncer.py, in every `make test`.
 LIVE_PGBOUNCER_PATHS = (
     "tests/live/test_concurrency.py",
-    "tests/live/test_single_transaction_live.py::"
-    "test_fifty_simultaneous_duplicates_run_once_and_replay",
     *CRASHES,
 )
 
@@ -235,13 +222,13 @@ CONFIGURATIONS: dict[str, Configuration] = {
             "MariaDB's InnoDB default",
             repeatable_read,
             databases=("postgres", "mariadb"),
-            live=LIVE_SINGLE + CRASHES,
+            live=LIVE + CRASHES,
         ),
         Configuration(
             "atomic-requests",
             "ATOMIC_REQUESTS=True, with TestCase and django_db tests",
             atomic_requests,
-            live=LIVE_SINGLE,
+            live=LIVE,
         ),
         Configuration(
             "csrf-real-server",
@@ -317,13 +304,6 @@ CONFIGURATIONS: dict[str, Configuration] = {
             wrapper=("faketime", DST_MOMENT),
         ),
         Configuration("fail-open", "IDEMPOTENCY FAIL_OPEN=True", fail_open, live=LIVE),
-        Configuration(
-            "single-transaction",
-            "IDEMPOTENCY SINGLE_TRANSACTION=True (PostgreSQL only)",
-            single_transaction,
-            databases=("postgres",),
-            live=LIVE_SINGLE,
-        ),
         Configuration(
             "encryption", "IDEMPOTENCY ENCRYPTION_KEYS set (two Fernet keys)", encryption
         ),

@@ -12,8 +12,8 @@
   writes a line for every settlement recovery commits, so the test can
   count them per record.
 - Requests arrive through the load balancer under any Host name.
-- ``tests.fleet.fleet_urls`` adds a ``single_transaction`` view that holds
-  its claim's lock for as long as asked (the partition test's).
+- ``tests.fleet.fleet_urls`` adds a view that holds its record's row lock
+  for as long as asked (the partition test's).
 """
 
 from __future__ import annotations

@@ -61,7 +61,7 @@ SLACK = 15.0
 DUPLICATE_BOUND = 10.0
 #: The hosts' IN_FLIGHT_WAIT (tests/fleet/fleet_settings.py).
 IN_FLIGHT_WAIT = 3.0
-#: How long the single_transaction view holds its claim's lock, unless cut.
+#: How long the held view holds its record's lock, unless cut.
 HELD_FOR = 8.0
 
 
@@ -428,9 +428,7 @@ def test_dead_hosts_record_lock_holds_duplicates_at_most_in_flight_wait(
     rows = fleet.query(
         'SELECT state, response_status FROM django_idempotency_record WHERE "key" = %s', [key]
     )
-    summary_lines.append(
-        "test_partition, cut while holding the record's lock (single_transaction):"
-    )
+    summary_lines.append("test_partition, cut while holding the record's lock:")
     summary_lines.extend(
         f"  {line}"
         for line in [

@@ -14,8 +14,8 @@ on the server), PgBouncers of the test's own in transaction pooling
    second PgBouncer entry of the same database (a pool of its own), the
    same load runs: every request once, 201.
 2. No state leaks between clients of one server connection (a pool of 1,
-   so every client shares it): the ``lock_timeout`` that a
-   ``single_transaction`` claim sets for its transaction is gone for the
+   so every client shares it): the ``lock_timeout`` that an
+   ``optimistic`` lookup sets for its transaction is gone for the
    next client's transaction; a session-level ``SET`` would leak, and the
    control step shows the probe sees that.
 3. No server-side prepared statements: after requests of every kind
@@ -260,8 +260,8 @@ def test_a_lock_timeout_set_for_one_request_never_reaches_another_client(
     with through(bouncer, name) as tidy:
         tidy.execute("RESET lock_timeout")
 
-    # A single_transaction request sets lock_timeout for its transaction and
-    # holds the only server connection for a while; another client queued
+    # An optimistic request sets lock_timeout for its transaction (its first
+    # statement, the lookup) and holds the only server connection for a while; another client queued
     # meanwhile gets that connection as soon as the request commits.
     key = f"leak-{uuid.uuid4().hex[:8]}"
     answer: list[requests.Response] = []
@@ -269,7 +269,7 @@ def test_a_lock_timeout_set_for_one_request_never_reaches_another_client(
     def request() -> None:
         answer.append(
             requests.post(
-                f"{server.url}/api-view/single",
+                f"{server.url}/api-view/optimistic",
                 json={"amount": 1, "note": key, "sleep": 1.0},
                 headers={"Idempotency-Key": key},
                 timeout=30,
@@ -289,7 +289,7 @@ def test_a_lock_timeout_set_for_one_request_never_reaches_another_client(
             )
             claim_seen = str(rows[0][0]) if rows else ""
             time.sleep(0.05)
-        # The request's claim ran on the one server connection, setting the timeout.
+        # The request's lookup ran on the one server connection, setting the timeout.
         assert "set_config('lock_timeout'" in claim_seen, claim_seen
         after, after_pid = in_a_transaction(bouncer, name, "SHOW lock_timeout")
     finally:
@@ -299,7 +299,7 @@ def test_a_lock_timeout_set_for_one_request_never_reaches_another_client(
     assert after == "0", f"the request's lock_timeout leaked into another client: {after}"
     summary_lines.append(
         f"[pgbouncer] pool_size=1: session SET seen by the next client: {leaked}; "
-        f"single_transaction's lock_timeout seen by the next client: {after}"
+        f"an optimistic request's lock_timeout seen by the next client: {after}"
     )
 
 
@@ -310,12 +310,12 @@ def test_no_server_side_prepared_statement_is_left_on_the_pool(
     name, intents = database.name, f"{database.name}_intents"
     tag = uuid.uuid4().hex[:8]
     # Requests of every kind, several times over: first runs, replays,
-    # single_transaction, begin_external() with its intent, a refusal (422).
+    # optimistic, begin_external() with its intent, a refusal (422).
     for number in range(3):
         key = f"prepared-{tag}-{number}"
         for path, body in (
             ("/api-view/charges", {"amount": 5, "note": key}),
-            ("/api-view/single", {"amount": 5, "note": key}),
+            ("/api-view/optimistic", {"amount": 5, "note": key}),
             ("/api-view/external", {"amount": 5, "peek": False, "provider_id": key}),
         ):
             headers = {"Idempotency-Key": f"{key}{path}"}

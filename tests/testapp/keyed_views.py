@@ -101,12 +101,3 @@ class MixinBodyKeyView(IdempotentMixin, generics.CreateAPIView[Charge]):
 def policy_view(request: Request) -> Response:
     charge, code = perform(request, request.data)
     return charge_response(charge, code)
-
-
-@api_view(["POST"])
-@idempotent(
-    operation="policy-single", single_transaction=True, outcome=by_status({504: Verdict.UNCERTAIN})
-)
-def policy_single_view(request: Request) -> Response:
-    charge, code = perform(request, request.data)
-    return charge_response(charge, code)

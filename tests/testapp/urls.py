@@ -22,7 +22,6 @@ urlpatterns = [
     path("api-view/optional", views.api_view_optional_key),
     path("api-view/by-ref/<uuid:ref>", views.api_view_charge_for_reference),
     path("cbv/charges", views.ChargeAPIView.as_view()),
-    path("cbv/single", views.SingleTransactionChargeView.as_view()),
     path("cbv/charges/<int:pk>", views.ChargeDetailAPIView.as_view()),
     path("cbv/own-dispatch", views.OwnDispatchView.as_view()),
     path("generic/charges", views.ChargeGenericView.as_view()),
@@ -35,7 +34,6 @@ urlpatterns = [
     path("api-view/external", views.api_view_external_call),
     path("api-view/steps", views.api_view_steps),
     path("api-view/unprotected", views.api_view_unprotected),
-    path("api-view/single", views.api_view_single_transaction),
     path("api-view/optimistic", optimistic_views.api_view_optimistic),
     path("mixin/optimistic", optimistic_views.OptimisticMixinView.as_view()),
     path("api-view/probe", views.api_view_probe),
@@ -52,7 +50,6 @@ urlpatterns = [
     path("keyed/verified", keyed_views.verified_delivery),
     path("keyed/mixin", keyed_views.MixinBodyKeyView.as_view()),
     path("policy/by-status", keyed_views.policy_view),
-    path("policy/single", keyed_views.policy_single_view),
     path("optimistic-duplicates/lock-account", optimistic_duplicate_views.lock_account_optimistic),
     path(
         "optimistic-duplicates/lock-account-default",

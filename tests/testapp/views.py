@@ -165,15 +165,6 @@ class ChargeAPIView(APIView):
         return charge_response(charge, code)
 
 
-class SingleTransactionChargeView(APIView):
-    """single_transaction=True on a class, which ATOMIC_REQUESTS can exempt."""
-
-    @idempotent(single_transaction=True)
-    def post(self, request: Request) -> Response:
-        charge, code = perform(request, request.data)
-        return charge_response(charge, code)
-
-
 class ChargeDetailAPIView(APIView):
     @idempotent
     def put(self, request: Request, pk: int) -> Response:
@@ -434,26 +425,6 @@ async def async_plain_charges(request: HttpRequest) -> JsonResponse:
     return JsonResponse(
         {"id": charge.pk, "amount": charge.amount}, status=int(data.get("status", 201))
     )
-
-
-@api_view(["POST"])
-@idempotent(single_transaction=True)
-def api_view_single_transaction(request: Request) -> Response:
-    """Claim, view and completion in one transaction (on PostgreSQL).
-
-    ``die``: SIGKILL this process mid-view, where the live tests allow it
-    (TESTAPP_ALLOW_SIGKILL=1 in the server's environment).
-    """
-    import os
-    import signal
-
-    data = data_of(request)
-    charge, code = perform(request, {**data, "note": data.get("note", "single")})
-    if data.get("die") and os.environ.get("TESTAPP_ALLOW_SIGKILL") == "1":
-        os.kill(os.getpid(), signal.SIGKILL)
-    if data.get("begin_external"):
-        idempotency_of(request).begin_external()
-    return charge_response(charge, code)
 
 
 @idempotent
