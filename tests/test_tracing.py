@@ -158,6 +158,64 @@ def test_under_the_django_instrumentation_the_spans_are_children_of_the_request_
         if span.parent and span.parent.span_id == server[0].context.span_id
     }
     assert children == {"idempotency.claim", "idempotency.view", "idempotency.complete"}
+    # Its span, started when the request was, ends saying what became of it.
+    assert server[0].attributes["idempotency.request.outcome"] == "executed"
+
+
+def _finished_request_span(exporter: InMemorySpanExporter) -> dict[str, Any]:
+    (span,) = [span for span in exporter.get_finished_spans() if span.name == "POST"]
+    return dict(span.attributes or {})
+
+
+def test_the_request_span_carries_the_outcome_of_a_first_execution_and_its_replay(
+    api: APIClient, exporter: InMemorySpanExporter
+) -> None:
+    request_span(api, {"amount": 1}, "t-outcome")
+    first = _finished_request_span(exporter)
+    exporter.clear()
+    request_span(api, {"amount": 1}, "t-outcome")
+    replay = _finished_request_span(exporter)
+
+    assert first == {
+        "idempotency.operation": OPERATION,
+        "idempotency.request.outcome": "executed",
+        "idempotency.replayed": False,
+        "idempotency.record.state": "COMPLETED",
+    }
+    assert replay == {
+        "idempotency.operation": OPERATION,
+        "idempotency.request.outcome": "replayed",
+        "idempotency.replayed": True,
+    }
+    assert "t-outcome" not in repr(first) + repr(replay)
+
+
+def test_the_request_span_names_a_refusal_and_a_release(
+    api: APIClient, exporter: InMemorySpanExporter
+) -> None:
+    request_span(api, {"amount": 1}, "t-refused")
+    exporter.clear()
+    request_span(api, {"amount": 2}, "t-refused")
+    refused = _finished_request_span(exporter)
+    exporter.clear()
+    request_span(api, {"amount": 1, "status": 429}, "t-released")
+    released = _finished_request_span(exporter)
+
+    assert refused["idempotency.request.outcome"] == "key_reused"
+    assert refused["idempotency.refusal"] == "idempotency_key_reused"
+    assert released["idempotency.request.outcome"] == "executed"
+    assert released["idempotency.release.reason"] == "status"
+    assert "idempotency.record.state" not in released
+
+
+def test_with_tracing_off_the_request_span_says_nothing_of_the_protection(
+    api: APIClient, exporter: InMemorySpanExporter, settings: Any
+) -> None:
+    settings.IDEMPOTENCY = {"TRACING": False}
+
+    request_span(api, {"amount": 1}, "t-off-request")
+
+    assert _finished_request_span(exporter) == {}
 
 
 def test_a_span_processor_that_raises_never_fails_the_request(

@@ -152,10 +152,19 @@ def count_request(operation: str, outcome: str, seconds: float, *, tenant: str |
     _send("add", REQUESTS, 1, labels)
 
 
+def release_label(reason: object) -> str:
+    """The ``reason`` label of a release: a status code is "status"."""
+    return "status" if isinstance(reason, int) else _RELEASE_REASONS.get(str(reason), "other")
+
+
 def count_release(operation: str, reason: object) -> None:
-    """Count a claim given up so that a retry runs (a status code is "status")."""
-    label = "status" if isinstance(reason, int) else _RELEASE_REASONS.get(str(reason), "other")
-    _send("add", RELEASES, 1, {"operation": _operation_label(operation), "reason": label})
+    """Count a claim given up so that a retry runs."""
+    _send(
+        "add",
+        RELEASES,
+        1,
+        {"operation": _operation_label(operation), "reason": release_label(reason)},
+    )
 
 
 def count_uncertain(operation: str) -> None:

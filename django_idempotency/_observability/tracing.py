@@ -19,7 +19,7 @@ from __future__ import annotations
 import contextlib
 import functools
 import logging
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Iterator, Mapping
 from typing import TYPE_CHECKING, Any
 
 from django_idempotency import __version__
@@ -145,6 +145,26 @@ def _end(
     except Exception as failure:
         if failure is not exc:
             logger.exception("The %s span could not be ended; the request goes on.", name)
+
+
+def describe_request(attributes: Mapping[str, str | int | bool]) -> None:
+    """Set a protected request's outcome on the span that is current as it ends.
+
+    That span is the request's own (opentelemetry-instrumentation-django's
+    server span, started when the request was) or whatever the project made
+    current around the view; the step spans have all ended by then. Set
+    once, from the request's outcome; nothing without a recording span.
+    """
+    if _active_tracer() is None:
+        return
+    from opentelemetry import trace
+
+    try:
+        span = trace.get_current_span()
+        if span.is_recording():
+            span.set_attributes(dict(attributes))
+    except Exception:
+        logger.exception("The request's span could not be described; the request goes on.")
 
 
 def contended(exc: BaseException) -> str | None:

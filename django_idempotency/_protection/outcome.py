@@ -4,8 +4,9 @@ The flow notes what it learns on a ``Tally`` as it goes (plain attribute
 writes: no branch calls back into this module); ``protect()`` turns it
 into one frozen ``RequestOutcome`` when the request is answered, and
 ``announce`` sends the outcome signals and counts the metrics from that
-value alone. ``request_claimed`` is the one exception, sent where the view
-is about to run, as documented.
+value alone, and sets it on the request's span. ``request_claimed`` is the
+one exception, sent where the view is about to run, as documented; the
+step spans are made where their steps run.
 """
 
 from __future__ import annotations
@@ -16,7 +17,7 @@ from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
 from django_idempotency import signals
-from django_idempotency._observability import recording
+from django_idempotency._observability import recording, tracing
 
 if TYPE_CHECKING:
     from django.dispatch import Signal
@@ -160,7 +161,7 @@ def finish(tally: Tally, refusal: BaseException | None) -> RequestOutcome:
 
 
 def announce(request: HttpRequest, outcome: RequestOutcome) -> None:
-    """Send the outcome's signals and count it.
+    """Send the outcome's signals, count it and set it on the request's span.
 
     In the order the events happened: the unreachable store, then what
     became of the claim, then the answer.
@@ -173,6 +174,27 @@ def announce(request: HttpRequest, outcome: RequestOutcome) -> None:
         _count(outcome)
     except Exception:  # counting must never replace the answer
         logger.exception("Counting the request failed; the request goes on.")
+    if outcome.operation is not None:
+        tracing.describe_request(span_attributes(outcome))
+
+
+def span_attributes(outcome: RequestOutcome) -> dict[str, str | int | bool]:
+    """What the request's span says of it: never the key, never the tenant."""
+    assert outcome.operation is not None
+    attributes: dict[str, str | int | bool] = {
+        "idempotency.operation": outcome.operation,
+        "idempotency.request.outcome": outcome.label,
+        "idempotency.replayed": outcome.replayed,
+    }
+    if outcome.refusal is not None:
+        attributes["idempotency.refusal"] = outcome.refusal
+    if outcome.stored_state is not None:
+        attributes["idempotency.record.state"] = outcome.stored_state
+    elif outcome.uncertain:
+        attributes["idempotency.record.state"] = "UNCERTAIN"
+    if outcome.released:
+        attributes["idempotency.release.reason"] = recording.release_label(outcome.release_reason)
+    return attributes
 
 
 def _signals_of(outcome: RequestOutcome) -> list[tuple[Signal, dict[str, object]]]:
