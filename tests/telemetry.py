@@ -7,7 +7,8 @@ does, and clears the spans it looked at.
 
 from __future__ import annotations
 
-from collections.abc import Mapping
+import contextlib
+from collections.abc import Callable, Mapping
 from typing import Any
 
 from opentelemetry import metrics, trace
@@ -67,3 +68,18 @@ class Readings:
 
 def spans(exporter: InMemorySpanExporter) -> list[ReadableSpan]:
     return list(exporter.get_finished_spans())
+
+
+def attributes_of_the_span_around(call: Callable[[], object]) -> dict[str, Any]:
+    """Run ``call`` under a span of its own (as a worker's task span); its attributes after."""
+    from opentelemetry.trace import SpanKind
+
+    _, exporter = installed()
+    exporter.clear()
+    with (
+        trace.get_tracer("tests").start_as_current_span("run/task", kind=SpanKind.CONSUMER),
+        contextlib.suppress(Exception),
+    ):
+        call()
+    (span,) = [span for span in exporter.get_finished_spans() if span.name == "run/task"]
+    return dict(span.attributes or {})

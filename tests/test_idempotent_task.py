@@ -27,6 +27,7 @@ from django_idempotency.tasks import (
     TaskOutcomeUncertain,
     idempotent_task,
 )
+from tests.telemetry import attributes_of_the_span_around
 from tests.testapp.models import Charge
 
 pytestmark = pytest.mark.django_db(transaction=True)
@@ -392,3 +393,21 @@ def test_a_long_message_id_is_kept_by_its_digest() -> None:
     assert note_event(long_id) == first
     assert len(executed) == 1
     assert IdempotencyRecord.objects.get().key.startswith("sha256:")
+
+
+# What a run ended with: one outcome, on the span current around the task
+# (a Celery worker's task span, under its instrumentation).
+
+
+def test_each_run_ends_with_one_outcome_on_the_tasks_span(event_id: str) -> None:
+    first = attributes_of_the_span_around(lambda: charge(event_id, 5))
+    duplicate = attributes_of_the_span_around(lambda: charge(event_id, 5))
+    reused = attributes_of_the_span_around(lambda: charge(event_id, 6))
+    failed = attributes_of_the_span_around(lambda: charge(f"{event_id}-fails", 5, fail=True))
+
+    assert first == {"idempotency.operation": OPERATION, "idempotency.task.outcome": "executed"}
+    assert duplicate["idempotency.task.outcome"] == "replayed"
+    assert reused["idempotency.task.outcome"] == "refused"
+    assert reused["idempotency.refusal"] == "key_reused"
+    assert failed["idempotency.task.outcome"] == "released"
+    assert event_id not in repr([first, duplicate, reused, failed])

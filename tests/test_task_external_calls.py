@@ -35,6 +35,7 @@ from django_idempotency.tasks import (
     task_idempotency,
 )
 from django_idempotency.testing import expire_leases, simulate_crash_after_begin_external
+from tests.telemetry import attributes_of_the_span_around
 from tests.testapp.models import Charge
 
 pytestmark = pytest.mark.django_db(transaction=True)
@@ -211,6 +212,18 @@ def test_a_body_failing_after_begin_external_leaves_the_record_uncertain(payout_
         send_payout(payout_id, 40)
     assert provider.calls == 1
     assert record(payout_id).state == State.UNCERTAIN
+
+
+def test_the_uncertain_run_and_its_refused_redelivery_say_so_on_their_spans(
+    payout_id: str,
+) -> None:
+    provider.time_out = True
+    failed = attributes_of_the_span_around(lambda: send_payout(payout_id, 40))
+    redelivered = attributes_of_the_span_around(lambda: send_payout(payout_id, 40))
+
+    assert failed["idempotency.task.outcome"] == "uncertain"
+    assert redelivered["idempotency.task.outcome"] == "refused"
+    assert redelivered["idempotency.refusal"] == "outcome_uncertain"
 
 
 def test_the_reconciler_of_the_task_settles_it_and_duplicates_get_its_result(

@@ -147,13 +147,14 @@ def _end(
             logger.exception("The %s span could not be ended; the request goes on.", name)
 
 
-def describe_request(attributes: Mapping[str, str | int | bool]) -> None:
-    """Set a protected request's outcome on the span that is current as it ends.
+def describe_current_span(attributes: Mapping[str, str | int | bool]) -> None:
+    """Set a protected request's (or task run's) outcome on the span current as it ends.
 
     That span is the request's own (opentelemetry-instrumentation-django's
-    server span, started when the request was) or whatever the project made
-    current around the view; the step spans have all ended by then. Set
-    once, from the request's outcome; nothing without a recording span.
+    server span, started when the request was), a Celery task's, or
+    whatever the project made current around the view; the step spans have
+    all ended by then. Set once, from the outcome; nothing without a
+    recording span.
     """
     if _active_tracer() is None:
         return

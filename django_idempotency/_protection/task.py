@@ -25,12 +25,14 @@ import logging
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from contextvars import ContextVar
+from dataclasses import dataclass
 from datetime import timedelta
 from typing import TYPE_CHECKING, Any, NoReturn, TypeVar, cast
 
 from django.db import DatabaseError, transaction
 from django.utils import timezone
 
+from django_idempotency._observability.tracing import describe_current_span
 from django_idempotency._protection.crash import SimulatedCrash
 from django_idempotency._store.errors import is_contention
 from django_idempotency.conf import as_timedelta, idempotency_settings
@@ -48,6 +50,7 @@ if TYPE_CHECKING:
     from django_idempotency import _store as store
     from django_idempotency.context import IdempotencyContext
     from django_idempotency.models import IdempotencyRecord
+    from django_idempotency.scope import Scope
 
 
 logger = logging.getLogger("django_idempotency")
@@ -261,24 +264,32 @@ def idempotent_task(
             retention = as_timedelta(ttl) if ttl is not None else conf.TTL
             held_for = as_timedelta(lease) if lease is not None else conf.LEASE
             _warn_about_timeouts(held_for)
+            ended = _Ended()
             try:
-                attempt = store.claim_or_take_over(
-                    scope, digest, ttl=retention, lease=held_for, using=database
-                )
-            except DatabaseError as exc:
-                # A takeover that ran out of IN_FLIGHT_WAIT on a row another
-                # session locked: the key is busy, not the database down.
-                if not is_contention(exc):
-                    raise
-                raise TaskInProgress(f"{scope} is held by another session") from exc
-            held, record = attempt.held, attempt.record
-            if held is None:
-                if record is not None and not digest.matches(record.fingerprint):
-                    raise TaskKeyReused(f"{scope} was used with other arguments")
-                if record is not None and record.is_resolved:
-                    return _stored_result(record, scope)
-                _refuse_unresolved(record, scope)
-            return _run_owned(func, args, kwargs, held, retention)
+                try:
+                    attempt = store.claim_or_take_over(
+                        scope, digest, ttl=retention, lease=held_for, using=database
+                    )
+                except DatabaseError as exc:
+                    # A takeover that ran out of IN_FLIGHT_WAIT on a row another
+                    # session locked: the key is busy, not the database down.
+                    if not is_contention(exc):
+                        raise
+                    raise TaskInProgress(f"{scope} is held by another session") from exc
+                held, record = attempt.held, attempt.record
+                if held is None:
+                    if record is not None and not digest.matches(record.fingerprint):
+                        raise TaskKeyReused(f"{scope} was used with other arguments")
+                    if record is not None and record.is_resolved:
+                        ended.kind = "replayed"
+                        return _stored_result(record, scope)
+                    _refuse_unresolved(record, scope)
+                return _run_owned(func, args, kwargs, held, retention, ended)
+            except BaseException as exc:
+                ended.failed_with(exc)
+                raise
+            finally:
+                _announce(ended.outcome(scope))
 
         _leases[run_once] = as_timedelta(lease) if lease is not None else None
         return cast(Task, run_once)
@@ -292,6 +303,7 @@ def _run_owned(
     kwargs: Any,
     held: store.Claim,
     retention: timedelta,
+    ended: _Ended,
 ) -> Any:
     """Run the body as the owner of ``held``; store its result with its writes."""
     from django_idempotency import _store as store
@@ -311,15 +323,80 @@ def _run_owned(
     except BaseException:
         if context.external_begun:
             # The provider may have been called: never "not run".
-            _leave_uncertain(held, context)
+            ended.kind = "uncertain" if _leave_uncertain(held, context) else "unsettled"
         else:
             # Nothing committed: a redelivery (or a Celery retry) runs it again.
             store.release(held)
+            ended.kind = "released"
         raise
     finally:
         # begin_external()'s second connection is this run's alone.
         store.close_independent_connections()
+    ended.kind = "executed"
     return json.loads(body)
+
+
+#: Exceptions that refuse a run, by the refusal they stand for.
+_REFUSALS: dict[type[BaseException], str] = {
+    TaskInProgress: "in_progress",
+    TaskKeyReused: "key_reused",
+    TaskOutcomeUncertain: "outcome_uncertain",
+    TaskFailed: "failed",
+}
+
+
+@dataclass(frozen=True)
+class TaskOutcome:
+    """How one run of an idempotent task ended: the one value its announcement reads."""
+
+    scope: Scope
+    #: "executed" (the body ran and its result was stored), "replayed" (a
+    #: duplicate got the stored result), "refused" (see ``refusal``),
+    #: "released" (the body failed before any external call: a redelivery
+    #: runs it), "uncertain" (it failed after one: left to the reconciler),
+    #: "unsettled" (that could not be written: recovery finds it), "error"
+    #: (the claim itself failed).
+    kind: str
+    #: "in_progress", "key_reused", "outcome_uncertain" or "failed" when refused.
+    refusal: str | None = None
+
+
+class _Ended:
+    """What a run has come to so far: written by its steps, frozen at the end."""
+
+    __slots__ = ("kind", "refusal")
+
+    def __init__(self) -> None:
+        self.kind = "error"
+        self.refusal: str | None = None
+
+    def failed_with(self, exc: BaseException) -> None:
+        refusal = _REFUSALS.get(type(exc))
+        if refusal is not None and self.kind in ("error", "replayed"):
+            self.kind, self.refusal = "refused", refusal
+
+    def outcome(self, scope: Scope) -> TaskOutcome:
+        return TaskOutcome(scope, self.kind, self.refusal)
+
+
+def _announce(outcome: TaskOutcome) -> None:
+    """Log the run's outcome and set it on the current span (a Celery task's), once."""
+    scope = outcome.scope
+    if outcome.kind == "replayed":
+        logger.info("Duplicate message for %s: returning the stored result", scope)
+    elif outcome.kind == "uncertain":
+        logger.warning(
+            "%s failed after begin_external(): left UNCERTAIN for the reconciler of %r.",
+            scope,
+            scope.operation,
+        )
+    attributes: dict[str, str | int | bool] = {
+        "idempotency.operation": scope.operation,
+        "idempotency.task.outcome": outcome.kind,
+    }
+    if outcome.refusal is not None:
+        attributes["idempotency.refusal"] = outcome.refusal
+    describe_current_span(attributes)
 
 
 @contextmanager
@@ -348,7 +425,7 @@ def _celery_request(args: Any) -> Any:
     return args[0].request if isinstance(args[0], CeleryTask) else None
 
 
-def _leave_uncertain(held: store.Claim, context: IdempotencyContext) -> None:
+def _leave_uncertain(held: store.Claim, context: IdempotencyContext) -> bool:
     """The body failed after ``begin_external()``: leave the record UNCERTAIN.
 
     The same write as a view's (``IdempotencyContext.leave_uncertain``): the
@@ -363,12 +440,8 @@ def _leave_uncertain(held: store.Claim, context: IdempotencyContext) -> None:
         logger.exception(
             "Could not mark %s uncertain; recovery finds it once its lease ends.", held.scope
         )
-        return
-    logger.warning(
-        "%s failed after begin_external(): left UNCERTAIN for the reconciler of %r.",
-        held.scope,
-        held.scope.operation,
-    )
+        return False
+    return True
 
 
 def _stored_result(record: IdempotencyRecord, scope: Any) -> Any:
@@ -385,7 +458,6 @@ def _stored_result(record: IdempotencyRecord, scope: Any) -> Any:
         result = (stored_body or b"").decode("utf-8", "replace")
     if record.state == record.State.FAILED:
         raise TaskFailed(f"{scope} was settled as FAILED by its reconciler", result)
-    logger.info("Duplicate message for %s: returning the stored result", scope)
     return result
 
 
