@@ -77,7 +77,6 @@ def claim(
     ttl: timedelta,
     lease: timedelta,
     using: str,
-    wait_at_most: timedelta | None = None,
 ) -> Claim | None:
     """Insert a CLAIMED record in one atomic statement; ``None`` if the key is taken.
 
@@ -86,30 +85,18 @@ def claim(
     elsewhere an INSERT inside a savepoint whose IntegrityError means "lost".
     Never SELECT-then-INSERT. Outside a transaction the statement commits at
     once; inside one (the caller's), it commits with it.
-
-    ``wait_at_most`` (PostgreSQL, inside a transaction): how long the INSERT
-    may wait on a concurrent, uncommitted claim of the same scope; the
-    setting lasts until the transaction ends, and running out raises
-    ``OperationalError`` (SQLSTATE 55P03).
     """
     connection = connections[using]
     committed = not connection.in_atomic_block
     if connection.vendor == "postgresql":
         sql = statements_for(connection)
         params = _claim_params(connection, scope, fingerprint, ttl=ttl, lease=lease)
-        if wait_at_most is not None:
-            params = with_lock_timeout(params, wait_at_most)
-            query = sql.claim_waiting_at_most
-        else:
-            query = sql.claim
         # In a caller's transaction the INSERT may wait on a duplicate and
         # time out (lock_timeout, a deadlock): a savepoint keeps that from
-        # aborting the caller's transaction. The single-transaction claim
-        # (``wait_at_most``) opens its transaction itself: nothing to keep.
-        joins_callers = not committed and wait_at_most is None
-        savepoint = transaction.atomic(using=using) if joins_callers else nullcontext()
+        # aborting the caller's transaction.
+        savepoint = transaction.atomic(using=using) if not committed else nullcontext()
         with savepoint, connection.cursor() as cursor:
-            cursor.execute(query, params)
+            cursor.execute(sql.claim, params)
             row = cursor.fetchone()
         return None if row is None else Claim(row[0], 1, scope, using, committed)
     try:
@@ -151,7 +138,7 @@ def claim_or_find(
     sql = statements_for(connection)
     params = _claim_params(connection, scope, fingerprint, ttl=ttl, lease=lease)
     # The INSERT waits when another transaction holds an uncommitted version
-    # of this scope's row: a duplicate's single_transaction or optimistic
+    # of this scope's row: a duplicate's optimistic
     # claim, or recovery deleting a released claim while its reconciler's
     # writes wait on a lock of their own. That holder may be a worker cut
     # off from the database: bounded like any wait on a duplicate, in the

@@ -9,8 +9,8 @@ out?" is computed inside the statement that writes or reads it.
 - PostgreSQL: ``STATEMENT_TIMESTAMP()``, the time the statement began, as
   Django's ``Now()`` compiles to. Never ``now()``/``CURRENT_TIMESTAMP``:
   that is the time the *transaction* began, and the completion, the
-  single-transaction mode and a caller's transaction all run late inside
-  long transactions. Durations are added with ``make_interval(secs => ...)``,
+  optimistic mode's one write and a caller's transaction all run late
+  inside long transactions. Durations are added with ``make_interval(secs => ...)``,
   an exact number of seconds (an interval of days would follow the
   session's time zone across daylight saving). The columns are
   ``timestamptz``, so this holds under either ``USE_TZ``.
