@@ -1,0 +1,162 @@
+"""Which tests a server pass can leave to the SQLite pass (a pytest plugin).
+
+``runtests.py`` runs the suite three times: on SQLite, on PostgreSQL and on
+MariaDB. A test that never reaches a database (a parser, a fingerprint, the
+docs, the packaging, the public API snapshot, fuzzing of pure code) proves
+the same thing in all three, so the server passes run with
+``--database-tests-only`` and deselect it: it runs once, in the SQLite pass.
+
+The rule is read from what pytest already knows at collection time, so a
+new test needs no mark. A test is kept in every pass when it
+
+- carries ``django_db``, ``postgres``, ``live``, ``fleet`` or ``database``
+  (the last for a test that reaches a database pytest-django cannot see:
+  another process, a server it starts);
+- uses, directly or through its fixtures, one of pytest-django's database
+  fixtures (``db``, ``transactional_db``, ``django_db_blocker`` as in a
+  module-level fixture that unblocks the database, ``live_server``,
+  ``django_assert_num_queries`` ...);
+- is a Django ``TransactionTestCase`` or ``TestCase`` (their ``databases``);
+- is skipped or expected to fail under some condition (``skip``, ``skipif``,
+  ``xfail``, or ``not_under``/``only_under`` of a configuration): the SQLite
+  pass may be the one that skips it;
+- names the database in its own code (``connection``, ``connections``,
+  ``vendor``, ``DATABASES``, ``ENGINE``, ``DATABASE_URL``): a test that
+  compares engines, or skips itself on one, without querying;
+- is not a plain test function (a doctest, another plugin's item).
+
+Everything else is database-independent: pytest-django refuses a database
+query in a test that asked for none ("Database access not allowed"), so a
+test that passes in the SQLite pass without these never touched a database
+in this process. When in doubt the rule keeps the test.
+"""
+
+from __future__ import annotations
+
+import inspect
+import re
+
+import pytest
+
+OPTION = "--database-tests-only"
+
+#: Markers that say a test reaches a database.
+DATABASE_MARKERS = frozenset({"django_db", "postgres", "live", "fleet", "database"})
+
+#: pytest-django's fixtures that open, unblock or count the database.
+DATABASE_FIXTURES = frozenset(
+    {
+        "db",
+        "transactional_db",
+        "django_db_setup",
+        "django_db_blocker",
+        "django_db_reset_sequences",
+        "django_db_serialized_rollback",
+        "django_db_createdb",
+        "django_db_keepdb",
+        "django_db_modify_db_settings",
+        "live_server",
+        "admin_user",
+        "admin_client",
+        "django_user_model",
+        "django_assert_num_queries",
+        "django_assert_max_num_queries",
+        "django_capture_on_commit_callbacks",
+    }
+)
+
+#: Markers under which a test may be skipped or fail in one pass and not another.
+CONDITIONAL_MARKERS = frozenset({"skip", "skipif", "xfail", "not_under", "only_under"})
+
+
+#: Words in a test's own code that say it looks at the database it runs on.
+NAMES_THE_DATABASE = re.compile(r"\b(connections?|vendor|DATABASES|ENGINE|DATABASE_URL)\b")
+
+
+def uses_database(item: pytest.Item) -> bool:
+    """Whether ``item`` may reach a database (and so runs in every pass)."""
+    if not isinstance(item, pytest.Function):
+        return True
+    markers = {marker.name for marker in item.iter_markers()}
+    if markers & (DATABASE_MARKERS | CONDITIONAL_MARKERS):
+        return True
+    if _reaches_database_fixture(item) or getattr(item.cls, "databases", None):
+        return True
+    return _names_the_database(item)
+
+
+def _names_the_database(item: pytest.Function) -> bool:
+    try:
+        source = inspect.getsource(item.function)
+    except (OSError, TypeError):
+        return True
+    return NAMES_THE_DATABASE.search(source) is not None
+
+
+def _reaches_database_fixture(item: pytest.Function) -> bool:
+    """Whether a fixture the test or the suite asks for depends on a database fixture.
+
+    pytest-django's own autouse fixtures all depend on ``django_db_blocker``
+    (to keep the database blocked), so its fixtures are not followed: only
+    what the suite's tests and fixtures ask for counts.
+    """
+    definitions = item._fixtureinfo.name2fixturedefs
+    seen: set[str] = set()
+    pending = list(item._fixtureinfo.initialnames)
+    while pending:
+        name = pending.pop()
+        if name in seen:
+            continue
+        seen.add(name)
+        if name in DATABASE_FIXTURES:
+            return True
+        chain = definitions.get(name)
+        if not chain or _is_pytest_django(chain[-1]):
+            continue
+        pending.extend(chain[-1].argnames)
+    return False
+
+
+def _is_pytest_django(definition: pytest.FixtureDef[object]) -> bool:
+    return getattr(definition.func, "__module__", "").startswith("pytest_django")
+
+
+def pytest_addoption(parser: pytest.Parser) -> None:
+    parser.addoption(
+        OPTION,
+        action="store_true",
+        help="deselect the tests that reach no database (tests/selection.py): "
+        "for the PostgreSQL and MariaDB passes, which the SQLite pass spares them",
+    )
+
+
+def pytest_configure(config: pytest.Config) -> None:
+    config.addinivalue_line(
+        "markers",
+        "database: reaches a database pytest-django cannot see (another process, a server "
+        f"it starts); kept in every pass under {OPTION}",
+    )
+
+
+@pytest.hookimpl(trylast=True)
+def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
+    if not config.getoption(OPTION):
+        return
+    independent = [item for item in items if not uses_database(item)]
+    if independent:
+        config.hook.pytest_deselected(items=independent)
+        kept = set(map(id, items)) - set(map(id, independent))
+        items[:] = [item for item in items if id(item) in kept]
+    config.stash[_DESELECTED] = len(independent)
+
+
+_DESELECTED = pytest.StashKey[int]()
+
+
+def pytest_terminal_summary(terminalreporter: pytest.TerminalReporter) -> None:
+    count = terminalreporter.config.stash.get(_DESELECTED, None)
+    if count is not None:
+        terminalreporter.write_line(
+            f"{OPTION}: {count} database-independent tests deselected "
+            "(no database fixture or marker; they run in the SQLite pass)"
+        )
