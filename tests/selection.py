@@ -29,16 +29,24 @@ Everything else is database-independent: pytest-django refuses a database
 query in a test that asked for none ("Database access not allowed"), so a
 test that passes in the SQLite pass without these never touched a database
 in this process. When in doubt the rule keeps the test.
+
+The SQLite pass is then the only one that runs those tests: with
+IDEMPOTENCY_REQUIRE_SERVICES=1 (CI) a database-independent test that skips
+itself there fails the pass, as a skipped PostgreSQL test fails the
+PostgreSQL pass (tests/conftest.py).
 """
 
 from __future__ import annotations
 
 import inspect
+import os
 import re
+from collections.abc import Generator
 
 import pytest
 
 OPTION = "--database-tests-only"
+REQUIRE_SERVICES = os.environ.get("IDEMPOTENCY_REQUIRE_SERVICES") == "1"
 
 #: Markers that say a test reaches a database.
 DATABASE_MARKERS = frozenset({"django_db", "postgres", "live", "fleet", "database"})
@@ -130,19 +138,19 @@ def pytest_addoption(parser: pytest.Parser) -> None:
     )
 
 
-def pytest_configure(config: pytest.Config) -> None:
-    config.addinivalue_line(
-        "markers",
-        "database: reaches a database pytest-django cannot see (another process, a server "
-        f"it starts); kept in every pass under {OPTION}",
-    )
+_DESELECTED = pytest.StashKey[int]()
+#: The database-independent tests of a run that keeps them, and those that skipped.
+_INDEPENDENT = pytest.StashKey[set[str]]()
+_SKIPPED = pytest.StashKey[list[str]]()
 
 
 @pytest.hookimpl(trylast=True)
 def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
-    if not config.getoption(OPTION):
-        return
     independent = [item for item in items if not uses_database(item)]
+    if not config.getoption(OPTION):
+        config.stash[_INDEPENDENT] = {item.nodeid for item in independent}
+        config.stash[_SKIPPED] = []
+        return
     if independent:
         config.hook.pytest_deselected(items=independent)
         kept = set(map(id, items)) - set(map(id, independent))
@@ -150,7 +158,14 @@ def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item
     config.stash[_DESELECTED] = len(independent)
 
 
-_DESELECTED = pytest.StashKey[int]()
+@pytest.hookimpl(wrapper=True)
+def pytest_runtest_makereport(
+    item: pytest.Item, call: pytest.CallInfo[None]
+) -> Generator[None, pytest.TestReport, pytest.TestReport]:
+    report = yield
+    if report.skipped and item.nodeid in item.config.stash.get(_INDEPENDENT, set()):
+        item.config.stash[_SKIPPED].append(item.nodeid)
+    return report
 
 
 def pytest_terminal_summary(terminalreporter: pytest.TerminalReporter) -> None:
@@ -160,3 +175,25 @@ def pytest_terminal_summary(terminalreporter: pytest.TerminalReporter) -> None:
             f"{OPTION}: {count} database-independent tests deselected "
             "(no database fixture or marker; they run in the SQLite pass)"
         )
+
+
+def pytest_sessionfinish(session: pytest.Session) -> None:
+    skipped = session.config.stash.get(_SKIPPED, [])
+    if not (REQUIRE_SERVICES and skipped and _database_is_sqlite()):
+        return
+    reporter = session.config.pluginmanager.get_plugin("terminalreporter")
+    if reporter is not None:
+        reporter.write_line(
+            f"IDEMPOTENCY_REQUIRE_SERVICES=1: {len(skipped)} database-independent test(s) "
+            "skipped in the SQLite pass, the only pass that runs them:",
+            red=True,
+        )
+        for nodeid in skipped:
+            reporter.write_line(f"  {nodeid}", red=True)
+    session.exitstatus = pytest.ExitCode.TESTS_FAILED
+
+
+def _database_is_sqlite() -> bool:
+    from django.db import connections
+
+    return bool(connections["default"].vendor == "sqlite")

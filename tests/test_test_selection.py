@@ -8,6 +8,7 @@ and without ``--database-tests-only``; what each keeps is read from
 
 from __future__ import annotations
 
+import os
 import subprocess
 import sys
 import textwrap
@@ -132,18 +133,26 @@ EVERY_TEST = DATABASE_INDEPENDENT | {
 }
 
 
+def pytest_process(
+    path: Path, *options: str, environment: dict[str, str] | None = None
+) -> subprocess.CompletedProcess[str]:
+    """pytest on ``path`` with the suite's settings and the selection plugin, on SQLite."""
+    return subprocess.run(
+        [
+            sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider",
+            "-c", str(REPO_ROOT / "pyproject.toml"), "--rootdir", str(REPO_ROOT),
+            "-p", "tests.selection", *options, str(path),
+        ],
+        cwd=REPO_ROOT, capture_output=True, text=True, timeout=120,
+        env={**os.environ, "DATABASE_URL": "", **(environment or {})},
+    )  # fmt: skip
+
+
 def collect(tmp_path: Path, *options: str) -> tuple[set[str], str]:
     """The tests a pytest process keeps from EXAMPLES, and its output."""
     examples = tmp_path / "test_examples.py"
     examples.write_text(textwrap.dedent(EXAMPLES))
-    result = subprocess.run(
-        [
-            sys.executable, "-m", "pytest", "--collect-only", "-q", "-p", "no:cacheprovider",
-            "-c", str(REPO_ROOT / "pyproject.toml"), "--rootdir", str(REPO_ROOT),
-            "-p", "tests.selection", *options, str(examples),
-        ],
-        cwd=REPO_ROOT, capture_output=True, text=True, timeout=120,
-    )  # fmt: skip
+    result = pytest_process(examples, "--collect-only", *options)
     assert result.returncode == 0, result.stdout + result.stderr
     # Node ids are printed relative to the rootdir: "::test_pure" for a file outside it.
     kept = {line.split("::", 1)[1] for line in result.stdout.splitlines() if "::" in line}
@@ -182,3 +191,28 @@ def test_each_configuration_runs_every_test_in_its_first_cell_only() -> None:
     ]
     leave_database_independent_tests_to_one_cell(cells)
     assert [cell.every_test for cell in cells] == [True, False, False, True, False]
+
+
+SKIPS_ITSELF = """
+import pytest
+
+
+def test_runs():
+    pass
+
+
+def test_skips_itself():
+    pytest.skip("promtool is not installed")
+"""
+
+
+def test_a_database_independent_test_that_skips_on_sqlite_fails_ci(tmp_path: Path) -> None:
+    """The SQLite pass is the only one that runs it: skipped there, it proved nothing."""
+    examples = tmp_path / "test_skipping.py"
+    examples.write_text(SKIPS_ITSELF)
+    ci = pytest_process(examples, environment={"IDEMPOTENCY_REQUIRE_SERVICES": "1"})
+    assert ci.returncode == 1, ci.stdout + ci.stderr
+    assert "1 database-independent test(s) skipped in the SQLite pass" in ci.stdout
+    assert "::test_skips_itself" in ci.stdout.split("skipped in the SQLite pass")[1]
+    local = pytest_process(examples, environment={"IDEMPOTENCY_REQUIRE_SERVICES": "0"})
+    assert local.returncode == 0, local.stdout + local.stderr
