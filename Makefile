@@ -15,12 +15,14 @@ demo: $(VENV)/.installed
 	$(VENV)/bin/python testproject/demo.py
 
 # Under coverage, with the gate of pyproject.toml's [tool.coverage.report]
-# (judged when the whole suite ran on all three databases).
+# (judged when the whole suite ran on all three databases). The tests that
+# reach no database run in the SQLite pass only (tests/selection.py).
 test: $(VENV)/.installed
 	$(VENV)/bin/python runtests.py --coverage $(PYTEST_ARGS)
 
 # The configuration matrix (tests/configurations/): the guarantee tests under
-# each real-project configuration, on each database it applies to, one
+# each real-project configuration, on each database it applies to (those
+# that reach no database in the configuration's first cell only), one
 # pytest process per cell, two cells at a time. CONFIGURATIONS=name... to
 # pick some; the dst-naive cell needs Debian's `faketime`.
 configurations: $(VENV)/.installed
