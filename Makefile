@@ -54,7 +54,9 @@ docs: $(VENV)/.installed
 # The whole support matrix (tox.ini), and the representative cells CI runs
 # on top of `make test`: newer Djangos on newer Pythons, one cell per
 # database (the live multi-process tests already ran in `make test`), two
-# at a time: each uses its own database server or file.
+# at a time: each uses its own database server or file. Every cell runs the
+# tests that reach no database too: each is the only cell of its Python or
+# its Django, where those tests (imports, docs, packaging) can still fail.
 # pyenv's interpreters, when present, so that tox finds python3.12 and 3.13.
 PYENV_BINS := $(subst $(eval) ,:,$(wildcard $(HOME)/.pyenv/versions/3.1[123]*/bin))
 TOX := PATH="$(PYENV_BINS):$$PATH" $(VENV)/bin/tox
