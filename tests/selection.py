@@ -23,6 +23,8 @@ new test needs no mark. A test is kept in every pass when it
 - names the database in its own code (``connection``, ``connections``,
   ``vendor``, ``DATABASES``, ``ENGINE``, ``DATABASE_URL``): a test that
   compares engines, or skips itself on one, without querying;
+- asks for a database fixture with ``request.getfixturevalue()``, itself
+  or in one of its fixtures;
 - is not a plain test function (a doctest, another plugin's item).
 
 Everything else is database-independent: pytest-django refuses a database
@@ -88,17 +90,24 @@ def uses_database(item: pytest.Item) -> bool:
     markers = {marker.name for marker in item.iter_markers()}
     if markers & (DATABASE_MARKERS | CONDITIONAL_MARKERS):
         return True
-    if _reaches_database_fixture(item) or getattr(item.cls, "databases", None):
+    if getattr(item.cls, "databases", None):
         return True
-    return _names_the_database(item)
+    source = _source(item.function)
+    if source is None or NAMES_THE_DATABASE.search(source) or _asks_for_the_database(source):
+        return True
+    return _reaches_database_fixture(item)
 
 
-def _names_the_database(item: pytest.Function) -> bool:
+def _source(function: object) -> str | None:
     try:
-        source = inspect.getsource(item.function)
+        return inspect.getsource(function)  # type: ignore[arg-type]
     except (OSError, TypeError):
-        return True
-    return NAMES_THE_DATABASE.search(source) is not None
+        return None
+
+
+def _asks_for_the_database(source: str) -> bool:
+    asked = re.findall(r"getfixturevalue\(\s*[\"'](\w+)[\"']", source)
+    return bool(DATABASE_FIXTURES.intersection(asked))
 
 
 def _reaches_database_fixture(item: pytest.Function) -> bool:
@@ -121,6 +130,8 @@ def _reaches_database_fixture(item: pytest.Function) -> bool:
         chain = definitions.get(name)
         if not chain or _is_pytest_django(chain[-1]):
             continue
+        if _asks_for_the_database(_source(chain[-1].func) or ""):
+            return True
         pending.extend(chain[-1].argnames)
     return False
 

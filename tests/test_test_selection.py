@@ -65,6 +65,15 @@ def test_module_fixture_that_unblocks_the_database(loaded):
 
 
 @pytest.fixture
+def asks_later(request):
+    request.getfixturevalue("db")
+
+
+def test_fixture_asking_for_the_database_at_run_time(asks_later):
+    pass
+
+
+@pytest.fixture
 def plain_value():
     return 1
 
@@ -123,6 +132,7 @@ EVERY_TEST = DATABASE_INDEPENDENT | {
     "test_django_db_marker",
     "test_database_fixture_two_fixtures_away",
     "test_module_fixture_that_unblocks_the_database",
+    "test_fixture_asking_for_the_database_at_run_time",
     "test_another_process_reaches_the_database",
     "test_live",
     "test_postgres",
