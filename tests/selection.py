@@ -183,8 +183,8 @@ def pytest_terminal_summary(terminalreporter: pytest.TerminalReporter) -> None:
     count = terminalreporter.config.stash.get(_DESELECTED, None)
     if count is not None:
         terminalreporter.write_line(
-            f"{OPTION}: {count} database-independent tests deselected "
-            "(no database fixture or marker; they run in the SQLite pass)"
+            f"{OPTION}: {count} database-independent tests deselected (no database "
+            "fixture, marker or name in their code; the SQLite pass runs them)"
         )
 
 
