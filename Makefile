@@ -15,12 +15,14 @@ demo: $(VENV)/.installed
 	$(VENV)/bin/python testproject/demo.py
 
 # Under coverage, with the gate of pyproject.toml's [tool.coverage.report]
-# (judged when the whole suite ran on all three databases).
+# (judged when the whole suite ran on all three databases). The tests that
+# reach no database run in the SQLite pass only (tests/selection.py).
 test: $(VENV)/.installed
 	$(VENV)/bin/python runtests.py --coverage $(PYTEST_ARGS)
 
 # The configuration matrix (tests/configurations/): the guarantee tests under
-# each real-project configuration, on each database it applies to, one
+# each real-project configuration, on each database it applies to (those
+# that reach no database in the configuration's first cell only), one
 # pytest process per cell, two cells at a time. CONFIGURATIONS=name... to
 # pick some; the dst-naive cell needs Debian's `faketime`.
 configurations: $(VENV)/.installed
@@ -59,7 +61,9 @@ docs: $(VENV)/.installed
 # The whole support matrix (tox.ini), and the representative cells CI runs
 # on top of `make test`: newer Djangos on newer Pythons, one cell per
 # database (the live multi-process tests already ran in `make test`), two
-# at a time: each uses its own database server or file.
+# at a time: each uses its own database server or file. Every cell runs the
+# tests that reach no database too: each is the only cell of its Python or
+# its Django, where those tests (imports, docs, packaging) can still fail.
 # pyenv's interpreters, when present, so that tox finds python3.12 and 3.13.
 PYENV_BINS := $(subst $(eval) ,:,$(wildcard $(HOME)/.pyenv/versions/3.1[123]*/bin))
 TOX := PATH="$(PYENV_BINS):$$PATH" $(VENV)/bin/tox

@@ -27,6 +27,10 @@ from pathlib import Path
 
 import pytest
 
+#: The rule by which the server passes leave database-independent tests to
+#: the SQLite pass (``--database-tests-only``).
+pytest_plugins = ["tests.selection"]
+
 REPO_ROOT = Path(__file__).resolve().parent
 PROVIDER_SCRIPT = REPO_ROOT / "testproject" / "provider" / "server.py"
 #: Test modules whose tests POST to the demo's payments API in-process.

@@ -11,6 +11,10 @@ on each database it applies to, every cell a pytest process of its own, and
 prints one table. Cell logs go to ``.configurations/`` (or
 ``IDEMPOTENCY_MATRIX_LOGS``).
 
+The SQLite pass runs every test; the server passes only the tests that may
+reach a database (``--database-tests-only``, tests/selection.py): a test
+that reaches none proves the same thing on every database, once is enough.
+
 The PostgreSQL pass runs beside the SQLite and MariaDB passes (which run
 one after the other), each pass's output shown whole when it ends and kept
 in ``.test-passes/``; ``--sequential`` runs the three one by one, output as
@@ -72,12 +76,18 @@ def unreachable(url: str) -> str | None:
 
 def run_pass(name: str, database_url: str, args: list[str], *, coverage: bool) -> int:
     print(f"\n===== {name} pass =====", flush=True)
-    return subprocess.call(_pass_command(args, coverage=coverage), env=_pass_env(database_url))
+    command = _pass_command(args, coverage=coverage, server=bool(database_url))
+    return subprocess.call(command, env=_pass_env(database_url))
 
 
-def _pass_command(args: list[str], *, coverage: bool) -> list[str]:
+def _pass_command(args: list[str], *, coverage: bool, server: bool) -> list[str]:
     runner = ["-m", "coverage", "run", "-m", "pytest"] if coverage else ["-m", "pytest"]
-    return [sys.executable, *runner, *args]
+    return [sys.executable, *runner, *(SERVER_PASS_OPTIONS if server else ()), *args]
+
+
+#: The server passes leave the tests that reach no database to the SQLite
+#: pass, which runs every test (tests/selection.py says which and why).
+SERVER_PASS_OPTIONS = ("--database-tests-only",)
 
 
 def _pass_env(database_url: str) -> dict[str, str]:
@@ -109,7 +119,7 @@ def run_side_by_side(
             started = time.monotonic()
             with log.open("w") as output:
                 code = subprocess.call(
-                    _pass_command(args, coverage=coverage),
+                    _pass_command(args, coverage=coverage, server=bool(url)),
                     env=_pass_env(url),
                     stdout=output,
                     stderr=subprocess.STDOUT,

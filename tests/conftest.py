@@ -49,10 +49,12 @@ def atomic_requests() -> Iterator[None]:
 
 # --- PostgreSQL tests and the CI policy ------------------------------------
 #
-# The suite runs twice: on SQLite (the default) and with DATABASE_URL
-# pointing at PostgreSQL. Tests marked ``postgres`` run in the second pass
-# only. With IDEMPOTENCY_REQUIRE_SERVICES=1 (CI), a PostgreSQL pass in which
-# a PostgreSQL test was skipped fails: a proof that silently skipped proves
+# The suite runs three times (runtests.py): on SQLite (the default), then
+# with DATABASE_URL pointing at PostgreSQL and at MariaDB. Tests marked
+# ``postgres`` run in the PostgreSQL pass only; the tests that reach no
+# database in the SQLite pass only (tests/selection.py). With
+# IDEMPOTENCY_REQUIRE_SERVICES=1 (CI), a PostgreSQL pass in which a
+# PostgreSQL test was skipped fails: a proof that silently skipped proves
 # nothing. (Service-backed tests also fail themselves, in require_postgres().)
 
 REQUIRE_SERVICES = os.environ.get("IDEMPOTENCY_REQUIRE_SERVICES") == "1"

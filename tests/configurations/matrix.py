@@ -1,7 +1,8 @@
 """The configuration matrix runner: ``python runtests.py --configurations [NAME ...]``.
 
 Every (configuration, database) cell runs the guarantee tests of its paths
-(``-m guarantees``) as a pytest process of its own, with
+(``-m guarantees``; those that reach no database in the configuration's
+first cell only, tests/selection.py) as a pytest process of its own, with
 ``IDEMPOTENCY_TEST_CONFIGURATION`` and ``DATABASE_URL`` set (live servers
 inherit both), ``--jobs`` cells at a time. One table at the end: cell,
 passed / failed / skipped, seconds; then every failed test with the first
@@ -39,6 +40,10 @@ class Cell:
     failed: int = 0
     skipped: int = 0
     seconds: float = 0.0
+    #: Whether the cell also runs the tests that reach no database: one cell
+    #: per configuration does (they may depend on the configuration, not on
+    #: the database); the others pass ``--database-tests-only``.
+    every_test: bool = True
     #: Why the cell did not run or did not finish (not a test failure).
     problem: str | None = None
     failures: list[str] = field(default_factory=list)
@@ -87,7 +92,8 @@ def run_cell(cell: Cell, urls: Mapping[str, str], logs: Path, pytest_args: list[
         *configuration.wrapper,
         sys.executable, "-m", "pytest", "-m", "guarantees", "-q", "-p", "no:cacheprovider",
         "--hypothesis-profile=matrix",
-        f"--junitxml={junit}", *configuration.paths(cell.database), *pytest_args,
+        f"--junitxml={junit}", *configuration.paths(cell.database),
+        *(() if cell.every_test else ("--database-tests-only",)), *pytest_args,
     ]  # fmt: skip
     started = time.monotonic()
     with (logs / f"{cell.slug}.log").open("w") as log:
@@ -107,6 +113,14 @@ def run_cell(cell: Cell, urls: Mapping[str, str], logs: Path, pytest_args: list[
         # e.g. the CI policy on skipped PostgreSQL tests, reported after the run.
         cell.problem = f"pytest failed the session, see {logs / (cell.slug + '.log')}"
     return cell
+
+
+def leave_database_independent_tests_to_one_cell(cells: list[Cell]) -> None:
+    """The first cell of each configuration runs every test, the others only database tests."""
+    seen: set[str] = set()
+    for cell in cells:
+        cell.every_test = cell.configuration.name not in seen
+        seen.add(cell.configuration.name)
 
 
 def table(cells: list[Cell]) -> list[str]:
@@ -152,6 +166,7 @@ def main(
         for database in configuration.databases
         if database in databases
     ]
+    leave_database_independent_tests_to_one_cell(cells)
     if options.list:
         for cell in cells:
             paths = " ".join(cell.configuration.paths(cell.database))
