@@ -73,6 +73,16 @@ def _validate(setting: Setting[Any], value: Any) -> Iterator[CheckMessage]:
     return _VALIDATORS[setting.name](value)
 
 
+#: Settings of the development snapshots that are gone, and what to do instead.
+REMOVED_SETTINGS = {
+    "SINGLE_TRANSACTION": (
+        "It was removed in 1.0.0rc1 with the single-transaction mode: remove the key. "
+        "The default mode runs the view once per key; optimistic=True writes one row, "
+        "in the view's own transaction."
+    ),
+}
+
+
 @register(Tags.compatibility)
 def check_settings(app_configs: Any = None, **kwargs: Any) -> list[CheckMessage]:
     user_settings = getattr(settings, "IDEMPOTENCY", {})
@@ -88,7 +98,9 @@ def check_settings(app_configs: Any = None, **kwargs: Any) -> list[CheckMessage]
     messages: list[CheckMessage] = [
         Warning(
             f"IDEMPOTENCY[{name!r}] is not a setting of django-idempotency.",
-            hint=f"Known settings: {', '.join(known)}. Check the spelling.",
+            hint=REMOVED_SETTINGS.get(
+                name, f"Known settings: {', '.join(known)}. Check the spelling."
+            ),
             id="django_idempotency.W001",
         )
         for name in sorted(set(user_settings) - set(known))

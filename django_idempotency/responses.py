@@ -73,6 +73,13 @@ def verdict_of(status: int) -> Verdict:
 
 @dataclass(frozen=True)
 class StoredResponse:
+    """What is stored of a response, and what a ``REDACT`` hook is given and returns.
+
+    ``headers`` are ``[name, value]`` pairs (those of ``BASE_HEADERS`` and
+    ``STORED_HEADERS`` the response carried); return a copy with
+    ``dataclasses.replace(stored, body=...)``.
+    """
+
     status: int
     headers: list[list[str]]
     #: ``None`` when the body was too large (or streamed) to store.

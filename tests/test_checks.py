@@ -144,6 +144,19 @@ def test_each_declared_setting_is_checked_by_one_validator() -> None:
     assert set(own) == {setting.name for setting in SETTINGS if setting.kind is None}
 
 
+def test_a_setting_removed_before_the_first_release_says_so_and_what_to_do() -> None:
+    from django.test import override_settings
+
+    misspelt = "HEDAER"  # spellchecker:disable-line
+    with override_settings(IDEMPOTENCY={"SINGLE_TRANSACTION": True, misspelt: "x"}):
+        hints = {message.msg: message.hint or "" for message in check_settings()}
+
+    removed = hints["IDEMPOTENCY['SINGLE_TRANSACTION'] is not a setting of django-idempotency."]
+    assert "removed in 1.0.0rc1" in removed and "optimistic=True" in removed
+    assert "spelling" not in removed
+    assert "spelling" in hints[f"IDEMPOTENCY[{misspelt!r}] is not a setting of django-idempotency."]
+
+
 def test_every_error_carries_a_hint() -> None:
     from django.test import override_settings
 

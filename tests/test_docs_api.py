@@ -55,7 +55,6 @@ NOT_IN_THE_REFERENCE = {
     "django_idempotency.recovery.settle": "one step of a recovery run, for the admin",
     "django_idempotency.recovery.leased_records": "for the recover command's dry run",
     "django_idempotency.recovery.registered_operations": "for the system checks (W004)",
-    "django_idempotency.responses.StoredResponse": "the store's value type",
     "django_idempotency.outcomes.Verdict": "responses.Verdict, re-exported: on the page there",
     "django_idempotency.outcomes.mark_input_refused": "the DRF glue's step (decorators.py)",
     "django_idempotency.responses.capture": "the protection's step",

@@ -82,8 +82,9 @@ def check_prometheus_directory(app_configs: Any = None, **kwargs: Any) -> list[C
             f"IDEMPOTENCY['METRICS'] names 'prometheus', but {problem}: each process "
             "serves only its own counts, and a scrape reaches one gunicorn worker of several.",
             hint="Under gunicorn (or uWSGI) with several workers, set PROMETHEUS_MULTIPROC_DIR "
-            "to a directory shared by every process before they start (docs/observability.md, "
-            "Prometheus under gunicorn). A single process (runserver, one worker) needs "
+            "to a directory shared by every process before they start (https://django-"
+            "idempotency.readthedocs.io/en/latest/observability/#prometheus-under-gunicorn). "
+            "A single process (runserver, one worker) needs "
             "none: silence this warning there.",
             id="django_idempotency.W022",
         )

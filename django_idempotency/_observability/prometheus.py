@@ -31,7 +31,9 @@ try:
     import prometheus_client
 except ImportError as exc:  # pragma: no cover - depends on the installed extras
     raise ImproperlyConfigured(
-        'IDEMPOTENCY["METRICS"] names "prometheus": pip install "django-idempotency[prometheus]"'
+        "prometheus_client is not installed; the Prometheus sink (IDEMPOTENCY['METRICS'] "
+        "naming 'prometheus') and django_idempotency.prometheus.metrics_view need it: "
+        'pip install "django-idempotency[prometheus]"'
     ) from exc
 
 from django_idempotency.metrics import DURATION_BUCKETS, INSTRUMENTS, Instrument
