@@ -40,7 +40,9 @@ from typing import Any
 import psycopg
 import pytest
 import requests
+from django.db import connections
 
+from django_idempotency._store.statements import statements_for
 from tests.live.pgbouncer import PgBouncer, PgBouncerEntry, require_pgbouncer
 from tests.live.processes import summary_lines
 from tests.live.server import (
@@ -289,8 +291,13 @@ def test_a_lock_timeout_set_for_one_request_never_reaches_another_client(
             )
             claim_seen = str(rows[0][0]) if rows else ""
             time.sleep(0.05)
-        # The request's lookup ran on the one server connection, setting the timeout.
-        assert "set_config('lock_timeout'" in claim_seen, claim_seen
+        # The request's lookup ran on the one server connection, setting the
+        # timeout. pg_stat_activity shows the first track_activity_query_size
+        # bytes of it (1 kB by default): the long column list, not the
+        # set_config() after it; the statement itself carries it (asserted here).
+        lookup = statements_for(connections["default"]).find_waiting_at_most
+        assert "set_config('lock_timeout'" in lookup
+        assert claim_seen and lookup.startswith(claim_seen.rstrip()), claim_seen
         after, after_pid = in_a_transaction(bouncer, name, "SHOW lock_timeout")
     finally:
         thread.join(30)
