@@ -355,7 +355,7 @@ class TaskOutcome:
     #: "released" (the body failed before any external call: a redelivery
     #: runs it), "uncertain" (it failed after one: left to the reconciler),
     #: "unsettled" (that could not be written: recovery finds it), "error"
-    #: (the claim itself failed).
+    #: (the claim itself failed, or a duplicate's stored result could not be read).
     kind: str
     #: "in_progress", "key_reused", "outcome_uncertain" or "failed" when refused.
     refusal: str | None = None
@@ -371,9 +371,14 @@ class _Ended:
         self.refusal: str | None = None
 
     def failed_with(self, exc: BaseException) -> None:
+        if self.kind not in ("error", "replayed"):
+            return  # the body ran: what became of it is said already
         refusal = _REFUSALS.get(type(exc))
-        if refusal is not None and self.kind in ("error", "replayed"):
+        if refusal is not None:
             self.kind, self.refusal = "refused", refusal
+        else:
+            # The claim failed, or the stored result could not be read: no replay.
+            self.kind = "error"
 
     def outcome(self, scope: Scope) -> TaskOutcome:
         return TaskOutcome(scope, self.kind, self.refusal)
