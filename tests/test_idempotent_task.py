@@ -432,3 +432,11 @@ def test_a_duplicate_whose_stored_result_cannot_be_read_is_no_replay(
 
     assert duplicate["idempotency.task.outcome"] == "error"
     assert executed == [(event_id, 5)]
+
+
+def test_a_run_refused_before_its_claim_still_ends_with_one_outcome(event_id: str) -> None:
+    """Arguments that cannot be fingerprinted (NaN) fail the run before any claim."""
+    failed = attributes_of_the_span_around(lambda: charge(event_id, float("nan")))  # type: ignore[arg-type]
+
+    assert failed == {"idempotency.operation": OPERATION, "idempotency.task.outcome": "error"}
+    assert executed == []

@@ -257,15 +257,15 @@ def idempotent_task(
 
             conf = idempotency_settings
             scope = Scope(TASK_TENANT, name, _key_of(key, func, args, kwargs))
-            arguments = _arguments(func, args, kwargs)
-            digest = fingerprint(arguments)
-            # Asked once per run; a router may route by the task's arguments.
-            database = database_for(scope, task=func, arguments=arguments)
-            retention = as_timedelta(ttl) if ttl is not None else conf.TTL
-            held_for = as_timedelta(lease) if lease is not None else conf.LEASE
-            _warn_about_timeouts(held_for)
             ended = _Ended()
             try:
+                arguments = _arguments(func, args, kwargs)
+                digest = fingerprint(arguments)
+                # Asked once per run; a router may route by the task's arguments.
+                database = database_for(scope, task=func, arguments=arguments)
+                retention = as_timedelta(ttl) if ttl is not None else conf.TTL
+                held_for = as_timedelta(lease) if lease is not None else conf.LEASE
+                _warn_about_timeouts(held_for)
                 try:
                     attempt = store.claim_or_take_over(
                         scope, digest, ttl=retention, lease=held_for, using=database
