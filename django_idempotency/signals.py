@@ -45,7 +45,11 @@ response_replayed = Signal()
 """A stored response was replayed: ``status``."""
 
 request_in_flight = Signal()
-"""Refused with 409: another request holds the key (``state``)."""
+"""Refused with 409: another request holds the key (``state``).
+
+``state``: the record's state, "unknown", "taken over", "contended" (a wait
+on another session's lock ran out) or "released" (see docs/signals.md).
+"""
 
 key_reused = Signal()
 """Refused with 422: the key was used with different input."""
