@@ -57,7 +57,7 @@ def standard(response: HttpResponseBase) -> Verdict:
     """The default for ``Idempotency-Key`` clients: the behaviour table of docs/http.md.
 
     An input refusal raised by a DRF view (``INPUT_REFUSALS``) releases the
-    claim; otherwise ``responses.verdict_of``: 5xx, 408, 409, 425 and 429
+    claim; otherwise ``responses.verdict_of``: 5xx, 408, 409, 423, 425 and 429
     release the claim, any other 4xx is stored as FAILED, the rest as
     COMPLETED.
     """

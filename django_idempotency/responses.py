@@ -36,7 +36,7 @@ RETENTION_HEADER = "Idempotency-Key-Expires-In"
 BODY_OMITTED_HEADER = "Idempotent-Body-Omitted"
 """Set to ``true`` on a replay whose body was not stored (too large, or streamed)."""
 
-RETRYABLE_STATUSES = frozenset({408, 409, 425, 429})
+RETRYABLE_STATUSES = frozenset({408, 409, 423, 425, 429})
 """Statuses that say "try again": the claim is released, nothing is stored."""
 
 

@@ -45,7 +45,11 @@ response_replayed = Signal()
 """A stored response was replayed: ``status``."""
 
 request_in_flight = Signal()
-"""Refused with 409: another request holds the key (``state``)."""
+"""Refused with 409: another request holds the key (``state``).
+
+``state``: the record's state, "unknown", "taken over", "contended" (a wait
+on another session's lock ran out) or "released" (see docs/signals.md).
+"""
 
 key_reused = Signal()
 """Refused with 422: the key was used with different input."""
@@ -56,14 +60,16 @@ key_expired = Signal()
 claim_released = Signal()
 """The claim was given up so that a retry runs.
 
-``reason``: "exception", the retryable status code, or from recovery
-"recovery" (a CLAIMED record) or "reconciled" (a reconciler's ``Release()``).
+``reason``: "exception", "store unavailable", the status code of an answer
+that is not stored, or from recovery "recovery" (a CLAIMED record) or
+"reconciled" (a reconciler's ``Release()``).
 """
 
 record_uncertain = Signal()
 """A view failed after ``begin_external()``: the record is UNCERTAIN.
 
-It stays so until a reconciler or an operator resolves it (``reason``).
+It stays so until a reconciler or an operator resolves it (``reason``:
+"exception", "store unavailable" or the status code).
 """
 
 record_unreconciled = Signal()

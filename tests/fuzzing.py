@@ -238,7 +238,7 @@ LAYER_CODES = {
     422: {"idempotency_key_reused"},
 }
 #: Statuses after which nothing is stored (the claim is released).
-RELEASED = frozenset({408, 409, 425, 429})
+RELEASED = frozenset({408, 409, 423, 425, 429})
 #: DRF's own refusals of a body it cannot read (raised while the layer reads
 #: ``request.data`` for the fingerprint, before anything is claimed).
 DRF_PARSE_ERRORS = ("JSON parse error", "Multipart form parse error", "Malformed request")

@@ -193,7 +193,7 @@ def test_view_raising_releases_the_claim_and_the_retry_runs(api: APIClient) -> N
     assert IdempotencyRecord.objects.count() == 0
 
 
-@pytest.mark.parametrize("status", [500, 502, 503, 504, 408, 409, 425, 429])
+@pytest.mark.parametrize("status", [500, 502, 503, 504, 408, 409, 423, 425, 429])
 def test_retryable_status_releases_the_claim_and_rolls_back(api: APIClient, status: int) -> None:
     response = post(api, URL, {"amount": 100, "status": status}, "order-1")
 

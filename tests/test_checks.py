@@ -111,6 +111,32 @@ def test_invalid_value_is_reported_with_its_id(settings_value: Any, expected: st
     assert ids(settings_value) == [f"django_idempotency.{expected}"]
 
 
+@pytest.mark.parametrize(
+    ("settings_value", "expected"),
+    [
+        ("not a dict", "E001"),
+        ({"METRICS": 5}, "E037"),
+        ({"METRICS": True}, "E037"),
+    ],
+)
+def test_an_invalid_setting_is_reported_by_the_registered_checks_without_a_crash(
+    settings_value: Any, expected: str
+) -> None:
+    """What ``manage.py check`` runs: every check registered with the settings' tag.
+
+    (The warnings about Celery tasks other tests registered name their task.)
+    """
+    from django.core.checks import run_checks
+    from django.test import override_settings
+
+    with override_settings(IDEMPOTENCY=settings_value):
+        messages = run_checks(tags=["compatibility"])
+    about_settings = [m for m in messages if m.obj is None]
+    assert [m.id for m in about_settings if str(m.id).startswith("django_idempotency.")] == [
+        f"django_idempotency.{expected}"
+    ]
+
+
 def test_every_check_is_registered_with_its_tag() -> None:
     from django.core.checks import registry
 

@@ -478,3 +478,41 @@ def test_the_docs_say_how_to_get_the_demo_wherever_they_show_its_files() -> None
             assert "index.md#the-demo-and-the-repository" in text, page.name
     index = (DOCS / "index.md").read_text(encoding="utf-8")
     assert "git clone" in index and "make demo" in index
+
+
+def test_every_state_request_in_flight_is_sent_with_is_documented() -> None:
+    """A signal's arguments are public: each ``state`` the code sends is in its row.
+
+    Besides the record's own states and "unknown": the literal states the
+    request path writes, read from the code (``in_flight(..., state="...")``
+    and ``in_flight_state = "..."``).
+    """
+    source = "\n".join(
+        path.read_text() for path in (REPO_ROOT / "django_idempotency" / "_protection").glob("*.py")
+    )
+    sent = set(re.findall(r'in_flight\([^)]*state="([^"]+)"', source))
+    sent |= set(re.findall(r'in_flight_state = "([^"]+)"', source))
+    [row] = [
+        line
+        for line in (DOCS / "signals.md").read_text().splitlines()
+        if line.startswith("| `request_in_flight` |")
+    ]
+    assert sent >= {"contended", "taken over"}  # the search still finds them
+    assert {state for state in sent if f'`"{state}"`' not in row} == set()
+
+
+def test_every_reason_a_request_releases_or_leaves_uncertain_with_is_documented() -> None:
+    """``claim_released`` and ``record_uncertain``: each literal ``reason`` the request
+    path gives (a failed view's is either, depending on ``begin_external()``) is in
+    both rows; the other reasons are status codes."""
+    source = "\n".join(
+        path.read_text() for path in (REPO_ROOT / "django_idempotency" / "_protection").glob("*.py")
+    )
+    given = set(re.findall(r'reason="([^"]+)"', source))
+    given |= set(re.findall(r'reason = "([^"]+)"', source))
+    given |= set(re.findall(r'reason = "[^"]+" if .* else "([^"]+)"', source))
+    assert given >= {"exception", "store unavailable"}  # the search still finds them
+    page = (DOCS / "signals.md").read_text().splitlines()
+    for signal in ("claim_released", "record_uncertain"):
+        [row] = [line for line in page if line.startswith(f"| `{signal}` |")]
+        assert {reason for reason in given if f'`"{reason}"`' not in row} == set(), signal

@@ -411,3 +411,32 @@ def test_each_run_ends_with_one_outcome_on_the_tasks_span(event_id: str) -> None
     assert reused["idempotency.refusal"] == "key_reused"
     assert failed["idempotency.task.outcome"] == "released"
     assert event_id not in repr([first, duplicate, reused, failed])
+
+
+def test_a_duplicate_whose_stored_result_cannot_be_read_is_no_replay(
+    event_id: str, settings: Any
+) -> None:
+    """The stored result is encrypted with a key no longer configured: the run raises,
+    and its outcome says it failed, not that the duplicate got the result."""
+    from cryptography.fernet import Fernet
+
+    from django_idempotency._store.sealing import UnreadableRecord
+
+    settings.IDEMPOTENCY = {"ENCRYPTION_KEYS": [Fernet.generate_key().decode()]}
+    charge(event_id, 5)
+    settings.IDEMPOTENCY = {}
+
+    with pytest.raises(UnreadableRecord):
+        charge(event_id, 5)
+    duplicate = attributes_of_the_span_around(lambda: charge(event_id, 5))
+
+    assert duplicate["idempotency.task.outcome"] == "error"
+    assert executed == [(event_id, 5)]
+
+
+def test_a_run_refused_before_its_claim_still_ends_with_one_outcome(event_id: str) -> None:
+    """Arguments that cannot be fingerprinted (NaN) fail the run before any claim."""
+    failed = attributes_of_the_span_around(lambda: charge(event_id, float("nan")))  # type: ignore[arg-type]
+
+    assert failed == {"idempotency.operation": OPERATION, "idempotency.task.outcome": "error"}
+    assert executed == []

@@ -237,7 +237,7 @@ LAYER_REFUSALS = {
     "idempotency_body_too_large",
     "parse_error",
 }
-RELEASED = {408, 409, 425, 429}
+RELEASED = {408, 409, 423, 425, 429}
 
 
 def _refused_before_the_view(response: Any) -> bool:

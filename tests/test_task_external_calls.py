@@ -445,6 +445,17 @@ def test_the_visibility_timeout_must_outlast_every_idempotent_tasks_lease_and_ti
     assert ids(check_celery_timeouts()) == expected
 
 
+def test_an_invalid_lease_setting_leaves_the_timeout_check_to_its_own_error(
+    celery_app: Celery, settings: Any
+) -> None:
+    """E006 reports the LEASE; the check of the tasks' timeouts must not crash on it."""
+    settings.IDEMPOTENCY = {"LEASE": "two minutes"}
+    celery_app.conf.broker_transport_options = {"visibility_timeout": 60}
+    register_payout(celery_app, lease=None, time_limit=None)
+
+    assert ids(check_celery_timeouts()) == []
+
+
 def test_a_broker_without_visibility_timeout_only_compares_lease_and_time_limit(
     celery_app: Celery,
 ) -> None:

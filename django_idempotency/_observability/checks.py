@@ -66,9 +66,14 @@ VALIDATORS: Mapping[str, Validator] = {
 
 def check_prometheus_directory(app_configs: Any = None, **kwargs: Any) -> list[CheckMessage]:
     """W022: the Prometheus sink without (or with a missing) multiprocess directory."""
-    sinks = getattr(settings, "IDEMPOTENCY", {}).get("METRICS", DEFAULTS["METRICS"])
-    if "prometheus" not in ((sinks,) if isinstance(sinks, str) else sinks or ()):
-        return []
+    user_settings = getattr(settings, "IDEMPOTENCY", {})
+    if not isinstance(user_settings, Mapping):
+        return []  # E001 says so
+    sinks = user_settings.get("METRICS", DEFAULTS["METRICS"])
+    if isinstance(sinks, str):
+        sinks = (sinks,)
+    if not isinstance(sinks, (list, tuple)) or "prometheus" not in sinks:
+        return []  # no Prometheus sink, or E037 says what is wrong with the value
     directory = os.environ.get("PROMETHEUS_MULTIPROC_DIR")
     if directory and os.path.isdir(directory):
         return []

@@ -195,6 +195,9 @@ def check_celery_timeouts(app_configs: Any = None, **kwargs: Any) -> list[CheckM
         idempotent_task_leases,
     )
 
+    # An invalid LEASE is E006's to report: the tasks that use it are not judged.
+    setting = idempotency_settings.value_of("LEASE")
+    default_lease = idempotency_settings.LEASE if positive_duration(setting) else None
     app: Any = current_app
     visibility = broker_visibility_timeout(app)
     leases = idempotent_task_leases()
@@ -203,7 +206,9 @@ def check_celery_timeouts(app_configs: Any = None, **kwargs: Any) -> list[CheckM
         run = getattr(task.run, "__func__", task.run)
         if run not in leases:
             continue
-        lease = leases[run] or idempotency_settings.LEASE
+        lease = leases[run] or default_lease
+        if lease is None:
+            continue
         limit = task.time_limit or app.conf.task_time_limit
         if limit is not None and timedelta(seconds=float(limit)) > lease:
             messages.append(

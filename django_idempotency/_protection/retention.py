@@ -5,7 +5,7 @@ is stored, a first execution's or a replay's, carries
 ``Idempotency-Key-Expires-In: <seconds>``: for how many more seconds, counted
 from this response, a retry with the same key and input is answered with
 this outcome. Responses whose outcome is not stored (released: a 5xx, a
-408, 409, 425 or 429; an unprotected run under ``FAIL_OPEN``) and refusals
+408, 409, 423, 425 or 429; an unprotected run under ``FAIL_OPEN``) and refusals
 carry none, since a retry runs anew.
 
 Why a relative number of seconds, not a date: the record's ``expires_at``

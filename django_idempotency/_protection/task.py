@@ -257,15 +257,15 @@ def idempotent_task(
 
             conf = idempotency_settings
             scope = Scope(TASK_TENANT, name, _key_of(key, func, args, kwargs))
-            arguments = _arguments(func, args, kwargs)
-            digest = fingerprint(arguments)
-            # Asked once per run; a router may route by the task's arguments.
-            database = database_for(scope, task=func, arguments=arguments)
-            retention = as_timedelta(ttl) if ttl is not None else conf.TTL
-            held_for = as_timedelta(lease) if lease is not None else conf.LEASE
-            _warn_about_timeouts(held_for)
             ended = _Ended()
             try:
+                arguments = _arguments(func, args, kwargs)
+                digest = fingerprint(arguments)
+                # Asked once per run; a router may route by the task's arguments.
+                database = database_for(scope, task=func, arguments=arguments)
+                retention = as_timedelta(ttl) if ttl is not None else conf.TTL
+                held_for = as_timedelta(lease) if lease is not None else conf.LEASE
+                _warn_about_timeouts(held_for)
                 try:
                     attempt = store.claim_or_take_over(
                         scope, digest, ttl=retention, lease=held_for, using=database
@@ -355,7 +355,7 @@ class TaskOutcome:
     #: "released" (the body failed before any external call: a redelivery
     #: runs it), "uncertain" (it failed after one: left to the reconciler),
     #: "unsettled" (that could not be written: recovery finds it), "error"
-    #: (the claim itself failed).
+    #: (the claim itself failed, or a duplicate's stored result could not be read).
     kind: str
     #: "in_progress", "key_reused", "outcome_uncertain" or "failed" when refused.
     refusal: str | None = None
@@ -371,9 +371,14 @@ class _Ended:
         self.refusal: str | None = None
 
     def failed_with(self, exc: BaseException) -> None:
+        if self.kind not in ("error", "replayed"):
+            return  # the body ran: what became of it is said already
         refusal = _REFUSALS.get(type(exc))
-        if refusal is not None and self.kind in ("error", "replayed"):
+        if refusal is not None:
             self.kind, self.refusal = "refused", refusal
+        else:
+            # The claim failed, or the stored result could not be read: no replay.
+            self.kind = "error"
 
     def outcome(self, scope: Scope) -> TaskOutcome:
         return TaskOutcome(scope, self.kind, self.refusal)
