@@ -8,8 +8,9 @@ default mode's claim and what a failure leaves (``owned``), the
 write-once ``optimistic`` mode, the answers to everybody who does not run the
 view and how refusals are rendered (``answers``), the transactions a view
 runs in (``transactions``), the retention header (``retention``), the
-consumer side of Celery tasks (``task``) and the staged crash of the test
-helpers (``crash``).
+consumer side of Celery tasks (``task``), the staged crash of the test
+helpers (``crash``) and the system checks of the settings it reads
+(``checks``).
 
 Imported by the HTTP and task glue (``decorators``, ``drf``, ``tasks``,
 ``status``) and by ``context``; it imports the store, observability and

@@ -26,7 +26,8 @@ changes them only by calling the functions exported here:
 - ``errors``: telling an outage from contention;
 - ``database_time`` and ``clock``: every lease and retention decision is
   judged by the database's clock;
-- ``wait_bounds``: how long a statement may wait on other sessions.
+- ``wait_bounds``: how long a statement may wait on other sessions;
+- ``checks``: the system checks of the settings the store reads.
 
 Imported by the request path, recovery, the purge, the admin and the
 commands; it imports only ``models``, ``conf``, ``exceptions``,
