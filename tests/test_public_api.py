@@ -397,6 +397,14 @@ def describe(value: Any) -> str:
     return f"{type(value).__name__} = {value!r}"
 
 
+def _constructed_by_a_builtin(cls: type) -> bool:
+    """Whether ``cls`` is constructed by a builtin type's ``__init__``, not ``object``'s."""
+    for klass in cls.__mro__:
+        if "__init__" in vars(klass) or "__new__" in vars(klass):
+            return klass.__module__ == "builtins" and klass is not object
+    return False
+
+
 def describe_class(cls: type) -> str:
     # Public bases only: users catch and subclass those; private ones may move.
     bases = ", ".join(base.__name__ for base in cls.__bases__ if not base.__name__.startswith("_"))
@@ -405,8 +413,11 @@ def describe_class(cls: type) -> str:
         return f"{text} values {[member.value for member in cls]}"
     if issubclass(cls, models.Model):
         return text  # its fields: see the model's own lines
-    with contextlib.suppress(ValueError):  # some builtins' constructors have no signature
-        text += signature(cls)
+    # A constructor a builtin base defines has a signature on some Pythons
+    # only (set's: none on 3.11 and 3.12, "(iterable=(), /)" on 3.13).
+    if not _constructed_by_a_builtin(cls):
+        with contextlib.suppress(ValueError):
+            text += signature(cls)
     if dataclasses.is_dataclass(cls) and cls.__dataclass_params__.frozen:  # type: ignore[attr-defined]
         text += " frozen"
     # A refusal's HTTP status and code are what clients see.
