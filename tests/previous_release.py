@@ -24,8 +24,8 @@ ROOT = Path(__file__).resolve().parent.parent
 #: The release upgraded from, and served beside this checkout: the commit of
 #: the last release tagged. Move it to each release's commit when its tag is
 #: made (docs/upgrading.md).
-# The 1.0.0rc1 commit: set when the tag is made.
-PREVIOUS_RELEASE = "c7d6682d13a65a5e34b330c009f81a3f4d536101"
+#: 1.0.0rc1 (tag v1.0.0rc1).
+PREVIOUS_RELEASE = "2f1043a33291352c353c0ab12f14a6fa60cb8409"
 REQUIRE_SERVICES = os.environ.get("IDEMPOTENCY_REQUIRE_SERVICES") == "1"
 
 
