@@ -68,12 +68,23 @@ def _described(responses: list[Any]) -> list[tuple[int, bytes, str]]:
     return [(r.status_code, r.content, r.get("Idempotent-Replayed", "")) for r in responses]
 
 
-def _one_winner_the_rest_replay(responses: list[Any], *, charges: int = 1) -> None:
+def _one_winner_the_rest_replay(
+    responses: list[Any], *, charges: int = 1, may_give_up: bool = False
+) -> None:
+    """One first execution; the others replay it (or, ``may_give_up``, 409 after giving up)."""
     described = _described(responses)
-    assert all(r.status_code == 201 for r in responses), described
-    firsts = [r for r in responses if "Idempotent-Replayed" not in r]
+    answered = [r for r in responses if r.status_code == 201]
+    gave_up = [r for r in responses if r.status_code != 201]
+    if may_give_up:
+        assert len(answered) >= 2, described  # the winner, and at least one replay
+        for response in gave_up:
+            assert response.status_code == 409, described
+            assert response.json()["code"] == "idempotency_request_in_progress", described
+    else:
+        assert not gave_up, described
+    firsts = [r for r in answered if "Idempotent-Replayed" not in r]
     assert len(firsts) == 1, described
-    assert all(r.content == firsts[0].content for r in responses), described
+    assert all(r.content == firsts[0].content for r in answered), described
     assert Charge.objects.count() == charges
 
 
@@ -151,7 +162,13 @@ def test_an_expired_record_replaced_by_concurrent_duplicates(isolation: str) -> 
     assert _send(url, {"amount": 1}, "k", {}).status_code == 201
     IdempotencyRecord.objects.update(expires_at=F("created_at") - timedelta(days=1))
     responses = _concurrently([(url, {"amount": 1, "hold": 0.3}, "k", {}, 0.0)] * 3)
-    _one_winner_the_rest_replay(responses, charges=2)
+    # On MariaDB under SERIALIZABLE the duplicates' lookups share locks on
+    # the key's gap and deadlock again and again while the winner runs; on
+    # a loaded machine (CI: two test passes on two cores) one may run out of
+    # its attempts and answer 409, as SPEC allows a duplicate that gave up
+    # waiting. Never a second charge, never another body.
+    serializable_mariadb = isolation == "serializable" and connection.vendor == "mysql"
+    _one_winner_the_rest_replay(responses, charges=2, may_give_up=serializable_mariadb)
     assert IdempotencyRecord.objects.get().state == State.COMPLETED
 
 
