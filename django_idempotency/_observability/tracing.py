@@ -147,14 +147,14 @@ def _end(
             logger.exception("The %s span could not be ended; the request goes on.", name)
 
 
-def describe_current_span(attributes: Mapping[str, str | int | bool]) -> None:
+def describe_current_span(attributes: Callable[[], Mapping[str, str | int | bool]]) -> None:
     """Set a protected request's (or task run's) outcome on the span current as it ends.
 
     That span is the request's own (opentelemetry-instrumentation-django's
     server span, started when the request was), a Celery task's, or
     whatever the project made current around the view; the step spans have
-    all ended by then. Set once, from the outcome; nothing without a
-    recording span.
+    all ended by then. Set once, from the outcome; ``attributes`` is called
+    only when there is a recording span (no work per request otherwise).
     """
     if _active_tracer() is None:
         return
@@ -163,7 +163,7 @@ def describe_current_span(attributes: Mapping[str, str | int | bool]) -> None:
     try:
         span = trace.get_current_span()
         if span.is_recording():
-            span.set_attributes(dict(attributes))
+            span.set_attributes(dict(attributes()))
     except Exception:
         logger.exception("The request's span could not be described; the request goes on.")
 

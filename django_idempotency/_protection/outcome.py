@@ -175,7 +175,7 @@ def announce(request: HttpRequest, outcome: RequestOutcome) -> None:
     except Exception:  # counting must never replace the answer
         logger.exception("Counting the request failed; the request goes on.")
     if outcome.operation is not None:
-        tracing.describe_current_span(span_attributes(outcome))
+        tracing.describe_current_span(lambda: span_attributes(outcome))
 
 
 def span_attributes(outcome: RequestOutcome) -> dict[str, str | int | bool]:

@@ -395,13 +395,17 @@ def _announce(outcome: TaskOutcome) -> None:
             scope,
             scope.operation,
         )
+    describe_current_span(lambda: _span_attributes(outcome))
+
+
+def _span_attributes(outcome: TaskOutcome) -> dict[str, str | int | bool]:
     attributes: dict[str, str | int | bool] = {
-        "idempotency.operation": scope.operation,
+        "idempotency.operation": outcome.scope.operation,
         "idempotency.task.outcome": outcome.kind,
     }
     if outcome.refusal is not None:
         attributes["idempotency.refusal"] = outcome.refusal
-    describe_current_span(attributes)
+    return attributes
 
 
 @contextmanager
