@@ -75,6 +75,9 @@ class NonCanonicalValue(ValueError):
 class NestedTooDeeply(NonCanonicalValue):
     """Input nested deeper than the parser or the encoder can follow."""
 
+    def __init__(self, message: str | None = None) -> None:
+        super().__init__(message or gettext("The request body is nested too deeply to be read."))
+
 
 class Sink(Protocol):
     """What the canonical form is written into: ``hashlib.sha256()``, ``hmac.new(...)``."""
@@ -455,7 +458,7 @@ def request_fingerprint(
         return fingerprint(_fingerprinted_input(request, spec, view_args, view_kwargs))
     except RecursionError as exc:
         # The parser (DRF's, inside request.data) or the encoder gave up.
-        raise NestedTooDeeply(gettext("The request body is nested too deeply to be read.")) from exc
+        raise NestedTooDeeply() from exc
 
 
 def _format_override() -> str | None:

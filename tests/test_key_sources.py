@@ -357,3 +357,29 @@ def test_a_drf_body_key_view_answers_unreadable_input_with_a_4xx(
 
     assert 400 <= response.status_code < 500, (response.status_code, response.content)
     assert not IdempotencyRecord.objects.exists()
+
+
+_DEEP = "[" * 5000 + "]" * 5000
+
+
+@pytest.mark.parametrize("url", ["/keyed/body-field", "/keyed/mixin", "/keyed/plain-body"])
+@pytest.mark.parametrize(
+    "body",
+    [
+        _DEEP,
+        '{"id": "evt_1", "note": "n-1", "data": {"object": {"id": "pi_1"}}, "deep": ' + _DEEP + "}",
+    ],
+    ids=["deep-body", "deep-sibling-field"],
+)
+def test_a_body_nested_too_deeply_to_read_its_key_is_refused_as_unreadable(
+    url: str, body: str
+) -> None:
+    """The same 400 as a header-keyed view answers for the same body: not a 500."""
+    client = Client(raise_request_exception=False)
+    response = client.post(url, body, content_type="application/json")
+
+    assert response.status_code == 400, (response.status_code, response.content[:200])
+    assert response.json()["code"] == "parse_error"
+    assert "nested too deeply" in response.json()["detail"]
+    assert not IdempotencyRecord.objects.exists()
+    assert Charge.objects.count() == 0

@@ -153,7 +153,10 @@ def _protect(
     conf = idempotency_settings
     if options.key.kind == "body":
         _refuse_a_body_too_large(request)  # before it is parsed for the key
-    key = options.key.read(request, conf.KEY_MAX_LENGTH)
+    try:
+        key = options.key.read(request, conf.KEY_MAX_LENGTH)
+    except NonCanonicalValue as exc:  # a body too deeply nested to find the key in
+        raise InputUnreadable(str(exc)) from exc
     if key is None:
         if options.required if options.required is not None else conf.REQUIRED:
             source = options.key.describe()

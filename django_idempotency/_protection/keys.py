@@ -23,6 +23,7 @@ from django.utils.datastructures import MultiValueDict
 
 from django_idempotency.conf import idempotency_settings
 from django_idempotency.exceptions import KeyInvalid
+from django_idempotency.fingerprint import NestedTooDeeply
 
 if TYPE_CHECKING:
     from django.http import HttpRequest
@@ -109,6 +110,8 @@ class KeySource:
             KeyInvalid: The value is not a key: empty, too long, not visible
                 ASCII, or (from the body or a callable) not a string or an
                 integer.
+            NestedTooDeeply: The body the key is read from is nested too
+                deeply to be parsed (the parser gave up with RecursionError).
         """
         if self.kind == "header":
             raw = request.headers.get(cast(str, self.header))
@@ -145,14 +148,26 @@ class KeySource:
 
 
 def _parsed_body(request: HttpRequest) -> Any:
-    """The body as a mapping: DRF's parsed data, else JSON or a form; None if unreadable."""
+    """The body as a mapping: DRF's parsed data, else JSON or a form; None if unreadable.
+
+    A body nested too deeply for the parser (its RecursionError, however
+    shallow the key's own field) is refused as the fingerprint refuses it,
+    whatever the key's source: a client error, never a 500.
+    """
+    try:
+        return _parse(request)
+    except RecursionError as exc:
+        raise NestedTooDeeply() from exc
+
+
+def _parse(request: HttpRequest) -> Any:
     if hasattr(request, "query_params"):  # a DRF Request: the view's own parsers
         return cast(Any, request).data
     content_type = request.content_type or ""
     if content_type == "application/json" or content_type.endswith("+json"):
         try:
             return json.loads(request.body)
-        except (ValueError, RecursionError):
+        except ValueError:
             return None  # the view refuses it; it carries no readable key
     if request.method == "POST" and content_type in (
         "application/x-www-form-urlencoded",
