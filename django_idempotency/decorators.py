@@ -248,11 +248,14 @@ def idempotent(
             waiting). ``begin_external()`` is refused. See
             docs/transactions.md, "Optimistic mode".
         key: Where the key comes from. ``None``: the ``IDEMPOTENCY["HEADER"]``
-            header, echoed in the response. ``"header:<Name>"`` (a webhook's
-            delivery id, ``"header:X-GitHub-Delivery"``), ``"body:<field>"``
-            (dotted for nested, ``"body:id"`` for a Stripe event), or a
-            callable taking the request and returning the key (a string or
-            an integer; ``None``: no key). Validated like the header.
+            header, echoed in the response. ``"header:<Name>"`` (another
+            header), ``"body:<field>"`` (dotted for nested, ``"body:id"`` for
+            a Stripe event), ``"digest:body"`` (the SHA-256 of the raw body,
+            for a signed webhook whose body names no event id, such as
+            GitHub's), or a callable taking the request and returning the
+            key (a string or an integer; ``None``: no key). Validated like
+            the header. A webhook's key must come from what its signature
+            covers: an unsigned header lets a captured body run again.
         outcome: Which answers are stored, which release the claim and which
             leave the record UNCERTAIN: a callable taking the response and
             returning a ``Verdict`` (``outcomes.by_status(...)`` builds one).

@@ -39,7 +39,8 @@ class IdempotentMixin:
         idempotency_ttl: As ``idempotent(ttl=...)``: seconds or a ``timedelta``.
         idempotency_optimistic: As ``idempotent(optimistic=...)``.
         idempotency_key: As ``idempotent(key=...)``: ``"header:<Name>"``,
-            ``"body:<field>"`` or a callable; checked when the class is made.
+            ``"body:<field>"``, ``"digest:body"`` or a callable; checked when
+            the class is made.
         idempotency_outcome: As ``idempotent(outcome=...)``.
         idempotency_tenant: As ``idempotent(tenant=...)``.
         idempotency_verify: As ``idempotent(verify=...)``.

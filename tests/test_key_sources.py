@@ -7,6 +7,7 @@ is not echoed as an Idempotency-Key. Views: ``tests/testapp/keyed_views.py``.
 
 from __future__ import annotations
 
+import hashlib
 from typing import Any
 
 import pytest
@@ -168,6 +169,47 @@ def test_the_mixin_reads_its_key_from_the_body(api: APIClient) -> None:
     assert IdempotencyRecord.objects.get().key == "n-1"
 
 
+# -- from the body's digest -------------------------------------------------------------
+
+
+def test_the_bodys_digest_is_the_key_and_the_view_still_reads_the_body(api: APIClient) -> None:
+    body = b'{"amount": 5, "note": "n-1"}'
+    first = api.post("/keyed/body-digest", body, content_type="application/json")
+    again = api.post("/keyed/body-digest", body, content_type="application/json")
+
+    assert first.status_code == again.status_code == 201
+    assert again["Idempotent-Replayed"] == "true"
+    assert Charge.objects.get().amount == 5  # request.data parsed after the key was read
+    assert IdempotencyRecord.objects.get().key == hashlib.sha256(body).hexdigest()
+
+
+def test_the_bodys_digest_is_of_the_bytes_as_sent(api: APIClient) -> None:
+    """Another spelling of the same JSON is another body: a signature tells them apart too."""
+    api.post("/keyed/body-digest", b'{"amount": 5}', content_type="application/json")
+    other = api.post("/keyed/body-digest", b'{"amount":5}', content_type="application/json")
+
+    assert "Idempotent-Replayed" not in other
+    assert IdempotencyRecord.objects.count() == 2
+
+
+def test_an_empty_body_has_no_digest_key(api: APIClient) -> None:
+    response = api.post("/keyed/body-digest", b"", content_type="application/json")
+
+    assert response.status_code == 400
+    assert response.json()["code"] == "idempotency_key_missing"
+    assert "request body (its digest is the key)" in response.json()["detail"]
+
+
+def test_a_body_too_large_is_refused_before_its_digest_is_taken(
+    api: APIClient, settings: Any
+) -> None:
+    settings.IDEMPOTENCY = {"MAX_FINGERPRINTED_BODY": 100}
+    response = api.post("/keyed/body-digest", {"pad": "x" * 200}, format="json")
+
+    assert response.status_code == 413
+    assert Charge.objects.count() == 0
+
+
 # -- from a callable -------------------------------------------------------------------
 
 
@@ -227,7 +269,10 @@ def test_verify_runs_for_unprotected_methods_too(client: Client) -> None:
 # -- specs checked at decoration time ----------------------------------------------------
 
 
-@pytest.mark.parametrize("spec", ["X-Delivery", "head:X", "header:", "body:", "body:a..b", 3])
+@pytest.mark.parametrize(
+    "spec",
+    ["X-Delivery", "head:X", "header:", "body:", "body:a..b", "digest:", "digest:headers", 3],
+)
 def test_an_unknown_key_spec_fails_at_decoration(spec: Any) -> None:
     with pytest.raises(ImproperlyConfigured):
         idempotent(key=spec)(lambda request: None)
@@ -251,6 +296,7 @@ def test_a_header_source_naming_the_idempotency_header_is_the_client_header() ->
     assert KeySource.of(None).is_client_header
     assert not KeySource.of("header:X-GitHub-Delivery").is_client_header
     assert not KeySource.of("body:id").is_client_header
+    assert not KeySource.of("digest:body").is_client_header
 
 
 def test_a_body_too_large_is_refused_before_it_is_parsed_for_its_key(

@@ -9,6 +9,7 @@ once and a redelivery an hour later: ``tests/live/test_webhooks_live.py``.
 
 from __future__ import annotations
 
+import hashlib
 import json
 import re
 import time
@@ -197,18 +198,73 @@ def test_an_unsigned_github_delivery_is_refused(client: Client) -> None:
     assert IdempotencyRecord.objects.count() == 0
 
 
-def test_a_github_delivery_without_its_id_is_refused(client: Client) -> None:
-    payload = b"{}"
-    response = client.post(
-        GITHUB,
-        payload,
-        content_type="application/json",
-        HTTP_X_HUB_SIGNATURE_256=github_signature(payload, settings.GITHUB_WEBHOOK_SECRET),
-    )
+def test_a_github_delivery_is_keyed_by_the_digest_of_its_signed_body(client: Client) -> None:
+    payload = b'{"action": "opened"}'
+    deliver_to_github_endpoint(client, str(uuid.uuid4()), payload)
+
+    assert IdempotencyRecord.objects.get().key == hashlib.sha256(payload).hexdigest()
+
+
+def test_a_signed_github_delivery_without_a_body_is_refused(client: Client) -> None:
+    response = deliver_to_github_endpoint(client, str(uuid.uuid4()), b"")
 
     assert response.status_code == 400
-    assert b"X-GitHub-Delivery" in response.content
+    assert response.json()["code"] == "idempotency_key_missing"
+    assert "request body" in response.json()["detail"]
     assert WebhookEvent.objects.count() == 0
+
+
+def test_a_captured_github_body_sent_with_an_unsigned_query_string_gets_the_replay(
+    client: Client,
+) -> None:
+    """The query string is not signed: it cannot make the same event another request."""
+    payload = b'{"action": "opened"}'
+    deliver_to_github_endpoint(client, str(uuid.uuid4()), payload)
+    signature = github_signature(payload, settings.GITHUB_WEBHOOK_SECRET)
+    again = client.post(
+        GITHUB + "?attempt=2",
+        payload,
+        content_type="application/json",
+        HTTP_X_GITHUB_DELIVERY=str(uuid.uuid4()),
+        HTTP_X_HUB_SIGNATURE_256=signature,
+    )
+
+    assert again.status_code == 200
+    assert again["Idempotent-Replayed"] == "true"
+    assert WebhookEvent.objects.count() == 1
+
+
+def test_a_captured_github_body_sent_again_under_new_delivery_ids_runs_the_handler_once(
+    client: Client,
+) -> None:
+    """The delivery id is not signed: anyone holding one signed body can make up new ids."""
+    payload = b'{"action": "opened", "number": 7}'
+    first = deliver_to_github_endpoint(client, str(uuid.uuid4()), payload)
+    replays = [deliver_to_github_endpoint(client, str(uuid.uuid4()), payload) for _ in range(3)]
+
+    assert WebhookEvent.objects.count() == 1
+    assert first.status_code == 200
+    assert [replay.status_code for replay in replays] == [200, 200, 200]
+    assert all(replay["Idempotent-Replayed"] == "true" for replay in replays)
+
+
+def test_a_captured_github_body_sent_first_under_a_genuine_delivery_id_cannot_block_it(
+    client: Client,
+) -> None:
+    """The attacker sends an old signed body under the id GitHub is about to redeliver."""
+    upcoming = str(uuid.uuid4())
+    captured = b'{"action": "closed", "number": 6}'
+    genuine = b'{"action": "opened", "number": 7}'
+
+    deliver_to_github_endpoint(client, upcoming, captured)
+    redelivery = deliver_to_github_endpoint(client, upcoming, genuine)
+
+    assert redelivery.status_code == 200, redelivery.content
+    assert "Idempotent-Replayed" not in redelivery
+    assert sorted(WebhookEvent.objects.values_list("kind", flat=True)) == [
+        "push:closed",
+        "push:opened",
+    ]
 
 
 # -- the pages show this very code ----------------------------------------------------------

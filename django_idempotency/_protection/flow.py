@@ -151,18 +151,15 @@ def _protect(
     tally: Tally,
 ) -> HttpResponseBase:
     conf = idempotency_settings
-    if options.key.kind == "body":
-        _refuse_a_body_too_large(request)  # before it is parsed for the key
+    if options.key.reads_body:
+        _refuse_a_body_too_large(request)  # before it is read for the key
     try:
         key = options.key.read(request, conf.KEY_MAX_LENGTH)
     except NonCanonicalValue as exc:  # a body too deeply nested to find the key in
         raise InputUnreadable(str(exc)) from exc
     if key is None:
         if options.required if options.required is not None else conf.REQUIRED:
-            source = options.key.describe()
-            if options.key.is_client_header:
-                source = f"an {conf.HEADER} header"
-            raise KeyMissing(f"This operation requires {source}.")
+            raise KeyMissing(f"This operation requires {options.key.wanted()}.")
         return run_unprotected(view)
     scope = Scope(
         tenant=resolve_tenant(request, options.tenant or conf.TENANT),

@@ -1,9 +1,12 @@
 """Where a request's idempotency key comes from: ``@idempotent(key=...)``.
 
 By default the key is the ``IDEMPOTENCY["HEADER"]`` header a client sends.
-A webhook's sender sends no such header: its delivery id is another header
-(GitHub's ``X-GitHub-Delivery``) or a field of the body (a Stripe event's
-``id``). Wherever it comes from, a key obeys the header's rules (1 to
+A webhook's sender sends no such header, and its key must come from what
+its signature covers: anyone holding one signed body can send it again with
+any unsigned header. That is a field of the signed body (a Stripe event's
+``id``) or, where the body names no event (GitHub, whose delivery id is an
+unsigned header), the digest of the signed body itself: ``"digest:body"``.
+Wherever it comes from, a key obeys the header's rules (1 to
 ``KEY_MAX_LENGTH`` visible ASCII characters) and is claimed, completed and
 replayed the same way. The header's value is an RFC 8941 string, quoted
 or bare (``parse_key``).
@@ -12,6 +15,7 @@ or bare (``parse_key``).
 from __future__ import annotations
 
 import contextlib
+import hashlib
 import json
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass
@@ -32,10 +36,12 @@ import re
 import http_sf
 
 #: ``None`` (the ``IDEMPOTENCY["HEADER"]`` header), ``"header:<Name>"``,
-#: ``"body:<dotted.field>"``, or a callable taking the request.
+#: ``"body:<dotted.field>"``, ``"digest:body"``, or a callable taking the request.
 KeySpec = str | Callable[[Any], object] | None
 
-_PREFIXES = ("header", "body")
+_PREFIXES = ("header", "body", "digest")
+#: What ``"digest:<what>"`` may take the digest of.
+_DIGESTS = ("body",)
 _ABSENT = object()
 
 
@@ -43,9 +49,10 @@ _ABSENT = object()
 class KeySource:
     """A parsed ``key=`` spec: where ``read()`` finds a request's key."""
 
-    kind: Literal["header", "body", "callable"] = "header"
-    #: The header's name or the body field's dotted path; "" for the
-    #: ``IDEMPOTENCY["HEADER"]`` header (read at each request).
+    kind: Literal["header", "body", "digest", "callable"] = "header"
+    #: The header's name, the body field's dotted path, or what a digest is
+    #: of ("body"); "" for the ``IDEMPOTENCY["HEADER"]`` header (read at
+    #: each request).
     name: str = ""
     function: Callable[[Any], object] | None = None
 
@@ -63,19 +70,31 @@ class KeySource:
             return cls(kind="callable", function=spec)
         if not isinstance(spec, str):
             raise ImproperlyConfigured(
-                f"idempotent(key={spec!r}) takes 'header:<Name>', 'body:<field>' or a callable."
+                f"idempotent(key={spec!r}) takes 'header:<Name>', 'body:<field>', "
+                "'digest:body' or a callable."
             )
         prefix, _, name = spec.partition(":")
         name = name.strip()
         if prefix not in _PREFIXES or not name:
             raise ImproperlyConfigured(
                 f"idempotent(key={spec!r}) is not a key source: write 'header:<Name>' "
-                "(key='header:X-GitHub-Delivery'), 'body:<dotted.field>' (key='body:id'), "
+                "(key='header:X-Event-Id'), 'body:<dotted.field>' (key='body:id'), "
+                "'digest:body' (the SHA-256 of the raw body, for a signed webhook), "
                 "or pass a callable taking the request."
             )
         if prefix == "body" and any(not part for part in name.split(".")):
             raise ImproperlyConfigured(f"idempotent(key={spec!r}) has an empty field name.")
-        return cls(kind=cast("Literal['header', 'body']", prefix), name=name)
+        if prefix == "digest" and name not in _DIGESTS:
+            raise ImproperlyConfigured(
+                f"idempotent(key={spec!r}) is not a digest this package takes: write "
+                "'digest:body', the SHA-256 of the request's raw body."
+            )
+        return cls(kind=cast("Literal['header', 'body', 'digest']", prefix), name=name)
+
+    @property
+    def reads_body(self) -> bool:
+        """Whether the key is read out of the body, which must then be read first."""
+        return self.kind in ("body", "digest")
 
     @property
     def header(self) -> str | None:
@@ -100,8 +119,18 @@ class KeySource:
             return f"the {self.header} header"
         if self.kind == "body":
             return f"the body field {self.name!r}"
+        if self.kind == "digest":
+            return "the body's digest"
         name = getattr(self.function, "__qualname__", repr(self.function))
         return f"the key returned by {name}()"
+
+    def wanted(self) -> str:
+        """What a request without a key lacks, as the 400 names it."""
+        if self.is_client_header:
+            return f"an {idempotency_settings.HEADER} header"
+        if self.kind == "digest":
+            return "a request body (its digest is the key)"
+        return self.describe()
 
     def read(self, request: HttpRequest, max_length: int) -> str | None:
         """The request's key, or None when it has none.
@@ -125,6 +154,8 @@ class KeySource:
                 # with commas, and a comma cannot tell one key from two.
                 raise KeyInvalid(f"{self._name()} holds a comma: send the header once.")
             return check_key(value, max_length, self._name())
+        if self.kind == "digest":
+            return _body_digest(request)
         found: object
         if self.kind == "body":
             found = _field(_parsed_body(request), self.name)
@@ -145,6 +176,27 @@ class KeySource:
     def _name(self) -> str:
         text = self.describe()
         return text[0].upper() + text[1:]
+
+
+def _body_digest(request: HttpRequest) -> str | None:
+    """The SHA-256 of the raw body, in hex (64 characters); None for an empty body.
+
+    The raw bytes, as the sender signed them: not a parsed and re-serialised
+    body, which would make two spellings of one payload two keys, and would
+    stop being the bytes the signature covers.
+    """
+    try:
+        raw = request.body  # a DRF Request hands this to Django's
+    except RawPostDataException as exc:
+        raise ImproperlyConfigured(
+            "key='digest:body' needs the raw request body, but it was consumed as a stream "
+            "before the key was read (request.POST or request.data of a multipart body). "
+            "Read request.body first, as a signature check over the raw body does: in "
+            "verify=, or in the DRF authentication class."
+        ) from exc
+    if not raw:
+        return None  # names no event: a required key is missing
+    return hashlib.sha256(raw).hexdigest()
 
 
 def _parsed_body(request: HttpRequest) -> Any:
@@ -248,7 +300,7 @@ def check_key(value: str, max_length: int, name: str) -> str:
     """Return ``value`` if it is a key (1 to ``max_length`` visible ASCII characters).
 
     The rules every key obeys, wherever it comes from (``key_sources``);
-    ``name`` names its source in the refusal ("The X-GitHub-Delivery header").
+    ``name`` names its source in the refusal ("The X-Delivery header").
     """
     if not value:
         raise KeyInvalid(f"{name} is empty.")

@@ -1,10 +1,14 @@
 """GitHub webhooks: a plain Django view, its signature checked by ``verify=``.
 
 GitHub signs the raw body with the webhook's secret:
-``X-Hub-Signature-256: sha256=<hex HMAC-SHA256 of the body>``, and names
-each delivery ``X-GitHub-Delivery: <GUID>`` (the same GUID when a delivery
-is redelivered). ``verify`` runs before the key is read and claimed: a
-forged request gets 401 and stores nothing.
+``X-Hub-Signature-256: sha256=<hex HMAC-SHA256 of the body>``, and no
+header: not ``X-GitHub-Delivery``, the delivery's GUID, nor
+``X-GitHub-Event``. So the key is the digest of the signed body, which a
+redelivery repeats byte for byte, and which nobody can pair with another
+body: the GUID would let anyone holding one signed body send it again under
+new GUIDs, or first under the GUID of a delivery GitHub is about to
+redeliver. ``verify`` runs before the key is read and claimed: a forged
+request gets 401 and stores nothing.
 """
 
 from __future__ import annotations
@@ -12,6 +16,7 @@ from __future__ import annotations
 import hashlib
 import hmac
 import json
+from datetime import timedelta
 
 from django.conf import settings
 from django.http import HttpRequest, HttpResponse, JsonResponse
@@ -40,14 +45,20 @@ def github(request: HttpRequest) -> str:
 
 
 @csrf_exempt  # the signature stands for the CSRF token
-@idempotent(key="header:X-GitHub-Delivery", verify=verify_github_signature, tenant=github)
+@idempotent(
+    key="digest:body",  # what the signature covers: the raw body, byte for byte
+    fingerprint=[],  # the key stands for the whole body; the query string is unsigned
+    verify=verify_github_signature,
+    tenant=github,
+    ttl=timedelta(days=3),  # GitHub redelivers deliveries of the past three days
+)
 def github_webhook(request: HttpRequest) -> JsonResponse:
     if request.method != "POST":
         return JsonResponse({"detail": "POST only."}, status=405)
     event = json.loads(request.body)
     WebhookEvent.objects.create(
         source="github",
-        delivery=request.headers["X-GitHub-Delivery"],
+        delivery=request.headers.get("X-GitHub-Delivery", ""),  # for the log only: unsigned
         kind=request.headers.get("X-GitHub-Event", "") + ":" + str(event.get("action", "")),
     )
     return JsonResponse({"received": True})

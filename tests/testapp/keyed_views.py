@@ -45,6 +45,13 @@ def body_field_standard_policy(request: Request) -> Response:
     return charge_response(charge, code)
 
 
+@api_view(["POST"])
+@idempotent(key="digest:body", operation="body-digest")
+def body_digest(request: Request) -> Response:
+    charge, code = perform(request, request.data)
+    return charge_response(charge, code)
+
+
 def _reference(request: Any) -> object:
     return request.headers.get("X-Reference")
 

@@ -44,6 +44,7 @@ urlpatterns = [
     path("idempotency/", include("django_idempotency.urls")),
     path("keyed/delivery-header", keyed_views.delivery_header),
     path("keyed/body-field", keyed_views.body_field),
+    path("keyed/body-digest", keyed_views.body_digest),
     path("keyed/body-field-standard", keyed_views.body_field_standard_policy),
     path("keyed/plain-callable", keyed_views.plain_callable_key),
     path("keyed/plain-body", keyed_views.plain_body_field),
