@@ -24,6 +24,7 @@ __all__ = [
     "KeyInvalid",
     "KeyMissing",
     "KeyReused",
+    "OperationInvalid",
     "OutcomeUncertain",
     "RequestInProgress",
     "RolledBackResponse",
@@ -84,6 +85,23 @@ class KeyInvalid(IdempotencyRefusal):
     default_detail = _(
         "The Idempotency-Key header must be visible ASCII characters, at most "
         'IDEMPOTENCY["KEY_MAX_LENGTH"] of them, optionally sent as a quoted string.'
+    )
+
+
+class OperationInvalid(IdempotencyRefusal):
+    """400 ``idempotency_operation_invalid``: no record can hold this operation name.
+
+    An operation name is 1 to 255 printable characters. One computed from
+    the request (its URL path where the route has no pattern, or an
+    ``operation=`` callable's answer), or the status view's ``operation``
+    parameter, that is not, is refused before any record is read or written.
+    """
+
+    status_code = status.HTTP_400_BAD_REQUEST
+    default_code = "idempotency_operation_invalid"
+    default_detail = _(
+        "The operation this request names is not one a record can hold: an operation "
+        "name is 1 to 255 printable characters (no control characters)."
     )
 
 
@@ -271,6 +289,7 @@ REFUSAL_CODES = frozenset(
     for refusal in (
         KeyMissing,
         KeyInvalid,
+        OperationInvalid,
         BodyTooLarge,
         KeyReused,
         KeyExpired,

@@ -13,6 +13,7 @@ from django.core.exceptions import ImproperlyConfigured
 from django.utils.crypto import salted_hmac
 
 from django_idempotency.conf import idempotency_settings
+from django_idempotency.exceptions import OperationInvalid
 from django_idempotency.models import OPERATION_MAX_LENGTH, TENANT_MAX_LENGTH
 
 if TYPE_CHECKING:
@@ -22,12 +23,14 @@ __all__ = [
     "DIGEST_PREFIX",
     "OperationSpec",
     "Scope",
+    "check_operation_spec",
     "credential_digest",
     "default_operation",
     "default_tenant",
     "digest",
     "normalised_route",
     "operation_name",
+    "operation_name_fault",
     "resolve_operation",
     "resolve_tenant",
 ]
@@ -37,7 +40,7 @@ OperationSpec = None | str | Callable[["HttpRequest"], str]
 
 ``None`` names the operation by the method plus the URL route pattern
 (``"POST v1/payments"``); a callable takes the request and returns the name.
-A name is 1 to 255 characters.
+A name is 1 to 255 printable characters (``operation_name_fault``).
 """
 
 #: Stored tenants that are digests of the real one start with this.
@@ -269,17 +272,74 @@ def _class_end(text: str, start: int) -> int:
     return index
 
 
+def operation_name_fault(name: str) -> str | None:
+    """What keeps ``name`` from naming an operation, or None when nothing does.
+
+    An operation name is 1 to ``OPERATION_MAX_LENGTH`` printable characters,
+    the rule step names obey too: PostgreSQL refuses a NUL in text (an error
+    in the middle of a claim or a lookup), a longer name does not fit the
+    column, and a control character (ESC, CR) would reach an operator's
+    terminal through the commands and the logs that print the name.
+    """
+    if not name:
+        return "is empty"
+    if len(name) > OPERATION_MAX_LENGTH:
+        return f"is longer than {OPERATION_MAX_LENGTH} characters"
+    unprintable = next((char for char in name if not char.isprintable()), None)
+    if unprintable is not None:
+        return f"holds the control or unprintable character U+{ord(unprintable):04X}"
+    return None
+
+
+def check_operation_spec(spec: object) -> None:
+    """Refuse, at decoration, an ``operation=`` that names no operation.
+
+    Raises:
+        ImproperlyConfigured: ``spec`` is a name no record can hold, or is
+            neither ``None``, a string nor a callable.
+    """
+    if spec is None or callable(spec):
+        return
+    if not isinstance(spec, str):
+        raise ImproperlyConfigured(
+            f"operation={spec!r} must be a name (a string), a callable or None."
+        )
+    fault = operation_name_fault(spec)
+    if fault is not None:
+        raise ImproperlyConfigured(
+            f"The operation name {spec!r} {fault}: an operation name is 1 to "
+            f"{OPERATION_MAX_LENGTH} printable characters."
+        )
+
+
 def resolve_operation(request: HttpRequest, spec: OperationSpec) -> str:
+    """The request's operation name.
+
+    Raises:
+        OperationInvalid: The name computed for this request (its path, a
+            callable's answer) is no operation name: the request is refused
+            with 400 rather than failing at the claim.
+        ImproperlyConfigured: A callable returned something other than a string.
+    """
+    if isinstance(spec, str):
+        return spec  # checked when the view was decorated (check_operation_spec)
     if spec is None:
         name = default_operation(request)
-    elif callable(spec):
-        name = spec(request)
     else:
-        name = spec
-    if not name or len(name) > OPERATION_MAX_LENGTH:
-        raise ImproperlyConfigured(
-            f"The idempotent operation name {name!r} must be 1 to "
-            f"{OPERATION_MAX_LENGTH} characters; pass a shorter operation=..."
+        name = spec(request)
+        if not isinstance(name, str):
+            function = getattr(spec, "__qualname__", repr(spec))
+            raise ImproperlyConfigured(
+                f"The operation callable {function} returned {name!r}; it must return a string."
+            )
+    fault = operation_name_fault(name)
+    if fault is not None:
+        # The name comes from the request (a path where the route has no
+        # pattern; a callable reading the body): the client's to change.
+        raise OperationInvalid(
+            "This request cannot be made idempotent as it is: the operation name derived "
+            f"from it (from its URL, or from its input) {fault}; an operation name is 1 to "
+            f"{OPERATION_MAX_LENGTH} printable characters."
         )
     return name
 

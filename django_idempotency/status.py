@@ -62,10 +62,11 @@ from django_idempotency.exceptions import (
     UNREADABLE_RECORD,
     IdempotencyRefusal,
     KeyMissing,
+    OperationInvalid,
     StoreUnavailable,
 )
-from django_idempotency.models import IdempotencyRecord
-from django_idempotency.scope import Scope, resolve_tenant
+from django_idempotency.models import OPERATION_MAX_LENGTH, IdempotencyRecord
+from django_idempotency.scope import Scope, operation_name_fault, resolve_tenant
 
 __all__ = [
     "AMBIGUOUS_CODE",
@@ -123,6 +124,13 @@ class OperationStatusView(APIView):
             raise KeyMissing("Give the Idempotency-Key to look up as the query parameter key.")
         key = parse_key(raw_key, conf.KEY_MAX_LENGTH)
         operation = request.query_params.get("operation") or None
+        fault = None if operation is None else operation_name_fault(operation)
+        if fault is not None:
+            # Judged before the query: PostgreSQL refuses a NUL in a query's text.
+            raise OperationInvalid(
+                f"The operation parameter {fault}: an operation name is 1 to "
+                f"{OPERATION_MAX_LENGTH} printable characters, as a 300 answer lists them."
+            )
         tenant = resolve_tenant(request, conf.TENANT)
         # With routers choosing the database, they get the scope as hints; a
         # router that needs the operation needs the client to name it.

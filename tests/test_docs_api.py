@@ -64,6 +64,8 @@ NOT_IN_THE_REFERENCE = {
     "django_idempotency.scope.credential_digest": "default_tenant's step",
     "django_idempotency.scope.digest": "the protection's step",
     "django_idempotency.scope.resolve_operation": "the protection's step",
+    "django_idempotency.scope.check_operation_spec": "the options' step; docs/settings.md",
+    "django_idempotency.scope.operation_name_fault": "the rule docs/settings.md states",
     "django_idempotency.scope.resolve_tenant": "the protection's step",
     "django_idempotency.scope.normalised_route": "OPERATION_NAMES' step; docs/settings.md",
     "django_idempotency.scope.operation_name": "OPERATION_NAMES' step, shared with the checks",

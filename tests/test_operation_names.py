@@ -13,14 +13,24 @@ from collections.abc import Iterator
 from typing import Any
 
 import pytest
+from django.core.exceptions import ImproperlyConfigured
+from django.http import HttpRequest, JsonResponse
+from django.urls import path, re_path
+from django.views.decorators.csrf import csrf_exempt
+from rest_framework.decorators import api_view
+from rest_framework.request import Request
+from rest_framework.response import Response
 from rest_framework.test import APIClient
+from rest_framework.views import APIView
 
-from django_idempotency import recovery
+from django_idempotency import idempotent, recovery
 from django_idempotency._routes import protected_urls
+from django_idempotency.drf import IdempotentMixin
 from django_idempotency.models import IdempotencyRecord
 from django_idempotency.recovery import Completed, register_reconciler
 from django_idempotency.testing import expire_leases
 from tests.testapp.models import Charge
+from tests.testapp.operation_urls import plain_answer
 
 pytestmark = pytest.mark.urls("tests.testapp.operation_urls")
 State = IdempotencyRecord.State
@@ -212,3 +222,81 @@ def test_a_reconciler_under_the_route_name_recovers_a_record_made_under_it(
     replay = api.patch(url, {"external": True}, format="json", HTTP_IDEMPOTENCY_KEY="stuck")
     assert (replay.status_code, replay.json()) == (200, {"reconciled": "stuck"})
     assert replay["Idempotent-Replayed"] == "true"
+
+
+# Operation names computed from the request obey the rule step names obey
+# (1 to 255 printable characters): a name no record can hold is the
+# client's to change, so it is refused with 400 before anything is claimed.
+
+
+def operation_of_kind(request: Request) -> str:
+    """An operation named by a field of the body: the client's input."""
+    return f"POST kinds/{dict(request.data)['kind']}"
+
+
+@api_view(["POST"])
+@idempotent(operation=operation_of_kind)  # type: ignore[arg-type]
+def kind_answer(request: Request) -> Response:
+    return Response({"kind": dict(request.data)["kind"]}, status=201)
+
+
+@csrf_exempt
+@idempotent
+def catch_all_answer(request: HttpRequest) -> JsonResponse:
+    return JsonResponse({"path": request.path}, status=201)
+
+
+#: A callable's operation, and a route without a pattern, whose name is the
+#: request's path.
+urlpatterns = [path("kinds/", kind_answer), re_path(r"", catch_all_answer)]
+
+UNSTORABLE_NAMES = [
+    pytest.param("\x00", id="nul"),
+    pytest.param("\x1b[2J\x1b[H", id="escape"),
+    pytest.param("ok\rstatus: healthy", id="carriage-return"),
+    pytest.param("x" * 300, id="longer-than-the-column"),
+]
+
+
+@pytest.mark.urls(__name__)
+@pytest.mark.parametrize("kind", UNSTORABLE_NAMES)
+def test_a_callables_operation_name_no_record_can_hold_is_400(api: APIClient, kind: str) -> None:
+    answer = api.post("/kinds/", {"kind": kind}, format="json", HTTP_IDEMPOTENCY_KEY="k1")
+
+    assert answer.status_code == 400, answer.content
+    assert answer.json()["code"] == "idempotency_operation_invalid"
+    assert not IdempotencyRecord.objects.exists()
+
+
+@pytest.mark.urls(__name__)
+@pytest.mark.parametrize(
+    "path_", ["/a%00b", "/%1b%5b2J", "/a%0d%0astatus:%20healthy", "/" + "x" * 300]
+)
+def test_a_path_named_operation_no_record_can_hold_is_400(api: APIClient, path_: str) -> None:
+    answer = api.post(path_, {}, format="json", HTTP_IDEMPOTENCY_KEY="k1")
+
+    assert answer.status_code == 400, answer.content
+    assert answer.json()["code"] == "idempotency_operation_invalid"
+    assert not IdempotencyRecord.objects.exists()
+
+
+@pytest.mark.urls(__name__)
+def test_printable_names_from_a_callable_and_a_path_are_kept_as_they_are(
+    api: APIClient,
+) -> None:
+    api.post("/kinds/", {"kind": "café ☕"}, format="json", HTTP_IDEMPOTENCY_KEY="k1")
+    api.post("/orders/42", {}, format="json", HTTP_IDEMPOTENCY_KEY="k2")
+
+    names = set(IdempotencyRecord.objects.values_list("operation", flat=True))
+    assert names == {"POST kinds/café ☕", "POST /orders/42"}
+
+
+@pytest.mark.parametrize("name", ["", "\x1b[2J", "a\x00b", "x" * 256, 42])
+def test_a_fixed_operation_name_no_record_can_hold_fails_at_import(name: Any) -> None:
+    with pytest.raises(ImproperlyConfigured, match="operation"):
+        idempotent(operation=name)(plain_answer)
+
+    with pytest.raises(ImproperlyConfigured, match="operation"):
+
+        class Named(IdempotentMixin, APIView):
+            idempotency_operation = name

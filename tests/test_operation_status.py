@@ -365,6 +365,26 @@ def test_a_missing_or_malformed_key_is_400(
     assert answer.json()["code"] == code
 
 
+@pytest.mark.parametrize(
+    "operation",
+    ["\x00", "POST api/\x00charges", "POST \x1b[2J", "POST api\ncharges", "P" * 256],
+    ids=["nul", "nul-inside", "escape", "newline", "too-long"],
+)
+def test_an_operation_no_record_can_have_is_400_on_every_database(
+    alice: TokenClient, operation: str
+) -> None:
+    # PostgreSQL refuses a NUL in text: asked, it raised a DataError (500).
+    # The name is judged before any query, by the rule operation names obey.
+    RecordFactory.create(tenant=tenant_of(alice), key="mine", operation=CHARGES)
+
+    with CaptureQueriesContext(connections["default"]) as queries:
+        answer = status(alice, "mine", operation=operation)
+
+    assert answer.status_code == 400, answer.content
+    assert answer.json()["code"] == "idempotency_operation_invalid"
+    assert not [q for q in queries if "django_idempotency_record" in q["sql"]]
+
+
 def test_a_quoted_key_is_the_bare_key(alice: TokenClient) -> None:
     RecordFactory.create(tenant=tenant_of(alice), key="quoted")
 

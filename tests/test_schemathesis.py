@@ -214,6 +214,7 @@ CODES = {
     # the operation status view's (django_idempotency.urls)
     "idempotency_key_unknown",
     "idempotency_operation_ambiguous",
+    "idempotency_operation_invalid",
     # the demo's (payments/views.py)
     "order_already_paid",
     "card_declined",

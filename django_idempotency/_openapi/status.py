@@ -94,7 +94,8 @@ def _schema() -> dict[str, Any]:
             (400, media_type): OpenApiResponse(
                 error,
                 description="key missing (idempotency_key_missing) or malformed "
-                "(idempotency_key_invalid).",
+                "(idempotency_key_invalid), or an operation no record can have "
+                "(idempotency_operation_invalid).",
             ),
             (404, media_type): OpenApiResponse(
                 error,

@@ -50,7 +50,13 @@ from django_idempotency.fingerprint import (
     request_fingerprint,
 )
 from django_idempotency.outcomes import Outcome, standard, webhook
-from django_idempotency.scope import OperationSpec, Scope, resolve_operation, resolve_tenant
+from django_idempotency.scope import (
+    OperationSpec,
+    Scope,
+    check_operation_spec,
+    resolve_operation,
+    resolve_tenant,
+)
 
 if TYPE_CHECKING:
     from django.http import HttpRequest, HttpResponseBase
@@ -79,6 +85,11 @@ class Options:
     outcome: Outcome | None = None
     tenant: Callable[[Any], str] | None = None
     verify: Callable[[Any], HttpResponseBase | None] | None = None
+
+    def __post_init__(self) -> None:
+        # A fixed name is judged once, here, so that a bad one fails at
+        # import; a computed one is judged per request (resolve_operation).
+        check_operation_spec(self.operation)
 
     @property
     def retention(self) -> timedelta:
