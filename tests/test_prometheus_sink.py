@@ -121,6 +121,27 @@ def test_the_content_type_names_the_format_of_the_body(accept: str, settings: An
     assert response["Content-Type"] == content_type
 
 
+@pytest.mark.parametrize(
+    "accept",
+    [
+        "application/openmetrics-text; version=abc",
+        "text/plain; version=abc",
+        "application/openmetrics-text; version=1.x, text/plain;version=0.0.4",
+    ],
+)
+def test_a_format_version_prometheus_client_cannot_read_is_answered_in_the_text_format(
+    accept: str, settings: Any
+) -> None:
+    """``choose_encoder`` compares the version's parts as numbers: "abc" raised TypeError, a 500."""
+    settings.IDEMPOTENCY = {"METRICS": ("prometheus",)}
+
+    response = Client().get("/metrics", headers={"Accept": accept})
+
+    assert response.status_code == 200
+    assert response["Content-Type"] == choose_encoder("")[1]
+    assert b"# TYPE idempotency_requests_total counter" in response.content
+
+
 def test_under_the_multiprocess_directory_the_page_is_what_the_docs_say(
     tmp_path: Path,
 ) -> None:
