@@ -2,10 +2,12 @@
 
 Read by the system checks: a reconciler must be registered under a name
 that a protected operation has, and ``ATOMIC_REQUESTS`` must not wrap a
-protected view. The names are computed as ``scope.default_operation``
-computes them for a request, from the route Django joins while resolving.
+protected view; and by the metrics, which label these names alone. The
+names are computed as ``scope.default_operation`` computes them for a
+request, from the route Django joins while resolving.
 
-Private; imported only by the system checks. It imports the glue
+Private; imported only by the system checks and ``apps`` (which hands
+``protected_operations`` to the metrics). It imports the glue
 (``decorators``, ``drf``) to recognise protected views, so nothing below
 the glue may import it.
 """
@@ -56,6 +58,23 @@ class ProtectedURL:
             # An empty route resolves with the request's path, "/" at the root.
             return operation_name(handler.method, self.route or "/", self.route_name, style)
         return None if callable(spec) else spec
+
+
+def protected_operations() -> set[str]:
+    """Every name a protected view of ``ROOT_URLCONF`` gives its records, but a callable's.
+
+    The metrics label these by name (``_observability.labels``): read from
+    the code, they are the same in every process of a release.
+    """
+    from django.conf import settings
+
+    from django_idempotency.conf import idempotency_settings
+
+    if not getattr(settings, "ROOT_URLCONF", None):
+        return set()  # a worker's settings, say
+    style = idempotency_settings.OPERATION_NAMES
+    names = (url.operation(handler, style) for url in protected_urls() for handler in url.handlers)
+    return {name for name in names if name is not None}
 
 
 def protected_urls(urlconf: str | None = None) -> Iterator[ProtectedURL]:

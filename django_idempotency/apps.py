@@ -15,7 +15,16 @@ class IdempotencyConfig(AppConfig):
     default_auto_field = "django.db.models.BigAutoField"
 
     def ready(self) -> None:
-        from django_idempotency import checks  # noqa: F401  (registers the checks)
+        from django_idempotency import (
+            _routes,
+            checks,  # noqa: F401  (registers the checks)
+        )
+        from django_idempotency._observability import labels
+
+        # The protected views' operation names are metrics labels; read from
+        # the URLconf when a name first needs them, not here (it may import
+        # this app's models).
+        labels.declare_source(_routes.protected_operations)
 
         try:
             import drf_spectacular  # noqa: F401

@@ -438,9 +438,12 @@ class IdempotencySettings:
         100,
         _count,
         checks=("E038",),
-        doc="How many distinct `operation` label values a process uses; requests of later "
-        'operations are counted under `"other"`, so that routes with ids in their names '
-        "cannot flood the metrics backend.",
+        doc="The most distinct `operation` label values one process uses, a ceiling for a "
+        "project with more protected operations than its metrics backend should hold: later "
+        'ones are counted under `"other"` (and logged once). Whatever it is, only operation '
+        "names written in the code are labels, the same in every process (a route's, a "
+        "literal `operation=`, a task's, a reconciler's); names a callable makes per request "
+        'are always `"other"`. See [Labels](observability.md#labels).',
     )
     METRICS_TENANT = Setting(
         False,

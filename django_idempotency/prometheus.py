@@ -19,6 +19,8 @@ The sink itself (and why ``prometheus_client``'s multiprocess mode) is in
 from __future__ import annotations
 
 import os
+from collections.abc import Callable
+from typing import Any
 
 from django.http import HttpRequest, HttpResponse
 
@@ -49,7 +51,19 @@ def metrics_view(request: HttpRequest) -> HttpResponse:
         multiprocess.MultiProcessCollector(registry)  # type: ignore[no-untyped-call]
     else:
         registry = prometheus_client.REGISTRY
-    # The format Prometheus asks for (its Accept header: OpenMetrics, or the
-    # classic text format), with the Content-Type that names it.
-    encode, content_type = choose_encoder(request.headers.get("Accept", ""))
+    encode, content_type = _format_for(request.headers.get("Accept", ""))
     return HttpResponse(encode(registry), content_type=content_type)
+
+
+def _format_for(accept: str) -> tuple[Callable[[Any], bytes], str]:
+    """The format Prometheus asks for (OpenMetrics, or the classic text format), and its type.
+
+    A version ``prometheus_client`` cannot read (``version=abc``: it compares
+    the parts as numbers, and raises TypeError) gets the classic text format,
+    as a header naming no known format does: a scraper's header is no
+    reason for a 500.
+    """
+    try:
+        return choose_encoder(accept)
+    except (TypeError, ValueError):
+        return choose_encoder("")

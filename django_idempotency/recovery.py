@@ -46,6 +46,7 @@ from django.db.models import Count, Min
 
 from django_idempotency import _store as store
 from django_idempotency import signals
+from django_idempotency._observability import labels
 from django_idempotency._observability import recording as metrics
 from django_idempotency._store.database_time import DatabaseNow
 from django_idempotency._store.routing import records_database_named, sweep
@@ -244,6 +245,7 @@ def register_reconciler(operation: str) -> Callable[[Reconciler], Reconciler]:
         if previous is not None and previous is not reconciler:
             raise ValueError(f"A reconciler for {operation!r} is already registered: {previous!r}")
         _reconcilers[operation] = reconciler
+        labels.declare(operation)  # its records' metrics are labelled with it
         return reconciler
 
     return register

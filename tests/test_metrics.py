@@ -179,17 +179,35 @@ def stale(state: str, operation: str) -> IdempotencyRecord:
     )
 
 
-def test_recovery_is_counted_by_outcome(operation: str, counted: Callable[..., float]) -> None:
-    stale(State.CLAIMED, operation)
-    stale(State.UNCERTAIN, operation)
+def test_recovery_is_counted_by_outcome(counted: Callable[..., float]) -> None:
+    # A protected route's operation: recovery finds its name on the records.
+    stale(State.CLAIMED, OPERATION)
+    stale(State.UNCERTAIN, OPERATION)
 
     report = recovery.recover_stale_records()
 
     assert (report.released, report.unreconciled) == (1, 1)
     assert counted("idempotency.recovery", outcome="released") == 1
     assert counted("idempotency.recovery", outcome="unreconciled") == 1
-    assert counted("idempotency.releases", operation=operation, reason="recovery") == 1
-    assert counted("idempotency.unreconciled", operation=operation) == 1
+    assert counted("idempotency.releases", operation=OPERATION, reason="recovery") == 1
+    assert counted("idempotency.unreconciled", operation=OPERATION) == 1
+
+
+def test_recovery_labels_an_operation_only_when_the_code_declares_it(
+    operation: str, counted: Callable[..., float]
+) -> None:
+    """A name no route, literal, task or reconciler gives is "other"; a reconciler's is not."""
+    stale(State.CLAIMED, operation)
+    stale(State.UNCERTAIN, operation)
+    recovery.recover_stale_records()
+    assert counted("idempotency.releases", operation=operation) == 0
+    assert counted("idempotency.releases", operation="other", reason="recovery") == 1
+    assert counted("idempotency.unreconciled", operation="other") == 1
+
+    recovery.register_reconciler(operation)(lambda record: recovery.Release())
+    stale(State.UNCERTAIN, operation)
+    recovery.recover_stale_records()
+    assert counted("idempotency.releases", operation=operation, reason="reconciled") == 1
 
 
 def test_the_purge_is_counted(counted: Callable[..., float]) -> None:
@@ -244,6 +262,27 @@ def test_operations_past_the_cap_are_counted_as_other(
 
     assert counted("idempotency.requests", operation=OPERATION, outcome="executed") == 1
     assert counted("idempotency.requests", operation="other", outcome="executed") == 1
+
+
+@pytest.mark.urls("tests.testapp.dynamic_operation_urls")
+def test_an_operation_a_callable_names_is_counted_as_other_unless_declared(
+    counted: Callable[..., float],
+) -> None:
+    """Names made per request are unbounded; a reconciler's name is written in the code."""
+    client = Client()
+    for tenant in ("t1", "t2"):
+        headers = {"Idempotency-Key": f"m-callable-{tenant}", "X-Tenant": tenant}
+        assert client.post("/per-tenant/answers", headers=headers).status_code == 201
+    assert counted("idempotency.requests", operation="other", outcome="executed") == 2
+    assert counted("idempotency.requests", operation="answer for t1") == 0
+
+    recovery.register_reconciler("answer for t3")(lambda record: recovery.Release())
+    try:
+        headers = {"Idempotency-Key": "m-callable-t3", "X-Tenant": "t3"}
+        assert client.post("/per-tenant/answers", headers=headers).status_code == 201
+    finally:
+        recovery._reconcilers.pop("answer for t3")
+    assert counted("idempotency.requests", operation="answer for t3", outcome="executed") == 1
 
 
 def test_the_tenant_is_a_label_only_when_asked_and_the_key_never(

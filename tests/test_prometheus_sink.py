@@ -121,6 +121,27 @@ def test_the_content_type_names_the_format_of_the_body(accept: str, settings: An
     assert response["Content-Type"] == content_type
 
 
+@pytest.mark.parametrize(
+    "accept",
+    [
+        "application/openmetrics-text; version=abc",
+        "text/plain; version=abc",
+        "application/openmetrics-text; version=1.x, text/plain;version=0.0.4",
+    ],
+)
+def test_a_format_version_prometheus_client_cannot_read_is_answered_in_the_text_format(
+    accept: str, settings: Any
+) -> None:
+    """``choose_encoder`` compares the version's parts as numbers: "abc" raised TypeError, a 500."""
+    settings.IDEMPOTENCY = {"METRICS": ("prometheus",)}
+
+    response = Client().get("/metrics", headers={"Accept": accept})
+
+    assert response.status_code == 200
+    assert response["Content-Type"] == choose_encoder("")[1]
+    assert b"# TYPE idempotency_requests_total counter" in response.content
+
+
 def test_under_the_multiprocess_directory_the_page_is_what_the_docs_say(
     tmp_path: Path,
 ) -> None:
@@ -171,3 +192,61 @@ def test_under_the_multiprocess_directory_the_page_is_what_the_docs_say(
     assert done.returncode == 0, done.stderr
     # The project's counter is served (the multiprocess files); its collector is not.
     assert done.stdout.split() == ["True", "False"], done.stdout
+
+
+# The ``operation`` label across the processes that share one directory.
+
+#: What each process runs: a worker of gunicorn's serving one request to a
+#: route-named operation and five to operations a callable names per request
+#: (the tenant header), none of which any other process names.
+_WORKER = """
+    import os, django
+    django.setup()
+    from django.test import Client, override_settings
+
+    worker = os.environ["WORKER"]
+    settings = {"METRICS": ("prometheus",), "METRICS_OPERATIONS": 3}
+    with override_settings(
+        ROOT_URLCONF="tests.testapp.dynamic_operation_urls", IDEMPOTENCY=settings
+    ):
+        client = Client()
+        statuses = [client.post("/answers", headers={"Idempotency-Key": f"{worker}-r"})]
+        for n in range(5):
+            headers = {"Idempotency-Key": f"{worker}-{n}", "X-Tenant": f"{worker}-{n}"}
+            statuses.append(client.post("/per-tenant/answers", headers=headers))
+    print(*(response.status_code for response in statuses))
+"""
+
+
+def _operation_labels(directory: Path) -> set[str]:
+    """The ``operation`` values of ``idempotency_requests_total`` a scrape adds up."""
+    from prometheus_client import CollectorRegistry
+    from prometheus_client.multiprocess import MultiProcessCollector
+
+    registry = CollectorRegistry()
+    MultiProcessCollector(registry, path=str(directory))  # type: ignore[no-untyped-call]
+    return {
+        sample.labels["operation"]
+        for family in registry.collect()
+        for sample in family.samples
+        if sample.name == "idempotency_requests_total"
+    }
+
+
+def test_the_operation_label_is_bounded_across_every_process_of_the_directory(
+    tmp_path: Path,
+) -> None:
+    """Four workers, each naming five operations of its own through a callable.
+
+    ``METRICS_OPERATIONS`` bounded each process alone, by first use: every
+    new worker (gunicorn's max_requests, a timeout, a deploy) let another
+    set in, and dead workers' files kept them on the page. Only names the
+    code declares (here the route's) are labels, in every process alike.
+    """
+    for worker in ("a", "b", "c", "d"):
+        done = run_python(_WORKER, WORKER=worker, PROMETHEUS_MULTIPROC_DIR=str(tmp_path))
+        assert done.returncode == 0, done.stderr[-3000:]
+        assert done.stdout.split() == ["201"] * 6, done.stderr[-3000:]
+
+    assert len(list(tmp_path.iterdir())) >= 4  # one file (or more) per process
+    assert _operation_labels(tmp_path) == {"POST answers", "other"}

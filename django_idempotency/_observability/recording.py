@@ -19,8 +19,8 @@ Where the figures come from:
   beat-driven ``observe_records`` task): read by every worker they would
   multiply the queries, and each worker would report its own stale copy.
 
-Labels are bounded: ``operation`` (at most ``METRICS_OPERATIONS`` distinct
-values per process, the rest are "other"), ``outcome``, ``reason``,
+Labels are bounded: ``operation`` (the names the code declares, the same in
+every process; any other is "other": ``labels``), ``outcome``, ``reason``,
 ``state``, ``database``, and ``tenant`` only with ``METRICS_TENANT``.
 Keys are never labels. A failing sink is logged and never fails a request.
 """
@@ -30,10 +30,9 @@ from __future__ import annotations
 import logging
 import threading
 from collections.abc import Iterator, Mapping
-from typing import TYPE_CHECKING, Any, Protocol
+from typing import TYPE_CHECKING, Protocol
 
-from django.core.signals import setting_changed
-
+from django_idempotency._observability.labels import operation_label
 from django_idempotency.conf import idempotency_settings
 from django_idempotency.metrics import (
     CENSUS_TIMESTAMP,
@@ -121,19 +120,6 @@ def _send(method: str, instrument: Instrument, value: float, labels: Mapping[str
             logger.exception("Metrics sink %r failed on %s.", sink, instrument.name)
 
 
-_seen_operations: set[str] = set()
-
-
-def _operation_label(operation: str) -> str:
-    """``operation``, or "other" once the process labelled ``METRICS_OPERATIONS`` others."""
-    if operation in _seen_operations:
-        return operation
-    if len(_seen_operations) >= idempotency_settings.METRICS_OPERATIONS:
-        return "other"
-    _seen_operations.add(operation)
-    return operation
-
-
 #: Release reasons as labels; any other is "other".
 _RELEASE_REASONS = {
     "exception": "exception",
@@ -143,9 +129,15 @@ _RELEASE_REASONS = {
 }
 
 
-def count_request(operation: str, outcome: str, seconds: float, *, tenant: str | None) -> None:
-    """Count one answered request: its ``outcome`` label and the protection's own time."""
-    labels = {"operation": _operation_label(operation), "outcome": outcome}
+def count_request(
+    operation: str, outcome: str, seconds: float, *, tenant: str | None, from_code: bool
+) -> None:
+    """Count one answered request: its ``outcome`` label and the protection's own time.
+
+    ``from_code``: the operation's name is the route's or a literal one
+    (``labels.operation_label``).
+    """
+    labels = {"operation": operation_label(operation, from_code=from_code), "outcome": outcome}
     _send("record", PROTECTION_DURATION, seconds, labels)
     if idempotency_settings.METRICS_TENANT and tenant is not None:
         labels = {**labels, "tenant": tenant}
@@ -157,24 +149,20 @@ def release_label(reason: object) -> str:
     return "status" if isinstance(reason, int) else _RELEASE_REASONS.get(str(reason), "other")
 
 
-def count_release(operation: str, reason: object) -> None:
+def count_release(operation: str, reason: object, *, from_code: bool = False) -> None:
     """Count a claim given up so that a retry runs."""
-    _send(
-        "add",
-        RELEASES,
-        1,
-        {"operation": _operation_label(operation), "reason": release_label(reason)},
-    )
+    label = operation_label(operation, from_code=from_code)
+    _send("add", RELEASES, 1, {"operation": label, "reason": release_label(reason)})
 
 
-def count_uncertain(operation: str) -> None:
+def count_uncertain(operation: str, *, from_code: bool = False) -> None:
     """Count a record left UNCERTAIN for a reconciler."""
-    _send("add", UNCERTAIN, 1, {"operation": _operation_label(operation)})
+    _send("add", UNCERTAIN, 1, {"operation": operation_label(operation, from_code=from_code)})
 
 
 def count_unreconciled(operation: str) -> None:
     """Count a record recovery found no reconciler for."""
-    _send("add", UNRECONCILED, 1, {"operation": _operation_label(operation)})
+    _send("add", UNRECONCILED, 1, {"operation": operation_label(operation)})
 
 
 def count_recovery(report: RecoveryReport) -> None:
@@ -225,11 +213,3 @@ def publish_census(census: Census) -> None:
         {"database": database},
     )
     _send("set", CENSUS_TIMESTAMP, census.taken_at.timestamp(), {"database": database})
-
-
-def _forget(*, setting: str, **kwargs: Any) -> None:
-    if setting == "IDEMPOTENCY":
-        _seen_operations.clear()
-
-
-setting_changed.connect(_forget, dispatch_uid="django_idempotency._observability.recording")

@@ -126,6 +126,7 @@ def protect(
     if request.method not in PROTECTED_METHODS:
         return run_unprotected(view)
     tally = Tally()
+    tally.operation_from_code = _operation_from_code(request, options.operation)
     refused: IdempotencyRefusal | None = None
     try:
         return _protect(request, _timed(view, tally), options, view_args, view_kwargs, tally)
@@ -137,6 +138,20 @@ def protect(
         raise
     finally:
         announce(request, finish(tally, refused))
+
+
+def _operation_from_code(request: HttpRequest, spec: OperationSpec) -> bool:
+    """Whether ``spec`` names the operation from the code, the same in every process.
+
+    A literal name and a route's (its pattern or its URL name) are written
+    in the code; a callable's and a request path's (a route with no pattern:
+    see ``scope.default_operation``) may be anything. The metrics label only
+    the first kind by name (``_observability.labels``).
+    """
+    if spec is None:
+        match = request.resolver_match
+        return match is not None and bool(match.route)
+    return not callable(spec)
 
 
 def _timed(view: Callable[[], HttpResponseBase], tally: Tally) -> Callable[[], HttpResponseBase]:

@@ -48,6 +48,7 @@ class Tally:
         "fail_open",
         "in_flight_state",
         "operation",
+        "operation_from_code",
         "refusal",
         "release_reason",
         "replayed",
@@ -67,6 +68,8 @@ class Tally:
         self.scope: Scope | None = None
         #: The operation of a request refused before it had a scope.
         self.operation: str | None = None
+        #: Whether the operation's name is the route's or a literal one.
+        self.operation_from_code = False
         self.claimed = False
         self.view_ran = False
         self.view_seconds = 0.0
@@ -88,6 +91,8 @@ class RequestOutcome:
 
     scope: Scope | None
     operation: str | None
+    #: Its name is the route's or a literal one: a metrics label of its own.
+    operation_from_code: bool
     #: "executed", "replayed", "refused", "unprotected" or "error" (an
     #: exception that is no refusal, before any view ran).
     kind: str
@@ -144,6 +149,7 @@ def finish(tally: Tally, refusal: BaseException | None) -> RequestOutcome:
     return RequestOutcome(
         scope=tally.scope,
         operation=tally.scope.operation if tally.scope is not None else tally.operation,
+        operation_from_code=tally.operation_from_code,
         kind=kind,
         refusal=str(code) if code is not None else None,
         in_flight_state=tally.in_flight_state,
@@ -225,9 +231,12 @@ def _count(outcome: RequestOutcome) -> None:
     operation = outcome.operation
     if operation is None:
         return  # not a protected request after all
+    from_code = outcome.operation_from_code
     if outcome.released:
-        recording.count_release(operation, outcome.release_reason)
+        recording.count_release(operation, outcome.release_reason, from_code=from_code)
     if outcome.uncertain:
-        recording.count_uncertain(operation)
+        recording.count_uncertain(operation, from_code=from_code)
     tenant = outcome.scope.tenant if outcome.scope is not None else None
-    recording.count_request(operation, outcome.label, outcome.protection_seconds, tenant=tenant)
+    recording.count_request(
+        operation, outcome.label, outcome.protection_seconds, tenant=tenant, from_code=from_code
+    )

@@ -32,6 +32,7 @@ from typing import TYPE_CHECKING, Any, NoReturn, TypeVar, cast
 from django.db import DatabaseError, transaction
 from django.utils import timezone
 
+from django_idempotency._observability import labels
 from django_idempotency._observability.tracing import describe_current_span
 from django_idempotency._protection.crash import SimulatedCrash
 from django_idempotency._store.errors import is_contention
@@ -248,6 +249,7 @@ def idempotent_task(
 
     def decorate(func: Task) -> Task:
         name = operation or f"task {func.__module__}.{func.__qualname__}"
+        labels.declare(name)  # written in the code: a metrics label in every process
 
         @functools.wraps(func)
         def run_once(*args: Any, **kwargs: Any) -> Any:
