@@ -628,8 +628,34 @@ def test_reconcile_now_says_a_released_record_was_deleted_not_settled(
         "and the client&#x27;s retry will run it again." in text
     )
     assert "settled" not in text
+    assert "no longer exists" not in text  # the action deleted it: it is not news
     assert not IdempotencyRecord.objects.filter(pk=record.pk).exists()
     assert "released" in LogEntry.objects.get().get_change_message()
+
+
+def test_reconcile_now_counts_as_gone_only_records_gone_before_it_ran(
+    releasing_reconciler: str,
+) -> None:
+    """The record its reconciler released is deleted by the action itself: not "gone"."""
+    released = stuck_record(operation=releasing_reconciler)
+    purged = stuck_record(operation=releasing_reconciler)
+    IdempotencyRecord.objects.filter(pk=purged.pk).delete()  # since the list was shown
+
+    text = (
+        staff("reconcile")
+        .post(
+            CHANGELIST,
+            {"action": "reconcile_now", "_selected_action": [released.pk, purged.pk]},
+            follow=True,
+        )
+        .content.decode()
+    )
+
+    assert "1 record was released: the operation did not happen" in text
+    assert (
+        "1 selected record no longer exists: it was released or purged since the list was shown."
+        in text
+    )
 
 
 def test_reconcile_now_reports_settled_and_released_records_apart(
