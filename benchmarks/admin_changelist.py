@@ -9,7 +9,7 @@
 2. inserts ``--rows`` IdempotencyRecord rows with one ``INSERT ... SELECT
    generate_series`` (a fixed seed, so every run builds the same table): about
    95 % COMPLETED, 5 % FAILED and 0.4 % unresolved (CLAIMED, IN_PROGRESS,
-   UNCERTAIN; half of them with an expired lease, i.e. stuck), over 5,000
+   UNCERTAIN; half of them with an expired lease), over 5,000
    tenants (skewed) and 8 operations (from 50 % down to 0.1 % of the rows),
    created over the last 75 hours and kept for 72 hours;
 3. runs ``VACUUM ANALYZE`` (what autovacuum does to a table in steady state);
@@ -231,9 +231,10 @@ def build_table(rows: int, now: datetime) -> None:
             "SELECT state, count(*) FROM django_idempotency_record GROUP BY state ORDER BY 2 DESC"
         )
         states = ", ".join(f"{state} {count:,}" for state, count in cursor.fetchall())
+        # census.stuck(): every UNCERTAIN record, and the others whose lease ran out.
         cursor.execute(
-            "SELECT count(*) FROM django_idempotency_record WHERE state IN "
-            "('CLAIMED', 'IN_PROGRESS', 'UNCERTAIN') AND lease_expires_at <= %s",
+            "SELECT count(*) FROM django_idempotency_record WHERE state = 'UNCERTAIN' "
+            "OR (state IN ('CLAIMED', 'IN_PROGRESS') AND lease_expires_at <= %s)",
             [now],
         )
         stuck = cursor.fetchone()[0]

@@ -38,6 +38,7 @@ from django_idempotency._admin.actions import (
     storable,
 )
 from django_idempotency._admin.figures import overview_of
+from django_idempotency._admin.leases import lease_label
 from django_idempotency._store import sealing
 from django_idempotency._store.clock import to_the_second
 from django_idempotency._store.database_time import (
@@ -48,10 +49,10 @@ from django_idempotency._store.database_time import (
 )
 from django_idempotency._store.routing import record_databases
 from django_idempotency._store.steps import steps_of
+from django_idempotency.census import stuck
 from django_idempotency.models import (
     OPERATION_MAX_LENGTH,
     RESOLVED_STATES,
-    UNRESOLVED_STATES,
     IdempotencyRecord,
     IdempotencyStep,
 )
@@ -81,11 +82,6 @@ def capped_count(queryset: QuerySet[Any]) -> tuple[int, bool]:
     """(count, whether it reached the cap), counting at most COUNT_CAP + 1 rows."""
     count = queryset.order_by()[: COUNT_CAP + 1].count()
     return min(count, COUNT_CAP), count > COUNT_CAP
-
-
-def stuck() -> Q:
-    """Unresolved, and nobody holds the lease any more (by the database's clock)."""
-    return Q(state__in=UNRESOLVED_STATES, lease_expires_at__lte=DatabaseNow())
 
 
 class EstimatedCountPaginator(Paginator):  # type: ignore[type-arg]
@@ -184,7 +180,7 @@ class StateFilter(ListFilter):
     def lookups(self, request: HttpRequest, model_admin: Any) -> Any:
         return [
             *IdempotencyRecord.State.choices,
-            ("stuck", _("stuck (unresolved, lease expired)")),
+            ("stuck", _("stuck (uncertain, or its owner's lease expired)")),
         ]
 
     def queryset(self, request: HttpRequest, queryset: QuerySet[Any]) -> QuerySet[Any]:
@@ -421,8 +417,7 @@ class IdempotencyRecordAdmin(admin.ModelAdmin):  # type: ignore[type-arg]
     def lease_status(self, record: IdempotencyRecord) -> str:
         if record.state in RESOLVED_STATES or record.lease_expires_at is None:
             return "-"
-        now = record.read_at or self._now(record)
-        return str(_("held")) if record.lease_expires_at > now else str(_("expired"))
+        return lease_label(record, record.read_at or self._now(record))
 
     @admin.display(description=_("steps"))
     def steps(self, record: IdempotencyRecord) -> Any:
@@ -537,7 +532,8 @@ class IdempotencyRecordAdmin(admin.ModelAdmin):  # type: ignore[type-arg]
         if chosen is not None:
             on[DatabaseFilter.parameter_name] = chosen
         counts = []
-        for value, label in [*State.choices, ("stuck", _("stuck"))]:
+        # Stuck first: what needs recovery or an operator is where to start.
+        for value, label in [("stuck", _("stuck")), *State.choices]:
             subset = records.filter(stuck()) if value == "stuck" else records.filter(state=value)
             count, capped = capped_count(subset)
             shown = number_format(count, force_grouping=True) + ("+" if capped else "")

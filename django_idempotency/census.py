@@ -29,7 +29,7 @@ from datetime import datetime, timedelta
 from typing import Any
 
 from django.db import connections
-from django.db.models import Count, Min, QuerySet
+from django.db.models import Count, Min, Q, QuerySet
 
 from django_idempotency._store.database_time import DatabaseNow, database_now
 from django_idempotency.models import RESOLVED_STATES, UNRESOLVED_STATES, IdempotencyRecord
@@ -39,6 +39,7 @@ __all__ = [
     "BACKLOG_CAP",
     "EXACT_UP_TO",
     "Census",
+    "stuck",
     "take_census",
 ]
 
@@ -63,6 +64,24 @@ _STATE_INDEX = next(
 _RECONCILED_STATES = (IdempotencyRecord.State.IN_PROGRESS, IdempotencyRecord.State.UNCERTAIN)
 
 
+def stuck() -> Q:
+    """The records that need recovery or an operator: no owner is at work on them.
+
+    Every UNCERTAIN record, whatever its lease: no owner will finish it, and
+    a lease still running on one is recovery postponing it (no reconciler,
+    a ``Retry``, a reconciler that raised: a provider outage leaves every
+    such record there, five minutes at a time). And the CLAIMED and
+    IN_PROGRESS records whose owner's lease ran out (by the database's
+    clock): the owner died. Not a CLAIMED or IN_PROGRESS record whose lease
+    runs: its owner is at work, or a reconciler handed it back to the
+    client's retry (``RetryFrom``).
+    """
+    State = IdempotencyRecord.State
+    return Q(state=State.UNCERTAIN) | Q(
+        state__in=(State.CLAIMED, State.IN_PROGRESS), lease_expires_at__lte=DatabaseNow()
+    )
+
+
 @dataclass(frozen=True)
 class Census:
     """The records of one database, as of ``taken_at`` (the database's clock)."""
@@ -83,6 +102,9 @@ class Census:
     #: Operations with IN_PROGRESS or UNCERTAIN records and no reconciler:
     #: recovery cannot settle those records (sorted).
     unreconciled_operations: tuple[str, ...] = field(default=())
+    #: The unresolved records that need recovery or an operator (``stuck()``):
+    #: an exact count.
+    stuck: int = 0
 
     @property
     def unresolved(self) -> int:
@@ -107,14 +129,16 @@ def take_census(database: str) -> Census:
     taken_at = database_now(database)
     counts = dict.fromkeys(IdempotencyRecord.State.values, 0)
     oldest: dict[str, datetime] = {}
+    stuck_count = 0
     for row in (
         records.filter(state__in=UNRESOLVED_STATES)
         .values("state")
-        .annotate(count=Count("pk"), oldest=Min("created_at"))
+        .annotate(count=Count("pk"), oldest=Min("created_at"), stuck=Count("pk", filter=stuck()))
         .order_by()
     ):
         counts[row["state"]] = row["count"]
         oldest[row["state"]] = row["oldest"]
+        stuck_count += row["stuck"]
     estimated: set[str] = set()
     for state in RESOLVED_STATES:
         count, is_estimate = _count_or_estimate(records, state)
@@ -133,6 +157,7 @@ def take_census(database: str) -> Census:
         purge_backlog=min(backlog, BACKLOG_CAP),
         purge_backlog_capped=backlog > BACKLOG_CAP,
         unreconciled_operations=_unreconciled_operations(records),
+        stuck=stuck_count,
     )
 
 

@@ -90,6 +90,46 @@ def test_changelist_shows_counts_per_state_and_stuck() -> None:
     }
 
 
+@pytest.fixture
+def provider_down() -> Iterator[str]:
+    """An operation whose reconciler cannot reach its provider: it asks again in 5 minutes."""
+    operation = "POST admin-test-outage"
+
+    @recovery.register_reconciler(operation)
+    def ask_again_later(record: IdempotencyRecord) -> recovery.ReconcilerOutcome:
+        return recovery.Retry(after=timedelta(minutes=5))
+
+    yield operation
+    del recovery._reconcilers[operation]
+
+
+def test_records_recovery_postponed_in_an_outage_are_counted_and_listed_as_stuck(
+    provider_down: str,
+) -> None:
+    """The first view an operator opens shows what waits, not only expired leases."""
+    postponed = stuck_record(state=State.IN_PROGRESS, operation=provider_down)
+    at_work = stuck_record(
+        state=State.IN_PROGRESS,
+        lease_owner="web-1:1",
+        lease_expires_at=timezone.now() + timedelta(minutes=1),
+    )
+    assert recovery.recover_stale_records().retried == 1
+    postponed.refresh_from_db()
+    assert postponed.state == State.UNCERTAIN and postponed.lease_expires_at > timezone.now()
+    client = staff()
+
+    page = client.get(CHANGELIST)
+
+    counts = {entry["value"]: entry["count"] for entry in page.context["state_counts"]}
+    assert counts["stuck"] == "1"
+    assert page.context["state_counts"][0]["value"] == "stuck"  # where to start: first
+    stuck_list = client.get(CHANGELIST + "?state=stuck")
+    assert [record.pk for record in stuck_list.context["cl"].result_list] == [postponed.pk]
+    row = stuck_list.content.decode().split(f"{postponed.pk}/change/")[1].split("</tr>")[0]
+    assert '<td class="field-lease_status">postponed</td>' in row
+    assert at_work.pk not in {r.pk for r in stuck_list.context["cl"].result_list}
+
+
 def test_filters_and_exact_search() -> None:
     later = timezone.now() + timedelta(days=2)
     stuck = stuck_record(key="stuck-one", provider_operation_id="ch_42", expires_at=later)
@@ -628,8 +668,34 @@ def test_reconcile_now_says_a_released_record_was_deleted_not_settled(
         "and the client&#x27;s retry will run it again." in text
     )
     assert "settled" not in text
+    assert "no longer exists" not in text  # the action deleted it: it is not news
     assert not IdempotencyRecord.objects.filter(pk=record.pk).exists()
     assert "released" in LogEntry.objects.get().get_change_message()
+
+
+def test_reconcile_now_counts_as_gone_only_records_gone_before_it_ran(
+    releasing_reconciler: str,
+) -> None:
+    """The record its reconciler released is deleted by the action itself: not "gone"."""
+    released = stuck_record(operation=releasing_reconciler)
+    purged = stuck_record(operation=releasing_reconciler)
+    IdempotencyRecord.objects.filter(pk=purged.pk).delete()  # since the list was shown
+
+    text = (
+        staff("reconcile")
+        .post(
+            CHANGELIST,
+            {"action": "reconcile_now", "_selected_action": [released.pk, purged.pk]},
+            follow=True,
+        )
+        .content.decode()
+    )
+
+    assert "1 record was released: the operation did not happen" in text
+    assert (
+        "1 selected record no longer exists: it was released or purged since the list was shown."
+        in text
+    )
 
 
 def test_reconcile_now_reports_settled_and_released_records_apart(

@@ -260,6 +260,34 @@ def test_the_page_shows_counts_charts_and_the_oldest_records() -> None:
     assert "Purge backlog" in html and "estimated from a" not in html
 
 
+def test_the_page_counts_stuck_records_first_postponed_uncertain_ones_included() -> None:
+    """In an outage recovery postpones UNCERTAIN records: they still need attention."""
+    now = database_now("default")
+    record(  # its owner at work: not stuck
+        now - timedelta(hours=1), State.IN_PROGRESS, lease_expires_at=now + timedelta(minutes=1)
+    )
+    record(  # recovery asks the reconciler again in five minutes
+        now - timedelta(hours=2),
+        State.UNCERTAIN,
+        key="postponed",
+        lease_owner="",
+        lease_expires_at=now + timedelta(minutes=5),
+    )
+    record(  # its owner died: recovery takes it at its next run
+        now - timedelta(hours=3), State.CLAIMED, lease_expires_at=now - timedelta(minutes=1)
+    )
+
+    html = viewer("view_idempotencyrecord").get(OVERVIEW).content.decode()
+
+    header = html.split('id="idempotency-census"')[1].split("</thead>")[0]
+    assert re.search(r"<tr><th[^>]*>Stuck</th>", header)
+    stuck = r'class="number census-stuck" data-count="2"><a href="[^"]*\?state=stuck"'
+    assert re.search(stuck, html)
+    oldest_rows = html.split('id="idempotency-oldest"')[1].split("</table>")[0]
+    postponed = oldest_rows.split(">postponed</a>")[1].split("</tr>")[0]
+    assert postponed.endswith("<td>postponed</td>")
+
+
 def test_the_changelist_links_to_the_overview() -> None:
     page = viewer("view_idempotencyrecord").get(CHANGELIST)
 

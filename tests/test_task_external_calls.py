@@ -445,6 +445,28 @@ def test_the_visibility_timeout_must_outlast_every_idempotent_tasks_lease_and_ti
     assert ids(check_celery_timeouts()) == expected
 
 
+@pytest.mark.parametrize("bind", [False, True])
+def test_the_timeout_checks_see_the_lease_through_celerys_autoretry_wrapper(
+    celery_app: Celery, bind: bool
+) -> None:
+    """The layout the docs show: ``autoretry_for`` replaces ``task.run`` with Celery's wrapper."""
+    celery_app.conf.broker_transport_options = {"visibility_timeout": 45}
+
+    @celery_app.task(  # type: ignore[untyped-decorator]
+        name="check.payout",
+        shared=False,
+        bind=bind,
+        acks_late=True,
+        autoretry_for=(TaskInProgress,),
+        time_limit=60,
+    )
+    @idempotent_task(key="refund_id", operation="task check.refund", lease=30)
+    def refund(*args: Any) -> None:
+        return None
+
+    assert ids(check_celery_timeouts()) == ["django_idempotency.W021", "django_idempotency.W020"]
+
+
 def test_an_invalid_lease_setting_leaves_the_timeout_check_to_its_own_error(
     celery_app: Celery, settings: Any
 ) -> None:

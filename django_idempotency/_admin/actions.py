@@ -246,6 +246,9 @@ def _skipped_message(count: int) -> str:
 @_bounded
 def reconcile_now(modeladmin: Any, request: HttpRequest, queryset: QuerySet[Any]) -> None:
     selected = list(queryset.filter(state__in=store.UNRESOLVED_STATES))
+    # Before reconciling: a record its reconciler releases is deleted by this
+    # action, not "gone since the list was shown".
+    gone = _ticked_and_gone(modeladmin, request)[1]
     settled = released = pending = 0
     for record, held in _taken(request, selected, from_page=False):
         report = recovery.RecoveryReport()
@@ -303,7 +306,7 @@ def reconcile_now(modeladmin: Any, request: HttpRequest, queryset: QuerySet[Any]
     skipped = len(selected) - settled - released - pending
     if skipped:
         modeladmin.message_user(request, _skipped_message(skipped), messages.WARNING)
-    _report_gone(modeladmin, request)
+    _report_gone(modeladmin, request, gone)
 
 
 def _resolve_action(

@@ -276,6 +276,6 @@ def oldest_unresolved(database: str, limit: int = OLDEST_SHOWN) -> list[Idempote
     records = IdempotencyRecord.objects.using(database).filter(state__in=UNRESOLVED_STATES)
     return list(
         records.order_by("created_at", "pk").only(
-            "tenant", "operation", "key", "state", "created_at", "lease_expires_at"
+            "tenant", "operation", "key", "state", "created_at", "lease_owner", "lease_expires_at"
         )[:limit]
     )

@@ -23,6 +23,7 @@ from django_idempotency._admin.figures import (
     Overview,
     chart_zone,
 )
+from django_idempotency._admin.leases import lease_label
 from django_idempotency.census import Census
 from django_idempotency.models import UNRESOLVED_STATES, IdempotencyRecord
 
@@ -68,8 +69,14 @@ def census_row(census: Census, several: bool) -> dict[str, Any]:
             }
         )
     backlog = _grouped(census.purge_backlog)
+    query["state"] = "stuck"
     return {
         "database": census.database,
+        "stuck": {
+            "count": census.stuck,
+            "shown": _grouped(census.stuck),
+            "query": query.urlencode(),
+        },
         "states": states,
         "unresolved": _grouped(census.unresolved),
         "oldest_unresolved": _duration(census.oldest_unresolved_age, census.taken_at),
@@ -140,7 +147,6 @@ def _oldest_rows(overview: Overview, several: bool) -> list[dict[str, Any]]:
         suffix = "?" + preserved.urlencode()
     rows = []
     for record in overview.oldest:
-        lease = record.lease_expires_at
         rows.append(
             {
                 "record": record,
@@ -149,7 +155,7 @@ def _oldest_rows(overview: Overview, several: bool) -> list[dict[str, Any]]:
                 )
                 + suffix,
                 "age": timesince(record.created_at, now=now),
-                "lease": "-" if lease is None else (_("held") if lease > now else _("expired")),
+                "lease": lease_label(record, now),
             }
         )
     return rows

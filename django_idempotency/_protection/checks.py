@@ -192,6 +192,7 @@ def check_celery_timeouts(app_configs: Any = None, **kwargs: Any) -> list[CheckM
         return []
     from django_idempotency._protection.task import (
         broker_visibility_timeout,
+        idempotent_body,
         idempotent_task_leases,
     )
 
@@ -203,10 +204,10 @@ def check_celery_timeouts(app_configs: Any = None, **kwargs: Any) -> list[CheckM
     leases = idempotent_task_leases()
     messages: list[CheckMessage] = []
     for name, task in sorted(app.tasks.items()):
-        run = getattr(task.run, "__func__", task.run)
-        if run not in leases:
+        body = idempotent_body(task.run)
+        if body is None:
             continue
-        lease = leases[run] or default_lease
+        lease = leases[body] or default_lease
         if lease is None:
             continue
         limit = task.time_limit or app.conf.task_time_limit

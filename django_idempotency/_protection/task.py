@@ -152,10 +152,35 @@ def message_id(*args: Any, **kwargs: Any) -> str:
 def idempotent_task_leases() -> dict[Callable[..., Any], timedelta | None]:
     """Every ``idempotent_task`` decorated so far and its ``lease=`` (``None``: the setting's).
 
-    Keyed by the decorated function (the wrapper Celery's task runs), for
-    the system check comparing leases with the broker's visibility timeout.
+    Keyed by the function ``idempotent_task`` returned (``idempotent_body``
+    finds it from a task's ``run``), for the system check comparing leases
+    with the broker's visibility timeout.
     """
     return dict(_leases)
+
+
+def idempotent_body(run: Callable[..., Any]) -> Callable[..., Any] | None:
+    """The ``idempotent_task`` function a Celery task's ``run`` is or wraps, else ``None``.
+
+    ``task.run`` is rarely that function itself: a bound task's is a method
+    of it, and ``autoretry_for`` (the layout the docs show) replaces it with
+    Celery's own wrapper, which keeps the one it wraps as ``__wrapped__``, as
+    any ``functools.wraps`` decorator between the two does. The chain is
+    followed down to the first function ``idempotent_task`` made (that one
+    wraps the body too: going further would lose it).
+    """
+    seen: set[int] = set()
+    candidate: Any = run
+    while candidate is not None and id(candidate) not in seen:
+        seen.add(id(candidate))
+        candidate = getattr(candidate, "__func__", candidate)
+        try:
+            if candidate in _leases:
+                return cast(Callable[..., Any], candidate)
+        except TypeError:  # an unhashable callable is no function of ours
+            pass
+        candidate = getattr(candidate, "__wrapped__", None)
+    return None
 
 
 def _key_of(key: str | Callable[..., Any], func: Callable[..., Any], args: Any, kwargs: Any) -> str:
