@@ -119,5 +119,9 @@ check_operations = register(Tags.urls)(_view_checks.check_operations)
 check_intent_databases_reach_the_records = register(Tags.database)(
     store.check_intent_databases_reach_the_records
 )
-check_prometheus_directory = register(Tags.compatibility)(observability.check_prometheus_directory)
+# Only where several processes serve, which runserver, migrate and cron's
+# commands are not: Django's deployment checks (``check --deploy``).
+check_prometheus_directory = register(Tags.compatibility, deploy=True)(
+    observability.check_prometheus_directory
+)
 check_celery_timeouts = register(Tags.compatibility)(protection.check_celery_timeouts)

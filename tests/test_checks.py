@@ -152,11 +152,30 @@ def test_every_check_is_registered_with_its_tag() -> None:
         "check_intent_databases_reach_the_records": "database",
     }
     assert set(tags) == set(checks.__all__)
-    registered = registry.registry.registered_checks
+    registered = registry.registry.registered_checks | registry.registry.deployment_checks
     for name, tag in tags.items():
         check = getattr(checks, name)
         assert check in registered
         assert tag in getattr(check, "tags", ())
+
+
+def test_the_missing_prometheus_directory_is_a_deployment_check_only(
+    settings: Any, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """W022 printed on every command that runs the checks (cron's recover each
+    minute, migrate) where no directory is needed: a single process, or a
+    command. It matters where several workers serve: ``check --deploy``.
+    """
+    from django.core.checks import run_checks
+
+    settings.IDEMPOTENCY = {"METRICS": ("prometheus",)}
+    monkeypatch.delenv("PROMETHEUS_MULTIPROC_DIR", raising=False)
+
+    every_command = [m.id for m in run_checks()]
+    deploying = [m.id for m in run_checks(include_deployment_checks=True)]
+
+    assert "django_idempotency.W022" not in every_command
+    assert "django_idempotency.W022" in deploying
 
 
 def test_each_declared_setting_is_checked_by_one_validator() -> None:

@@ -11,14 +11,18 @@ import os
 import subprocess
 import sys
 import textwrap
+from datetime import timedelta
 from pathlib import Path
 from typing import Any
 
 import pytest
 from django.test import Client
+from django.utils import timezone
 from prometheus_client.exposition import choose_encoder
 
-from tests.utils import REPO, run_python
+from django_idempotency.models import IdempotencyRecord
+from tests.factories import RecordFactory
+from tests.utils import REPO, database_url, run_python
 
 pytestmark = pytest.mark.django_db(transaction=True)
 
@@ -250,3 +254,131 @@ def test_the_operation_label_is_bounded_across_every_process_of_the_directory(
 
     assert len(list(tmp_path.iterdir())) >= 4  # one file (or more) per process
     assert _operation_labels(tmp_path) == {"POST answers", "other"}
+
+
+# Management commands run with the directory set, as cron and an operator run them.
+
+
+def manage(*arguments: str, directory: Path | None) -> subprocess.CompletedProcess[str]:
+    """``python -m django <arguments>`` with the Prometheus sink on, in a process of its own."""
+    environment = {
+        name: value for name, value in os.environ.items() if name != "PROMETHEUS_MULTIPROC_DIR"
+    }
+    if directory is not None:
+        environment["PROMETHEUS_MULTIPROC_DIR"] = str(directory)
+    return subprocess.run(
+        [sys.executable, "-m", "django", *arguments],
+        cwd=REPO,
+        env={
+            **environment,
+            "DATABASE_URL": database_url(),
+            "DJANGO_SETTINGS_MODULE": "tests.live.prometheus_settings",
+            "PYTHONPATH": os.pathsep.join([str(REPO), os.environ.get("PYTHONPATH", "")]),
+        },
+        capture_output=True,
+        text=True,
+        timeout=120,
+        check=False,
+    )
+
+
+def _stale_claim() -> None:
+    RecordFactory.create(
+        state=IdempotencyRecord.State.CLAIMED,
+        operation="POST api-view/charges",
+        lease_owner="dead-host:1:1",
+        lease_expires_at=timezone.now() - timedelta(minutes=1),
+        response_status=None,
+        response_body=None,
+    )
+
+
+def _counted(directory: Path, name: str, **labels: str) -> float:
+    from prometheus_client import CollectorRegistry
+    from prometheus_client.multiprocess import MultiProcessCollector
+
+    registry = CollectorRegistry()
+    MultiProcessCollector(registry, path=str(directory))  # type: ignore[no-untyped-call]
+    return sum(
+        sample.value
+        for family in registry.collect()
+        for sample in family.samples
+        if sample.name == name and labels.items() <= sample.labels.items()
+    )
+
+
+def test_commands_leave_no_file_per_run_in_the_directory_and_keep_their_counts(
+    tmp_path: Path,
+) -> None:
+    """Cron's recover and purge each wrote a file of their own pid at every run
+    (38 files after about 20 commands), read by every scrape for ever after.
+    Their counts matter, so they are kept, in one file per command that each
+    run goes on counting in; commands that count nothing write nothing.
+    """
+    for _ in range(3):
+        _stale_claim()
+        RecordFactory.create(expires_at=timezone.now() - timedelta(hours=1))
+        for counting in ("idempotency_recover", "idempotency_purge"):
+            done = manage(counting, directory=tmp_path)
+            assert done.returncode == 0, done.stderr[-3000:]
+    for command in (["shell", "-c", "pass"], ["idempotency_health"], ["check"]):
+        done = manage(*command, directory=tmp_path)
+        assert done.returncode == 0, done.stderr[-3000:]
+
+    files = sorted(path.name for path in tmp_path.glob("*.db"))
+    assert len(files) == 2, files  # one per command that counts
+    assert _counted(tmp_path, "idempotency_recovery_total", outcome="released") == 3
+    assert _counted(tmp_path, "idempotency_releases_total", reason="recovery") == 3
+    assert _counted(tmp_path, "idempotency_purged_total", action="deleted") == 3
+
+
+def test_two_runs_at_once_write_files_of_their_own_and_later_runs_reuse_them(
+    tmp_path: Path,
+) -> None:
+    """A file's writes are not locked between processes: runs that overlap
+    (a slow recover under the next minute's) each take a free slot."""
+    code = textwrap.dedent(
+        """
+        import sys, django
+        django.setup()
+        from django_idempotency._observability.prometheus import write_to_files_named
+        from prometheus_client import Counter
+        write_to_files_named("idempotency_recover")
+        Counter("runs", "Runs.").inc()
+        print("counted", flush=True)
+        sys.stdin.readline()  # held until the test lets it end
+        """
+    )
+    environment = {
+        **os.environ,
+        "DJANGO_SETTINGS_MODULE": "tests.settings",
+        "PROMETHEUS_MULTIPROC_DIR": str(tmp_path),
+        "PYTHONPATH": os.pathsep.join([str(REPO), os.environ.get("PYTHONPATH", "")]),
+    }
+
+    def start() -> subprocess.Popen[str]:
+        process = subprocess.Popen(
+            [sys.executable, "-c", code],
+            cwd=REPO,
+            env=environment,
+            stdin=subprocess.PIPE,
+            stdout=subprocess.PIPE,
+            text=True,
+        )
+        assert process.stdout is not None and process.stdout.readline() == "counted\n"
+        return process
+
+    def end(*processes: subprocess.Popen[str]) -> None:
+        for process in processes:
+            process.communicate("\n", timeout=60)
+            assert process.returncode == 0
+
+    end(start(), start())  # overlapping
+    end(start())  # alone: the first slot again
+    end(start(), start())
+
+    assert sorted(path.name for path in tmp_path.glob("*.db")) == [
+        "counter_idempotency-recover-0.db",
+        "counter_idempotency-recover-1.db",
+    ]
+    assert _counted(tmp_path, "runs_total") == 5

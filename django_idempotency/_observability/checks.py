@@ -65,7 +65,13 @@ VALIDATORS: Mapping[str, Validator] = {
 
 
 def check_prometheus_directory(app_configs: Any = None, **kwargs: Any) -> list[CheckMessage]:
-    """W022: the Prometheus sink without (or with a missing) multiprocess directory."""
+    """W022: the Prometheus sink without (or with a missing) multiprocess directory.
+
+    A deployment check (``manage.py check --deploy``): a single process
+    (runserver) needs no directory, and a command (migrate, cron's recover)
+    serves no scrape; printed by each of them, it was noise where it did not
+    apply, and taught operators to skip it where it does.
+    """
     user_settings = getattr(settings, "IDEMPOTENCY", {})
     if not isinstance(user_settings, Mapping):
         return []  # E001 says so
@@ -89,8 +95,8 @@ def check_prometheus_directory(app_configs: Any = None, **kwargs: Any) -> list[C
             hint="Under gunicorn (or uWSGI) with several workers, set PROMETHEUS_MULTIPROC_DIR "
             "to a directory shared by every process before they start (https://django-"
             "idempotency.readthedocs.io/en/latest/observability/#prometheus-under-gunicorn). "
-            "A single process (runserver, one worker) needs "
-            "none: silence this warning there.",
+            "A deployment of one process (one worker) needs none: silence this warning "
+            "there.",
             id="django_idempotency.W022",
         )
     ]

@@ -21,6 +21,8 @@ start, and in gunicorn's configuration::
 
 from __future__ import annotations
 
+import itertools
+import os
 import threading
 from collections.abc import Mapping
 from typing import Any
@@ -91,3 +93,51 @@ def prometheus_sink() -> PrometheusSink:
         if _sink is None:
             _sink = PrometheusSink()
         return _sink
+
+
+#: The lock file of the files this process writes to, held open until it exits.
+_slot: int | None = None
+
+
+def write_to_files_named(name: str) -> None:
+    """Write this process's values to files named for ``name``, which each run reuses.
+
+    ``prometheus_client`` names a process's files by its pid, and a dead
+    process's counts are summed at every scrape for ever after: cron running
+    ``idempotency_recover`` every few minutes left a file per run (38 files
+    after about 20 commands), each read by every scrape. Named for the
+    command instead, the next run opens the same file and counts on from its
+    values, so the counts are kept and the files do not pile up.
+
+    Two runs at once must not write one file (its writes are not locked
+    between processes): each takes the first free slot, ``<name>-0``,
+    ``<name>-1``..., by a lock on ``<name>-<n>.lock`` held until it exits.
+    A process forked from this one goes back to its pid's files. Call it
+    before anything is counted: values made before keep the pid's files.
+    """
+    global _slot
+    directory = os.environ.get("PROMETHEUS_MULTIPROC_DIR")
+    if not directory or _slot is not None:
+        return
+    try:
+        import fcntl
+    except ImportError:  # pragma: no cover - not on POSIX: the pid's files, as before
+        return
+    from prometheus_client import values
+
+    # The file name's parts are split at "_": the identity holds none.
+    stem = name.replace("_", "-")
+    for number in itertools.count():
+        lock = os.open(os.path.join(directory, f"{stem}-{number}.lock"), os.O_RDWR | os.O_CREAT)
+        try:
+            fcntl.flock(lock, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        except BlockingIOError:
+            os.close(lock)  # another run holds this one
+            continue
+        _slot = lock
+        identity = f"{stem}-{number}"
+        break
+    owner = os.getpid()
+    values.ValueClass = values.MultiProcessValue(  # type: ignore[no-untyped-call]
+        lambda: identity if os.getpid() == owner else os.getpid()
+    )

@@ -112,6 +112,21 @@ def _made(names: tuple[str, ...]) -> Iterator[Sink]:
             yield sink
 
 
+def reuse_files_across_runs(command: str) -> None:
+    """Have the Prometheus sink write ``command``'s files, not this run's: see
+    ``_observability.prometheus.write_to_files_named``. For the commands cron
+    runs again and again; a no-op without the sink or its directory.
+    """
+    if "prometheus" not in idempotency_settings.METRICS:
+        return
+    try:
+        from django_idempotency._observability.prometheus import write_to_files_named
+
+        write_to_files_named(command)
+    except Exception:  # the metrics must never stop the command's work
+        logger.exception("The Prometheus files of %r could not be set up.", command)
+
+
 def _send(method: str, instrument: Instrument, value: float, labels: Mapping[str, str]) -> None:
     for sink in sinks():
         try:

@@ -5,6 +5,7 @@ from typing import Any
 from django.core.management.base import BaseCommand, CommandParser
 
 from django_idempotency import purge
+from django_idempotency._observability import recording
 from django_idempotency.conf import idempotency_settings
 from django_idempotency.management.arguments import (
     add_database_argument,
@@ -63,6 +64,9 @@ class Command(BaseCommand):
             made = f", {tombstones} made tombstones" if idempotency_settings.TOMBSTONE_TTL else ""
             self.stdout.write(f"{count} expired record(s) would be deleted{made}.")
             return
+        # Cron runs it again and again: its counts go on in one file of the
+        # Prometheus directory, not in a new one per run.
+        recording.reuse_files_across_runs("idempotency_purge")
         report = purge.purge_expired_records(
             batch_size=batch_size,
             max_batches=max_batches,

@@ -5,6 +5,7 @@ from typing import Any
 from django.core.management.base import BaseCommand, CommandParser
 
 from django_idempotency import recovery
+from django_idempotency._observability import recording
 from django_idempotency._store.clock import to_the_second
 from django_idempotency._store.routing import record_databases
 from django_idempotency.management.arguments import add_database_argument, positive_int
@@ -59,6 +60,9 @@ class Command(BaseCommand):
                     f"{to_the_second(first_end)}."
                 )
             return
+        # Cron runs it again and again: its counts go on in one file of the
+        # Prometheus directory, not in a new one per run.
+        recording.reuse_files_across_runs("idempotency_recover")
         report = recovery.recover_stale_records(batch_size=batch_size, database=database)
         self.stdout.write(
             f"released {report.released}, handed back {report.handed_back}, completed "
