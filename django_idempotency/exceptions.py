@@ -8,6 +8,7 @@ dict so that DRF's default handler produces ``{"detail": ..., "code": ...}``.
 from __future__ import annotations
 
 from django.core.exceptions import ImproperlyConfigured
+from django.utils.translation import gettext
 from django.utils.translation import gettext_lazy as _
 from rest_framework import status
 from rest_framework.exceptions import APIException
@@ -141,6 +142,24 @@ class KeyReused(IdempotencyRefusal):
         "new key for a new request; retry only with the identical request."
     )
 
+    @classmethod
+    def from_source(cls, source: str | None) -> KeyReused:
+        """The refusal of a key read from ``source`` ("the body field 'id'").
+
+        ``None``: the client's Idempotency-Key header, the default message. A
+        webhook's sender sent no such header, and is told where its key came from.
+        """
+        if source is None:
+            return cls()
+        return cls(
+            gettext(
+                "This key (%(source)s) was already used with a different request, so "
+                "this request was not run. Only the identical request may be sent again "
+                "with it."
+            )
+            % {"source": source}
+        )
+
 
 class KeyExpired(IdempotencyRefusal):
     """422 ``idempotency_key_expired``: the key's operation is past retention.
@@ -160,6 +179,19 @@ class KeyExpired(IdempotencyRefusal):
         "outcome is no longer kept. The request was not run again: look up its "
         "outcome rather than sending it with a new key."
     )
+
+    @classmethod
+    def from_source(cls, source: str | None) -> KeyExpired:
+        """The refusal of a key read from ``source``; ``None``: the Idempotency-Key header."""
+        if source is None:
+            return cls()
+        return cls(
+            gettext(
+                "This key (%(source)s) was used for a request that was processed, and "
+                "its outcome is no longer kept. The request was not run again."
+            )
+            % {"source": source}
+        )
 
 
 class RequestInProgress(IdempotencyRefusal):

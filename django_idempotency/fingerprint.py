@@ -27,14 +27,17 @@ proportion to a chunk, not to its canonical form.
 from __future__ import annotations
 
 import contextlib
+import datetime
 import hashlib
 import json
+import logging
 import math
+import uuid
 from collections.abc import Callable, Mapping, Sequence
 from decimal import MAX_EMAX, MIN_EMIN, Context, Decimal
 from typing import TYPE_CHECKING, Any, Protocol, cast
 
-from django.core.files.uploadedfile import UploadedFile
+from django.core.files.base import File
 from django.http import RawPostDataException
 from django.utils.datastructures import MultiValueDict
 from django.utils.translation import gettext
@@ -58,6 +61,8 @@ __all__ = [
     "write_canonical",
 ]
 
+logger = logging.getLogger("django_idempotency")
+
 FingerprintSpec = None | Sequence[str] | Callable[["HttpRequest"], Any]
 """What ``idempotent(fingerprint=...)`` accepts.
 
@@ -77,6 +82,14 @@ class NestedTooDeeply(NonCanonicalValue):
 
     def __init__(self, message: str | None = None) -> None:
         super().__init__(message or gettext("The request body is nested too deeply to be read."))
+
+
+class _UnsupportedValue(TypeError):
+    """A value of a type with no canonical form (a ``TypeError``, as documented)."""
+
+    def __init__(self, value: object) -> None:
+        self.type_name = type(value).__name__
+        super().__init__(f"{self.type_name} cannot be part of a fingerprint")
 
 
 class Sink(Protocol):
@@ -180,12 +193,43 @@ def _number(value: int | float | Decimal) -> str:
     return _decimal_spelling(value.normalize(Context(prec=digits, Emax=MAX_EMAX, Emin=MIN_EMIN)))
 
 
-def _file_token(upload: UploadedFile[Any]) -> str:
+def _file_token(file: File[Any]) -> str:
+    """Any Django ``File`` (an upload, a parser's ``ContentFile``): its name and content's digest.
+
+    Read in chunks from the start, and rewound for the view. A file that
+    cannot be rewound (a pipe) would reach the view empty: it is refused.
+    """
+    if not file.seekable():  # closed files included
+        raise NonCanonicalValue(
+            gettext(
+                "The request holds a file (%(name)s) that cannot be read twice, once for its "
+                "fingerprint and once by the view."
+            )
+            % {"name": json.dumps(file.name)}
+        )
     digest = hashlib.sha256()
-    for chunk in upload.chunks():
-        digest.update(chunk)
-    upload.seek(0)
-    return f"file({json.dumps(upload.name)},{digest.hexdigest()})"
+    for chunk in file.chunks():  # from the start: chunks() rewinds first
+        # A ContentFile made from text yields str: its UTF-8 bytes.
+        digest.update(chunk.encode() if isinstance(chunk, str) else chunk)
+    file.seek(0)
+    return f"file({json.dumps(file.name)},{digest.hexdigest()})"
+
+
+def _text_token(value: datetime.date | datetime.time | uuid.UUID) -> str:
+    """Dates, times and UUIDs (YAML and XML parsers deliver them): exact text, tagged.
+
+    The ISO form keeps every digit and the UTC offset, so a changed value
+    changes it; the tag keeps it apart from the same text sent as a string.
+    """
+    if isinstance(value, uuid.UUID):
+        return f"uuid({_json_string(str(value))})"
+    if isinstance(value, datetime.datetime):  # a date too: asked first
+        tag = "datetime"
+    elif isinstance(value, datetime.date):
+        tag = "date"
+    else:
+        tag = "time"
+    return f"{tag}({_json_string(value.isoformat())})"
 
 
 #: What ``json.dumps(text)`` returns for a string, without its layers.
@@ -265,12 +309,14 @@ def _encode(value: Any, out: _Chunks) -> None:
     elif isinstance(value, _FormValue):
         out.append("form")
         _encode(value.value, out)
-    elif isinstance(value, UploadedFile):
+    elif isinstance(value, File):
         out.append(_file_token(value))
     elif isinstance(value, (bytes, bytearray, memoryview)):
         out.append(f"bytes({hashlib.sha256(value).hexdigest()})")
+    elif isinstance(value, (datetime.date, datetime.time, uuid.UUID)):
+        out.append(_text_token(value))
     else:
-        raise TypeError(f"{type(value).__name__} cannot be part of a fingerprint")
+        raise _UnsupportedValue(value)
 
 
 def _encode_mapping(value: Mapping[Any, Any], out: _Chunks) -> None:
@@ -306,11 +352,13 @@ def write_canonical(value: Any, *sinks: Sink) -> None:
     Args:
         value: What a parser delivers: mappings, lists, strings, numbers
             (``int``, ``float``, ``Decimal``), booleans and ``None``, and
-            also form data, uploaded files and bytes.
+            also form data, Django files (uploads, ``ContentFile``...),
+            bytes, dates, times and UUIDs.
         *sinks: Objects with an ``update(bytes)`` method.
 
     Raises:
-        NonCanonicalValue: The value holds a number with no finite value.
+        NonCanonicalValue: The value holds a number with no finite value,
+            or a file that cannot be rewound.
         TypeError: The value holds an object of another type.
     """
     out = _Chunks(sinks)
@@ -452,13 +500,35 @@ def request_fingerprint(
 ) -> Fingerprint:
     """Fingerprint a request as ``idempotent(fingerprint=spec)`` asks.
 
-    Raises ``NonCanonicalValue`` for input that has no fingerprint.
+    Raises ``NonCanonicalValue`` for input that has no fingerprint: among
+    it a value of a type with no canonical form that the view's parsers
+    delivered (the request is refused with 400, never answered 500). A
+    ``fingerprint=`` callable that returns one raises ``TypeError``: that
+    value is the view's own.
     """
     try:
         return fingerprint(_fingerprinted_input(request, spec, view_args, view_kwargs))
     except RecursionError as exc:
         # The parser (DRF's, inside request.data) or the encoder gave up.
         raise NestedTooDeeply() from exc
+    except _UnsupportedValue as exc:
+        if callable(spec):
+            raise
+        logger.warning(
+            "Refused a request to %s with 400: its parsed body holds a %s, which has no "
+            "fingerprint. Give the view fingerprint= (the fields that define the operation, "
+            "or a callable returning JSON-like values).",
+            request.path,
+            exc.type_name,
+        )
+        raise NonCanonicalValue(
+            gettext(
+                "The request body, as parsed, holds a value that cannot be fingerprinted "
+                "(a %(type)s), so the request was not run. Send it as JSON or a form, or "
+                "tell the API's operators."
+            )
+            % {"type": exc.type_name}
+        ) from exc
 
 
 def _format_override() -> str | None:

@@ -3,12 +3,13 @@
 from __future__ import annotations
 
 import hashlib
+import io
 import json
 import math
 import random
 import struct
 from decimal import Decimal
-from typing import Any
+from typing import IO, Any, cast
 
 import pytest
 from hypothesis import assume, given, settings
@@ -553,3 +554,130 @@ def test_drfs_format_query_parameter_picks_a_renderer_like_the_suffix_does(
 
     assert first.status_code == 201
     assert retry["Idempotent-Replayed"] == "true"
+
+
+# -- files of any kind, and other values parsers deliver --------------------------------
+
+
+def test_any_django_file_is_its_name_and_the_digest_of_its_content() -> None:
+    from django.core.files.base import ContentFile
+    from django.core.files.uploadedfile import SimpleUploadedFile
+
+    def of(file: Any) -> Fingerprint:
+        return fingerprint({"file": file})
+
+    assert of(ContentFile(b"abc", name="a.txt")) == of(ContentFile(b"abc", name="a.txt"))
+    # An upload and any other File of the same name and content are one value.
+    assert of(ContentFile(b"abc", name="a.txt")) == of(SimpleUploadedFile("a.txt", b"abc"))
+    assert of(ContentFile(b"abc", name="a.txt")) != of(ContentFile(b"abd", name="a.txt"))
+    assert of(ContentFile(b"abc", name="a.txt")) != of(ContentFile(b"abc", name="b.txt"))
+    assert of(ContentFile(b"abc")) != of(ContentFile(b"abc", name="None"))
+    # Text content is its UTF-8 bytes.
+    assert of(ContentFile("é", name="a.txt")) == of(ContentFile("é".encode(), name="a.txt"))
+
+
+def test_a_file_is_rewound_after_it_is_read_for_its_fingerprint() -> None:
+    from django.core.files.base import ContentFile
+
+    file = ContentFile(b"x" * 200_000, name="big.bin")
+    file.read(10)  # wherever the parser left it
+    first = fingerprint(file)
+
+    assert file.read() == b"x" * 200_000
+    assert fingerprint(file) == first  # read whole again, from the start
+
+
+def test_a_file_that_cannot_be_rewound_has_no_fingerprint() -> None:
+    """Reading it would take its content from the view."""
+    from django.core.files.base import File
+
+    from django_idempotency.fingerprint import NonCanonicalValue
+
+    class Pipe(io.RawIOBase):
+        def readable(self) -> bool:
+            return True
+
+        def seekable(self) -> bool:
+            return False
+
+    with pytest.raises(NonCanonicalValue, match="cannot be read twice"):
+        fingerprint(File(cast(IO[bytes], Pipe()), name="pipe"))
+
+
+def test_dates_times_and_uuids_are_their_exact_text_tagged_with_their_type() -> None:
+    import datetime
+    import uuid
+
+    moment = datetime.datetime(2026, 3, 1, 12, 30, 0, 5, tzinfo=datetime.UTC)
+    ref = uuid.UUID("5f1c2d1e-0000-4000-8000-000000000001")
+
+    assert canonical({"at": moment, "ref": ref}) == (
+        b'{"at":datetime("2026-03-01T12:30:00.000005+00:00"),'
+        b'"ref":uuid("5f1c2d1e-0000-4000-8000-000000000001")}'
+    )
+    assert canonical(moment.date()) == b'date("2026-03-01")'
+    assert canonical(moment.timetz()) == b'time("12:30:00.000005+00:00")'
+    # Never the string a client could spell.
+    assert canonical(moment) != canonical(moment.isoformat())
+    assert fingerprint(moment) != fingerprint(moment.replace(microsecond=6))
+
+
+@pytest.mark.django_db(transaction=True)
+def test_a_file_a_drf_parser_delivers_without_a_name_is_fingerprinted(api: APIClient) -> None:
+    """Weblate's upload parser: a ContentFile in request.FILES; the view still reads it."""
+    from tests.testapp.models import Charge
+
+    def upload(content: bytes, key: str) -> Any:
+        return api.post(
+            "/parsed/upload",
+            content,
+            content_type="application/octet-stream",
+            HTTP_IDEMPOTENCY_KEY=key,
+        )
+
+    first = upload(b"translation file", "upload-1")
+    retry = upload(b"translation file", "upload-1")
+    changed = upload(b"another file", "upload-1")
+
+    assert first.status_code == 201, first.content[:300]
+    assert first.json()["size"] == len(b"translation file")
+    assert retry["Idempotent-Replayed"] == "true"
+    assert changed.status_code == 422
+    assert Charge.objects.count() == 1
+
+
+@pytest.mark.django_db(transaction=True)
+def test_dates_and_uuids_a_drf_parser_delivers_are_fingerprinted(api: APIClient) -> None:
+    def send(body: bytes) -> Any:
+        return api.post(
+            "/parsed/upload", body, content_type="application/x-dated", HTTP_IDEMPOTENCY_KEY="d-1"
+        )
+
+    ref = b" 5f1c2d1e-0000-4000-8000-000000000001"
+    first = send(b"2026-03-01 12:30:00+00:00" + ref)
+    retry = send(b"2026-03-01 12:30:00+00:00" + ref)
+    other = send(b"2026-03-01 12:30:01+00:00" + ref)
+
+    assert first.status_code == 201, first.content[:300]
+    assert retry["Idempotent-Replayed"] == "true"
+    assert other.status_code == 422
+
+
+@pytest.mark.django_db(transaction=True)
+def test_a_value_a_drf_parser_delivers_with_no_canonical_form_is_a_client_error(
+    api: APIClient, caplog: pytest.LogCaptureFixture
+) -> None:
+    from django_idempotency.models import IdempotencyRecord
+    from tests.testapp.models import Charge
+
+    response = api.post(
+        "/parsed/upload", b"?", content_type="application/x-opaque", HTTP_IDEMPOTENCY_KEY="o-1"
+    )
+
+    assert response.status_code == 400, response.content[:300]
+    assert response.json()["code"] == "parse_error"
+    assert "Opaque" in response.json()["detail"]
+    assert not IdempotencyRecord.objects.exists()
+    assert Charge.objects.count() == 0
+    # The operators learn which view needs a fingerprint= of its own.
+    assert "fingerprint=" in caplog.text

@@ -210,6 +210,46 @@ def test_a_body_too_large_is_refused_before_its_digest_is_taken(
     assert Charge.objects.count() == 0
 
 
+# -- refusals name where the key came from ----------------------------------------------
+
+
+@pytest.mark.parametrize(
+    ("url", "headers", "source"),
+    [
+        ("/keyed/delivery-header", {"HTTP_X_DELIVERY": "d-1"}, "the X-Delivery header"),
+        ("/keyed/body-field", {}, "the body field 'data.object.id'"),
+        ("/keyed/body-digest", {}, "the body's digest"),
+    ],
+    ids=["header", "body-field", "body-digest"],
+)
+def test_a_key_reused_with_other_input_is_refused_naming_its_source(
+    api: APIClient, url: str, headers: dict[str, Any], source: str
+) -> None:
+    """A sender that sent no Idempotency-Key is not told about one."""
+    body = b'{"id": "evt_1", "data": {"object": {"id": "pi_1"}}, "amount": 5}'
+    api.post(url, body, content_type="application/json", **headers)
+    # The same key, other input: another amount, or (digest) another query string.
+    other = body.replace(b"5}", b"6}") if "digest" not in url else body
+    response = api.post(url + "?attempt=2", other, content_type="application/json", **headers)
+
+    assert response.status_code == 422
+    assert response.json()["code"] == "idempotency_key_reused"
+    assert source in response.json()["detail"]
+    assert "Idempotency-Key" not in response.json()["detail"]
+
+
+def test_a_key_reused_from_the_idempotency_key_header_is_refused_as_before(
+    api: APIClient,
+) -> None:
+    api.post("/api-view/charges", {"amount": 5}, format="json", HTTP_IDEMPOTENCY_KEY="k-1")
+    response = api.post(
+        "/api-view/charges", {"amount": 6}, format="json", HTTP_IDEMPOTENCY_KEY="k-1"
+    )
+
+    assert response.status_code == 422
+    assert response.json()["detail"].startswith("This Idempotency-Key was already used")
+
+
 # -- from a callable -------------------------------------------------------------------
 
 

@@ -97,6 +97,22 @@ def test_a_late_retry_before_the_purge_ran_is_refused_and_runs_nothing(url: str)
 
 
 @pytest.mark.usefixtures("tombstones")
+def test_a_late_redelivery_of_a_webhook_is_refused_naming_its_keys_source() -> None:
+    """A webhook's sender sent no Idempotency-Key: it is told where its key came from."""
+    api = APIClient()
+    event = {"id": "evt_1", "data": {"object": {"id": "pi_1"}}, "amount": 5}
+    api.post("/keyed/body-field", event, format="json")
+    expire(only_record(), timedelta(days=2))
+
+    late = api.post("/keyed/body-field", event, format="json")
+
+    assert refused(late, "idempotency_key_expired"), late.content
+    assert "the body field 'data.object.id'" in late.json()["detail"]
+    assert "Idempotency-Key" not in late.json()["detail"]
+    assert Charge.objects.count() == 1
+
+
+@pytest.mark.usefixtures("tombstones")
 @pytest.mark.parametrize("url", URLS)
 def test_a_late_retry_of_a_tombstone_is_refused_and_runs_nothing(url: str) -> None:
     key = str(uuid.uuid4())

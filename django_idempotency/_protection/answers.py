@@ -83,10 +83,10 @@ def answer_settled(
     scope = tally.scope
     assert scope is not None
     if not fingerprint.matches(record.fingerprint):
-        raise KeyReused()
+        raise KeyReused.from_source(tally.key_source)
     if store.kept_as_tombstone(record):
         logger.info("Refused a retry of %s: past retention, kept as a tombstone.", scope)
-        raise KeyExpired()
+        raise KeyExpired.from_source(tally.key_source)
     with step_span("idempotency.replay", scope) as span:
         span.set_attribute("http.response.status_code", record.response_status or 200)
         try:

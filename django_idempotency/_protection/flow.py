@@ -187,6 +187,8 @@ def _protect(
         if options.required if options.required is not None else conf.REQUIRED:
             raise KeyMissing(f"This operation requires {options.key.wanted()}.")
         return run_unprotected(view)
+    if not options.key.is_client_header:
+        tally.key_source = options.key.describe()
     scope = Scope(
         tenant=resolve_tenant(request, options.tenant or conf.TENANT),
         operation=resolve_operation(request, options.operation),

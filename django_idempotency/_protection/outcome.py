@@ -47,6 +47,7 @@ class Tally:
         "claimed",
         "fail_open",
         "in_flight_state",
+        "key_source",
         "operation",
         "operation_from_code",
         "refusal",
@@ -66,6 +67,9 @@ class Tally:
     def __init__(self) -> None:
         self.started = time.perf_counter()
         self.scope: Scope | None = None
+        #: Where the key came from, as refusals name it ("the body field
+        #: 'id'"); None for the client's Idempotency-Key header.
+        self.key_source: str | None = None
         #: The operation of a request refused before it had a scope.
         self.operation: str | None = None
         #: Whether the operation's name is the route's or a literal one.

@@ -8,6 +8,7 @@ from tests.testapp import (
     optimistic_duplicate_views,
     optimistic_live_views,
     optimistic_views,
+    parsed_upload_views,
     views,
 )
 
@@ -45,6 +46,7 @@ urlpatterns = [
     path("keyed/delivery-header", keyed_views.delivery_header),
     path("keyed/body-field", keyed_views.body_field),
     path("keyed/body-digest", keyed_views.body_digest),
+    path("parsed/upload", parsed_upload_views.parsed_upload),
     path("keyed/body-field-standard", keyed_views.body_field_standard_policy),
     path("keyed/plain-callable", keyed_views.plain_callable_key),
     path("keyed/plain-body", keyed_views.plain_body_field),
