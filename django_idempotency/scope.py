@@ -20,6 +20,7 @@ if TYPE_CHECKING:
     from django.http import HttpRequest
 
 __all__ = [
+    "ANONYMOUS_TENANT",
     "DIGEST_PREFIX",
     "OperationSpec",
     "Scope",
@@ -42,6 +43,9 @@ OperationSpec = None | str | Callable[["HttpRequest"], str]
 (``"POST v1/payments"``); a callable takes the request and returns the name.
 A name is 1 to 255 printable characters (``operation_name_fault``).
 """
+
+ANONYMOUS_TENANT = "anonymous"
+"""The tenant ``default_tenant`` gives every unauthenticated request: one shared key space."""
 
 #: Stored tenants that are digests of the real one start with this.
 DIGEST_PREFIX = "sha256:"
@@ -80,7 +84,7 @@ def default_tenant(request: HttpRequest) -> str:
         ``"user:<pk>"`` (the request's user, or the credential's),
         ``"application:<id>"`` (an OAuth application's token),
         ``"auth:<keyed digest>"`` (another credential with a primary key), or
-        ``"anonymous"``.
+        ``ANONYMOUS_TENANT`` (``"anonymous"``).
 
     Raises:
         ImproperlyConfigured: The request is authenticated by a credential the
@@ -109,7 +113,7 @@ def default_tenant(request: HttpRequest) -> str:
         return "auth:" + credential_digest(auth, auth_id)
     if auth is not None:
         _no_identity(auth)  # a JWT's claims, say: guessing would merge clients
-    return "anonymous"
+    return ANONYMOUS_TENANT
 
 
 def _no_identity(credential: object) -> NoReturn:

@@ -43,7 +43,7 @@ from typing import Any
 from django.utils.http import parse_header_parameters
 from django.utils.translation import gettext_lazy as _
 from rest_framework import serializers, status
-from rest_framework.permissions import BasePermission, IsAuthenticated
+from rest_framework.permissions import BasePermission
 from rest_framework.request import Request
 from rest_framework.response import Response
 from rest_framework.views import APIView
@@ -66,11 +66,17 @@ from django_idempotency.exceptions import (
     StoreUnavailable,
 )
 from django_idempotency.models import OPERATION_MAX_LENGTH, IdempotencyRecord
-from django_idempotency.scope import Scope, operation_name_fault, resolve_tenant
+from django_idempotency.scope import (
+    ANONYMOUS_TENANT,
+    Scope,
+    operation_name_fault,
+    resolve_tenant,
+)
 
 __all__ = [
     "AMBIGUOUS_CODE",
     "MAX_LISTED_OPERATIONS",
+    "AuthenticatedCaller",
     "KeyUnknown",
     "OperationStatusView",
 ]
@@ -82,6 +88,11 @@ MAX_LISTED_OPERATIONS = 20
 
 AMBIGUOUS_CODE = "idempotency_operation_ambiguous"
 """The ``code`` of the 300 answer for a key the caller used under several operations."""
+
+_ANONYMOUS_REFUSED = _(
+    "Authenticate to ask about your operations: the operations of clients that do not "
+    "authenticate are not told apart."
+)
 
 
 class KeyUnknown(IdempotencyRefusal):
@@ -98,6 +109,22 @@ class KeyUnknown(IdempotencyRefusal):
     )
 
 
+class AuthenticatedCaller(BasePermission):
+    """Callers that authenticated: as a user, or with a credential that names no user.
+
+    The principals ``default_tenant`` tells apart: a signed-in user, and an
+    ``(AnonymousUser, credential)`` pair from an authentication class (an
+    API key, a machine client's token), whose requests are protected under
+    a tenant of the credential's own. A request no authentication class
+    accepted is refused, even with DRF's ``UNAUTHENTICATED_TOKEN`` set.
+    """
+
+    def has_permission(self, request: Request, view: APIView) -> bool:
+        if request.user is not None and request.user.is_authenticated:
+            return True
+        return request.auth is not None and request.successful_authenticator is not None
+
+
 class OperationStatusView(APIView):
     """The state and outcome of the caller's operation under an Idempotency-Key.
 
@@ -108,16 +135,22 @@ class OperationStatusView(APIView):
     the operations, when the key names several and no ``operation`` was
     given.
 
+    Mounted under any prefix: URL arguments the prefix captures (an
+    organiser's slug, DRF's ``URLPathVersioning`` version) are the project's,
+    and take no part in the lookup.
+
     Authentication and throttling are the project's (``REST_FRAMEWORK``
-    defaults). Permission: authenticated callers only, since every anonymous
-    caller would share the tenant ``"anonymous"`` and so each other's
-    outcomes. Subclass and mount the subclass to change it (for a tenant
-    that comes from something other than the authenticated user, say).
+    defaults). Permission: ``AuthenticatedCaller``, callers that
+    authenticated as a user or with a credential. Subclass and mount the
+    subclass to change it (for a tenant that comes from something other
+    than the authenticated user, say). Whatever the permission, the tenant
+    ``"anonymous"`` that the default ``TENANT`` gives every unauthenticated
+    request is never answered: its records are every anonymous client's.
     """
 
-    permission_classes: list[type[BasePermission]] = [IsAuthenticated]
+    permission_classes: list[type[BasePermission]] = [AuthenticatedCaller]
 
-    def get(self, request: Request) -> Response:
+    def get(self, request: Request, *args: Any, **kwargs: Any) -> Response:
         conf = idempotency_settings
         raw_key = request.query_params.get("key")
         if not raw_key:
@@ -132,6 +165,10 @@ class OperationStatusView(APIView):
                 f"{OPERATION_MAX_LENGTH} printable characters, as a 300 answer lists them."
             )
         tenant = resolve_tenant(request, conf.TENANT)
+        if tenant == ANONYMOUS_TENANT:
+            # Shared by every client that did not authenticate: an answer
+            # would tell one of them what another did.
+            self.permission_denied(request, message=str(_ANONYMOUS_REFUSED))
         # With routers choosing the database, they get the scope as hints; a
         # router that needs the operation needs the client to name it.
         database = database_for(Scope(tenant, operation or "", key), request=request)

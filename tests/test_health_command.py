@@ -385,3 +385,37 @@ def test_a_records_database_that_is_not_configured_is_not_read_as_a_threshold_cr
         """
     )
     assert result.returncode in (2, 3), (result.returncode, result.stderr[-2000:])
+
+
+#: Stored text a terminal would act on: clear the screen, home the cursor,
+#: overwrite the line (CR), start a line of its own (LF), C1's CSI. Records
+#: written before operation names were checked, or by hand, may hold it.
+HOSTILE_OPERATION = "POST \x1b[2J\x1b[Hx\rstatus: healthy\nstatus: healthy\x9b0m"
+
+
+def terminal_controls(printed: str) -> list[str]:
+    """The characters of ``printed`` a terminal would act on, but the line ends."""
+    return [char for char in printed if not char.isprintable() and char != "\n"]
+
+
+def test_stored_text_is_printed_with_its_control_characters_escaped() -> None:
+    make(State.UNCERTAIN, operation=HOSTILE_OPERATION)
+
+    status, printed = health("--fail-on-unreconciled")
+
+    assert status == 1
+    assert terminal_controls(printed) == []
+    assert "POST \\x1b[2J\\x1b[Hx\\rstatus: healthy\\nstatus: healthy\\x9b0m" in printed
+    # No line of the report is the stored text's: the last one is the verdict.
+    assert not [line for line in printed.splitlines() if line.startswith("status: healthy")]
+    assert printed.splitlines()[-1] == "status: threshold crossed"
+
+
+def test_json_gives_stored_text_as_it_is_stored() -> None:
+    # JSON escapes control characters itself; a JSON reader gets the real name.
+    make(State.UNCERTAIN, operation=HOSTILE_OPERATION)
+
+    status, report = health_json("--fail-on-unreconciled")
+
+    assert status == 1
+    assert report["databases"][0]["unreconciled_operations"] == [HOSTILE_OPERATION]

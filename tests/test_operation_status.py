@@ -19,16 +19,22 @@ from cryptography.fernet import Fernet
 from django.db import connections
 from django.test import override_settings
 from django.test.utils import CaptureQueriesContext
-from django.urls import path, reverse
+from django.urls import include, path, re_path, reverse
 from django.utils import timezone
+from rest_framework.decorators import api_view, authentication_classes, permission_classes
 from rest_framework.permissions import AllowAny
+from rest_framework.request import Request
+from rest_framework.response import Response
 from rest_framework.test import APIClient
+from rest_framework.versioning import URLPathVersioning
 
+from django_idempotency import idempotent
 from django_idempotency._store.database_time import DatabaseLater
 from django_idempotency.models import IdempotencyRecord, IdempotencyStep
 from django_idempotency.status import OperationStatusView, encode_body
-from tests.factories import RecordFactory
+from tests.factories import RecordFactory, TokenFactory
 from tests.test_store_unavailable import unreachable_store  # noqa: F401  (a fixture)
+from tests.test_tenant_isolation import ApiKeyAuthentication, TokenWithoutUser
 from tests.utils import SHARD_TEST_ALIASES, TokenClient, post, record_in, routed_by_tenant
 
 pytestmark = pytest.mark.django_db(transaction=True)
@@ -43,6 +49,10 @@ def tenant_of(client: TokenClient) -> str:
 
 def status(client: APIClient, key: str, **more: str) -> Any:
     return client.get(STATUS_URL, {"key": key, **more})
+
+
+def status_at(client: APIClient, url: str, key: str) -> Any:
+    return client.get(url, {"key": key})
 
 
 @pytest.fixture
@@ -342,14 +352,138 @@ class OpenStatusView(OperationStatusView):
     permission_classes = [AllowAny]
 
 
-urlpatterns = [path("open-status/", OpenStatusView.as_view())]
+@api_view(["POST"])
+@authentication_classes([ApiKeyAuthentication])
+@permission_classes([])
+@idempotent(operation="POST keyed")
+def keyed_charge(request: Request) -> Response:
+    return Response({"charged": dict(request.data)["amount"]}, status=201)
+
+
+@api_view(["POST"])
+@authentication_classes([TokenWithoutUser])
+@permission_classes([])
+@idempotent(operation="POST keyed")
+def machine_charge(request: Request) -> Response:
+    return Response({"charged": dict(request.data)["amount"]}, status=201)
+
+
+class ApiKeyStatusView(OperationStatusView):
+    """The status view of a project whose clients authenticate with an API key, no user."""
+
+    authentication_classes = [ApiKeyAuthentication]
+
+
+class MachineStatusView(OperationStatusView):
+    """The status view of a project whose tokens authenticate machine clients, no user."""
+
+    authentication_classes = [TokenWithoutUser]
+
+
+urlpatterns = [
+    path("open-status/", OpenStatusView.as_view()),
+    path("keyed/", keyed_charge),
+    path("keyed-status/", ApiKeyStatusView.as_view()),
+    path("machine/", machine_charge),
+    path("machine-status/", MachineStatusView.as_view()),
+    # Prefixes that capture URL arguments, as a project's own API nests them.
+    path("organizers/<slug:organizer>/idempotency/", include("django_idempotency.urls")),
+    re_path(r"^(?P<version>v1|v2)/idempotency/", include("django_idempotency.urls")),
+    re_path(r"^positional/(\d+)/idempotency/", include("django_idempotency.urls")),
+]
 
 
 @pytest.mark.urls(__name__)
-def test_a_subclass_may_change_the_permissions(api: APIClient) -> None:
+def test_a_subclass_may_change_the_permissions(api: APIClient, settings: Any) -> None:
+    settings.IDEMPOTENCY = {"TENANT": "tests.test_tenant_isolation.header_tenant"}
+    RecordFactory.create(tenant="acme", key="acmes")
+
+    answer = api.get("/open-status/", {"key": "acmes"}, HTTP_X_FUZZ_TENANT="acme")
+
+    assert answer.status_code == 200
+
+
+@pytest.mark.urls(__name__)
+def test_the_shared_tenant_of_unauthenticated_requests_is_never_answered(
+    api: APIClient,
+) -> None:
+    # Even under a subclass that lets anyone ask: every anonymous client's
+    # records are under the one tenant "anonymous", so each other's.
     RecordFactory.create(tenant="anonymous", key="anyones")
 
-    assert api.get("/open-status/", {"key": "anyones"}).status_code == 200
+    answer = api.get("/open-status/", {"key": "anyones"})
+
+    assert answer.status_code in (401, 403)
+    assert "anyones" not in answer.content.decode()
+
+
+@pytest.mark.urls(__name__)
+@pytest.mark.parametrize(
+    "prefix", ["/organizers/acme/idempotency", "/v1/idempotency", "/positional/7/idempotency"]
+)
+def test_the_view_answers_under_a_prefix_that_captures_url_arguments(
+    alice: TokenClient, prefix: str
+) -> None:
+    RecordFactory.create(tenant=tenant_of(alice), key="mine", operation=CHARGES)
+
+    found = alice.get(f"{prefix}/status/", {"key": "mine"})
+    unknown = alice.get(f"{prefix}/status/", {"key": "not-mine"})
+
+    assert found.status_code == 200, found.content
+    assert found.json()["operation"] == CHARGES
+    assert unknown.status_code == 404
+
+
+@pytest.mark.urls(__name__)
+def test_the_view_answers_under_drfs_url_path_versioning(
+    alice: TokenClient, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    # What DEFAULT_VERSIONING_CLASS gives every APIView when the project loads.
+    monkeypatch.setattr(OperationStatusView, "versioning_class", URLPathVersioning)
+    RecordFactory.create(tenant=tenant_of(alice), key="mine", operation=CHARGES)
+
+    answer = alice.get("/v2/idempotency/status/", {"key": "mine"})
+
+    assert answer.status_code == 200, answer.content
+    assert answer.json()["state"] == "COMPLETED"
+
+
+def client_with(header: str, credential: str) -> APIClient:
+    client = APIClient()
+    client.credentials(**{header: credential})
+    return client
+
+
+@pytest.mark.urls(__name__)
+@pytest.mark.parametrize(
+    ("charge", "ask", "header"),
+    [
+        pytest.param("/keyed/", "/keyed-status/", "HTTP_X_API_KEY", id="api-key"),
+        pytest.param("/machine/", "/machine-status/", "HTTP_AUTHORIZATION", id="token-no-user"),
+    ],
+)
+def test_a_client_authenticated_by_a_credential_without_a_user_asks_about_its_own(
+    api: APIClient, charge: str, ask: str, header: str
+) -> None:
+    # (AnonymousUser, credential): default_tenant names the client by its
+    # credential, so its requests are protected; it may ask what became of them.
+    if header == "HTTP_AUTHORIZATION":
+        mine = f"Token {TokenFactory.create().key}"
+        theirs = f"Token {TokenFactory.create().key}"
+    else:
+        mine, theirs = "key-of-mine", "key-of-theirs"
+    client = client_with(header, mine)
+    first = post(client, charge, {"amount": 3}, "k1")
+    assert first.status_code == 201, first.content
+
+    answer = status_at(client, ask, "k1")
+    elsewhere = status_at(client_with(header, theirs), ask, "k1")
+    nobody = status_at(api, ask, "k1")
+
+    assert answer.status_code == 200, answer.content
+    assert answer.json()["response"]["body"] == {"charged": 3}
+    assert elsewhere.status_code == 404
+    assert nobody.status_code in (401, 403)
 
 
 @pytest.mark.parametrize(

@@ -243,6 +243,24 @@ def test_rotation_goes_on_past_a_record_no_key_decrypts_and_fails_with_a_summary
     assert post(api, URL, {"amount": 2}, "readable-key").content == readable.content
 
 
+def test_rotation_prints_an_unreadable_records_scope_with_control_characters_escaped(
+    api: APIClient, settings: Any
+) -> None:
+    settings.IDEMPOTENCY = {"ENCRYPTION_KEYS": [Fernet.generate_key().decode()]}
+    post(api, URL, {"amount": 1}, "unreadable-key")
+    # A tenant may come from the client (a header, a subdomain): stored as given.
+    IdempotencyRecord.objects.update(tenant="acme\x1b]0;owned\x07\r", operation="POST \x1b[2J")
+
+    settings.IDEMPOTENCY = {"ENCRYPTION_KEYS": [NEW]}
+    err = StringIO()
+    with pytest.raises(CommandError):
+        call_command("idempotency_rotate_keys", stdout=StringIO(), stderr=err)
+
+    printed = err.getvalue()
+    assert [char for char in printed if not char.isprintable() and char != "\n"] == []
+    assert "(acme\\x1b]0;owned\\x07\\r / POST \\x1b[2J / unreadable-key)" in printed
+
+
 def test_an_unflagged_body_is_plaintext_even_when_a_configured_key_decrypts_it(
     api: APIClient, settings: Any
 ) -> None:

@@ -526,6 +526,26 @@ def test_the_command_dry_run_says_when_no_lease_runs(operation: str) -> None:
     )
 
 
+def test_the_command_dry_run_prints_stored_text_with_its_control_characters_escaped() -> None:
+    # A tab would forge a column, ESC and CR act on the operator's terminal.
+    hostile = "POST \x1b[2J\tCLAIMED\trelease\rok\nstatus"
+    record = stale(State.UNCERTAIN, hostile)
+    try:
+        output = run_command("--dry-run")
+    finally:
+        recovery._reconcilers.pop(hostile, None)
+
+    row = output.splitlines()[0]
+    assert [char for char in output if not char.isprintable() and char not in "\t\n"] == []
+    assert row.split("\t") == [
+        str(record.pk),
+        "UNCERTAIN",
+        "POST \\x1b[2J\\tCLAIMED\\trelease\\rok\\nstatus",
+        record.key,
+        "no reconciler",
+    ]
+
+
 def test_the_command_settles_and_prints_the_counts(mixed: dict[str, IdempotencyRecord]) -> None:
     output = run_command()
 

@@ -25,6 +25,7 @@ from django_idempotency._store.clock import to_the_second
 from django_idempotency._store.routing import records_database_named
 from django_idempotency.census import Census, take_census
 from django_idempotency.management.arguments import add_database_argument
+from django_idempotency.management.terminal import printable
 from django_idempotency.models import UNRESOLVED_STATES, IdempotencyRecord
 
 HEALTHY, THRESHOLD_CROSSED, UNREADABLE, USAGE_ERROR = 0, 1, 2, 3
@@ -121,7 +122,7 @@ def crossed(taken: Census, options: dict[str, Any]) -> list[Crossed]:
         "--max-purge-backlog", taken.purge_backlog, f"purge backlog {at_least}{taken.purge_backlog}"
     )
     if options["fail_on_unreconciled"] and taken.unreconciled_operations:
-        names = ", ".join(taken.unreconciled_operations)
+        names = ", ".join(map(printable, taken.unreconciled_operations))
         found.append(
             Crossed(
                 taken.database,
@@ -235,7 +236,10 @@ class Command(BaseCommand):
                 # take an alias missing from DATABASES for a crossed threshold.
                 if not isinstance(exc, DatabaseError):
                     logger.exception("Could not take the census of %r.", alias)
-                entries.append((alias, None, " ".join(str(exc).split()) or type(exc).__name__))
+                # On one line, and without what a terminal acts on: a
+                # database's message may quote stored values.
+                text = printable(" ".join(str(exc).split()))
+                entries.append((alias, None, text or type(exc).__name__))
         found = [item for _, taken, _ in entries if taken for item in crossed(taken, options)]
         unreadable = [alias for alias, taken, _ in entries if taken is None]
         status = UNREADABLE if unreadable else THRESHOLD_CROSSED if found else HEALTHY
@@ -290,7 +294,7 @@ class Command(BaseCommand):
             if taken.unreconciled_operations:
                 self.stdout.write(
                     "  no reconciler for operations with IN_PROGRESS or UNCERTAIN records: "
-                    + ", ".join(taken.unreconciled_operations)
+                    + ", ".join(map(printable, taken.unreconciled_operations))
                 )
         for item in found:
             self.stdout.write(f"THRESHOLD CROSSED {item.database}: {item.text} ({item.option})")

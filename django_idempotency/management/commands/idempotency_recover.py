@@ -9,6 +9,7 @@ from django_idempotency._observability import recording
 from django_idempotency._store.clock import to_the_second
 from django_idempotency._store.routing import record_databases
 from django_idempotency.management.arguments import add_database_argument, positive_int
+from django_idempotency.management.terminal import printable
 
 
 class Command(BaseCommand):
@@ -45,8 +46,8 @@ class Command(BaseCommand):
                 )
                 where = f"{record._state.db}\t" if several else ""
                 self.stdout.write(
-                    f"{where}{record.pk}\t{record.state}\t{record.operation}\t{record.key}\t"
-                    f"{action}"
+                    f"{where}{record.pk}\t{record.state}\t{printable(record.operation)}\t"
+                    f"{printable(record.key)}\t{action}"
                 )
             self.stdout.write(f"{len(stale)} stale record(s) would be handled (dry run).")
             # Why an unresolved record is not listed: somebody holds it, for now.

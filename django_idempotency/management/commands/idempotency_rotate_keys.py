@@ -8,6 +8,7 @@ from django_idempotency import _store as store
 from django_idempotency._store.routing import records_database_named
 from django_idempotency.conf import idempotency_settings
 from django_idempotency.management.arguments import add_database_argument, positive_int
+from django_idempotency.management.terminal import printable
 
 
 class Command(BaseCommand):
@@ -39,10 +40,10 @@ class Command(BaseCommand):
                 encrypted += batch.encrypted
                 for pk, scope in batch.unreadable:
                     unreadable += 1
+                    shown = " / ".join(map(printable, (scope.tenant, scope.operation, scope.key)))
                     self.stderr.write(
-                        f"record {pk}{where} ({scope.tenant} / {scope.operation} / "
-                        f"{scope.key}): none of ENCRYPTION_KEYS decrypts its response; "
-                        "left as it is"
+                        f"record {pk}{where} ({shown}): none of ENCRYPTION_KEYS decrypts its "
+                        "response; left as it is"
                     )
                 if batch.last == after:
                     break
