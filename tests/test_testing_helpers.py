@@ -58,16 +58,29 @@ def reconciler() -> Iterator[list[str]]:
     del recovery._reconcilers["POST api-view/external"]
 
 
-@pytest.mark.not_under(
-    "atomic-requests",
-    reason="a non-exempt @api_view claims inside the request transaction (W002)",
-)
-@pytest.mark.not_under(
-    "repeatable-read",
-    reason="begin_external() is refused above READ COMMITTED on PostgreSQL (IsolationNotSupported)",
-    databases=("postgres",),
-)
-@pytest.mark.postgres
+#: Where a crash after begin_external() leaves a committed intent behind.
+CRASHES_LEAVE_AN_INTENT = [
+    pytest.mark.not_under(
+        "atomic-requests",
+        reason="a non-exempt @api_view claims inside the request transaction (W002)",
+    ),
+    pytest.mark.not_under(
+        "repeatable-read",
+        reason="begin_external() is refused above READ COMMITTED on PostgreSQL "
+        "(IsolationNotSupported)",
+        databases=("postgres",),
+    ),
+    pytest.mark.postgres,
+]
+
+
+def crashes_leave_an_intent(test: Any) -> Any:
+    for mark in CRASHES_LEAVE_AN_INTENT:
+        test = mark(test)
+    return test
+
+
+@crashes_leave_an_intent
 def test_a_simulated_crash_leaves_the_intent_for_the_reconciler(
     api: APIClient, reconciler: list[str]
 ) -> None:
@@ -117,7 +130,7 @@ def steps_of_the_record() -> dict[str, str]:
     )
 
 
-@pytest.mark.postgres
+@crashes_leave_an_intent
 def test_a_simulated_crash_after_a_given_steps_begin_external_lets_the_steps_before_it_run(
     api: APIClient,
 ) -> None:
@@ -128,7 +141,7 @@ def test_a_simulated_crash_after_a_given_steps_begin_external_lets_the_steps_bef
     assert Charge.objects.count() == 0  # the view's writes died with it
 
 
-@pytest.mark.postgres
+@crashes_leave_an_intent
 @pytest.mark.parametrize(
     ("step", "kept"),
     [
@@ -148,7 +161,7 @@ def test_a_simulated_crash_after_a_given_steps_call_keeps_the_id_it_recorded(
     assert Charge.objects.count() == 0
 
 
-@pytest.mark.postgres
+@crashes_leave_an_intent
 def test_a_simulated_crash_after_the_one_calls_id_leaves_it_for_the_reconciler(
     api: APIClient,
 ) -> None:
@@ -183,7 +196,7 @@ class ProviderDouble:
         raise SimulatedCrash("killed while the provider's answer was on its way")
 
 
-@pytest.mark.postgres
+@crashes_leave_an_intent
 def test_a_client_double_raising_simulated_crash_dies_between_the_call_and_its_id(
     api: APIClient, monkeypatch: pytest.MonkeyPatch
 ) -> None:
