@@ -133,4 +133,6 @@ def check_tombstones(app_configs: Any = None, **kwargs: Any) -> list[CheckMessag
     if not isinstance(user_settings, Mapping):
         return []  # E001's to report
     return list(store.check_late_retries(user_settings, registered_operations()))
+
+
 check_celery_timeouts = register(Tags.compatibility)(protection.check_celery_timeouts)
