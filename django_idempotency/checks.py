@@ -38,6 +38,7 @@ __all__ = [
     "check_optimistic_views",
     "check_prometheus_directory",
     "check_settings",
+    "check_tombstones",
 ]
 
 
@@ -124,4 +125,18 @@ check_intent_databases_reach_the_records = register(Tags.database)(
 check_prometheus_directory = register(Tags.compatibility, deploy=True)(
     observability.check_prometheus_directory
 )
+
+
+@register(Tags.compatibility)
+def check_tombstones(app_configs: Any = None, **kwargs: Any) -> list[CheckMessage]:
+    """W023: reconcilers are registered (the project calls providers), TOMBSTONE_TTL unset."""
+    # Reconcilers are registered in AppConfig.ready(): all of them by now.
+    from django_idempotency.recovery import registered_operations
+
+    user_settings = getattr(settings, "IDEMPOTENCY", {})
+    if not isinstance(user_settings, Mapping):
+        return []  # E001's to report
+    return list(store.check_late_retries(user_settings, registered_operations()))
+
+
 check_celery_timeouts = register(Tags.compatibility)(protection.check_celery_timeouts)

@@ -405,14 +405,16 @@ class IdempotencySettings:
     TOMBSTONE_TTL = Setting(
         None,
         _optional_duration,
-        checks=("E035",),
+        checks=("E035", "W023"),
         default_note=": no tombstones",
         doc="How long a key stays refused after its record's retention (`expires_at`) has "
         "passed: a retry of the same request then gets 422 `idempotency_key_expired` instead "
         "of running again, one of other input 422 `idempotency_key_reused`. The purge drops "
         "the stored response and keeps the record's scope and fingerprint (a tombstone) "
         "until `expires_at` plus `TOMBSTONE_TTL`, then deletes it. `None`: past retention a "
-        "key starts a new operation. See [Expired keys](ttl-and-lease.md#expired-keys).",
+        "key starts a new operation. A storage decision, off by default; a project that "
+        "registers reconcilers (it calls providers) is asked to make it (W023) until the key "
+        "is set, to a duration or to `None`. See [Expired keys](ttl-and-lease.md#expired-keys).",
     )
     ADVERTISE_RETENTION = Setting(
         False,

@@ -281,7 +281,7 @@ class IdempotencyContext:
                 span.set_attribute("idempotency.step", step)
                 provider_key = self._begin_step(step, held_for)
         self.external_begun = True
-        if crash_requested():
+        if crash_requested("begin_external", step):
             raise SimulatedCrash(self._held.scope)
         return provider_key
 
@@ -350,17 +350,19 @@ class IdempotencyContext:
             store.set_provider_operation(
                 self._held, self.provider_operation_id, lease=idempotency_settings.LEASE
             )
-            return
-        begun = self._begun_steps.get(step)
-        if begun is None:
-            raise ValueError(
-                f"set_provider_operation(step={step!r}) needs begin_external(step={step!r}) "
-                "first, in this request: the intent commits before the call."
+        else:
+            begun = self._begun_steps.get(step)
+            if begun is None:
+                raise ValueError(
+                    f"set_provider_operation(step={step!r}) needs begin_external(step={step!r}) "
+                    "first, in this request: the intent commits before the call."
+                )
+            store.set_step_provider_operation(
+                self._held, step, str(operation_id), lease=idempotency_settings.LEASE
             )
-        store.set_step_provider_operation(
-            self._held, step, str(operation_id), lease=idempotency_settings.LEASE
-        )
-        begun.provider_operation_id = str(operation_id)
+            begun.provider_operation_id = str(operation_id)
+        if crash_requested("set_provider_operation", step):
+            raise SimulatedCrash(self._held.scope)
 
     def renew_lease(self) -> None:
         """Extend the lease to at least now + ``IDEMPOTENCY["LEASE"]``; call it in long views.

@@ -2,8 +2,9 @@
 
 ``assert_protected`` checks a view's contract with Django's test client;
 ``fire_duplicates`` sends real concurrent duplicates at a live server (for
-example pytest-django's ``live_server``); ``simulate_crash_after_begin_external``
-and ``expire_leases`` let you test your reconcilers.
+example pytest-django's ``live_server``); ``simulate_crash_after_begin_external``,
+``simulate_crash_after_set_provider_operation`` and ``expire_leases`` let
+you test your reconcilers.
 """
 
 from __future__ import annotations
@@ -35,16 +36,17 @@ __all__ = [
     "expire_leases",
     "fire_duplicates",
     "simulate_crash_after_begin_external",
+    "simulate_crash_after_set_provider_operation",
 ]
 
 
 @contextmanager
-def simulate_crash_after_begin_external() -> Iterator[None]:
-    """Make the next ``begin_external()`` on this thread "kill the process".
+def simulate_crash_after_begin_external(*, step: str | None = None) -> Iterator[None]:
+    """Make a ``begin_external()`` on this thread "kill the process".
 
-    The intent commits (IN_PROGRESS and the provider key), then
-    ``SimulatedCrash`` is raised: the view's transaction rolls back and the
-    record is left behind exactly as a worker dying mid-call leaves it.
+    The intent commits (IN_PROGRESS and the provider key, or the step's row),
+    then ``SimulatedCrash`` is raised: the view's transaction rolls back and
+    the record is left behind exactly as a worker dying mid-call leaves it.
     Catch ``SimulatedCrash`` around the request, then ``expire_leases()``
     and run ``recover_stale_records()`` to exercise your reconciler.
 
@@ -52,16 +54,54 @@ def simulate_crash_after_begin_external() -> Iterator[None]:
     inside the view's transaction (one writer at a time), so a crash leaves
     a CLAIMED record that recovery releases without asking the reconciler.
 
+    Args:
+        step: Crash at ``begin_external(step=step)``: the steps begun before
+            it run (and call their provider) as usual. ``None``: at the
+            first ``begin_external()``, whatever its step.
+
     Raises:
         ImproperlyConfigured: A database holding records is SQLite.
     """
+    _refuse_sqlite("simulate_crash_after_begin_external()")
+    with armed("begin_external", step):
+        yield
+
+
+@contextmanager
+def simulate_crash_after_set_provider_operation(*, step: str | None = None) -> Iterator[None]:
+    """Make a ``set_provider_operation()`` on this thread "kill the process".
+
+    The crash after a call: the provider did the work and answered, the
+    view committed the provider's id, then the process died before the
+    response was stored. The record is left IN_PROGRESS with that id (the
+    record's, or the step's), as after ``simulate_crash_after_begin_external``;
+    your reconciler finds it there.
+
+    To die between the provider's answer and ``set_provider_operation()``
+    (the provider charged, its id never recorded), have your provider
+    client's test double raise ``SimulatedCrash`` after doing the work.
+
+    Needs PostgreSQL or MySQL/MariaDB, as ``simulate_crash_after_begin_external``.
+
+    Args:
+        step: Crash at ``set_provider_operation(..., step=step)``: the steps
+            before it run to their end. ``None``: at the first
+            ``set_provider_operation()``, whatever its step.
+
+    Raises:
+        ImproperlyConfigured: A database holding records is SQLite.
+    """
+    _refuse_sqlite("simulate_crash_after_set_provider_operation()")
+    with armed("set_provider_operation", step):
+        yield
+
+
+def _refuse_sqlite(helper: str) -> None:
     if any(connections[alias].vendor == "sqlite" for alias in record_databases()):
         raise ImproperlyConfigured(
-            "simulate_crash_after_begin_external() needs PostgreSQL or MySQL/MariaDB: on "
-            "SQLite a crash leaves a CLAIMED record and no reconciler is asked."
+            f"{helper} needs PostgreSQL or MySQL/MariaDB: on SQLite a crash leaves a "
+            "CLAIMED record and no reconciler is asked."
         )
-    with armed():
-        yield
 
 
 def expire_leases() -> int:

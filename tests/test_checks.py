@@ -26,6 +26,7 @@ from django_idempotency.checks import (
     check_operations,
     check_optimistic_views,
     check_settings,
+    check_tombstones,
 )
 from django_idempotency.drf import IdempotentMixin
 from django_idempotency.models import IdempotencyRecord
@@ -131,7 +132,8 @@ def test_an_invalid_setting_is_reported_by_the_registered_checks_without_a_crash
 
     with override_settings(IDEMPOTENCY=settings_value):
         messages = run_checks(tags=["compatibility"])
-    about_settings = [m for m in messages if m.obj is None]
+    # The demo app's reconcilers make W023 ask for a decision on TOMBSTONE_TTL.
+    about_settings = [m for m in messages if m.obj is None and m.id != "django_idempotency.W023"]
     assert [m.id for m in about_settings if str(m.id).startswith("django_idempotency.")] == [
         f"django_idempotency.{expected}"
     ]
@@ -150,6 +152,7 @@ def test_every_check_is_registered_with_its_tag() -> None:
         "check_optimistic_views": "urls",
         "check_operations": "urls",
         "check_intent_databases_reach_the_records": "database",
+        "check_tombstones": "compatibility",
     }
     assert set(tags) == set(checks.__all__)
     registered = registry.registry.registered_checks | registry.registry.deployment_checks
@@ -234,6 +237,7 @@ def test_api_view_under_atomic_requests_is_warned_about(atomic_requests: None) -
         "api-view/optimistic",
         "api-view/optional",
         "api-view/probe",
+        "api-view/provider-charge",
         "api-view/steps",
         "cbv/own-dispatch",
         "keyed/body-field",
@@ -301,6 +305,62 @@ def reconcilers(monkeypatch: pytest.MonkeyPatch) -> Callable[..., None]:
             recovery.register_reconciler(operation)(settle)
 
     return register
+
+
+@pytest.mark.parametrize("idempotency", [{}, {"TTL": 3600, "LEASE": 60}])
+def test_reconcilers_without_a_decision_on_tombstones_are_warned_about(
+    reconcilers: Callable[..., None], idempotency: dict[str, Any], settings: Any
+) -> None:
+    """A project that calls providers runs a late retry again once its record is purged."""
+    settings.IDEMPOTENCY = idempotency
+    reconcilers("POST api-view/external", "task tests.payout")
+
+    [warning] = check_tombstones()
+
+    assert warning.id == "django_idempotency.W023"
+    assert "2 operations" in str(warning.msg) and "runs it again" in str(warning.msg)
+    assert "TOMBSTONE_TTL" in str(warning.hint) and " bytes " in str(warning.hint)
+
+
+@pytest.mark.parametrize(
+    "idempotency",
+    [
+        {"TOMBSTONE_TTL": timedelta(days=30)},
+        {"TOMBSTONE_TTL": None},  # decided: no tombstones
+        {"TOMBSTONE_TTL": "a month"},  # E035 speaks
+        "not a dict",  # E001 speaks
+    ],
+)
+def test_a_decision_on_tombstones_silences_the_warning(
+    reconcilers: Callable[..., None], idempotency: Any, settings: Any
+) -> None:
+    settings.IDEMPOTENCY = idempotency
+    reconcilers("POST api-view/external")
+
+    assert check_tombstones() == []
+
+
+def test_without_reconcilers_tombstones_are_not_asked_about(
+    reconcilers: Callable[..., None], settings: Any
+) -> None:
+    settings.IDEMPOTENCY = {}
+    reconcilers()
+
+    assert check_tombstones() == []
+
+
+# Django 6.1's check command also runs database checks, on every alias.
+@pytest.mark.django_db(databases="__all__")
+def test_manage_py_check_asks_about_tombstones(
+    reconcilers: Callable[..., None], settings: Any
+) -> None:
+    settings.IDEMPOTENCY = {}
+    reconcilers("POST api-view/external")
+    output = StringIO()
+
+    call_command("check", stdout=output, stderr=output)
+
+    assert "django_idempotency.W023" in output.getvalue()
 
 
 def warnings_of(check: Callable[[], list[CheckMessage]]) -> list[tuple[str, str, str]]:

@@ -452,14 +452,16 @@ def test_the_timeout_checks_see_the_lease_through_celerys_autoretry_wrapper(
     """The layout the docs show: ``autoretry_for`` replaces ``task.run`` with Celery's wrapper."""
     celery_app.conf.broker_transport_options = {"visibility_timeout": 45}
 
-    @celery_app.task(  # type: ignore[untyped-decorator]
-        name="check.payout",
-        shared=False,
-        bind=bind,
-        acks_late=True,
-        autoretry_for=(TaskInProgress,),
-        time_limit=60,
-    )
+    options: dict[str, Any] = {
+        "name": "check.payout",
+        "shared": False,
+        "bind": bind,
+        "acks_late": True,
+        "autoretry_for": (TaskInProgress,),
+        "time_limit": 60,
+    }
+
+    @celery_app.task(**options)  # type: ignore[untyped-decorator]
     @idempotent_task(key="refund_id", operation="task check.refund", lease=30)
     def refund(*args: Any) -> None:
         return None

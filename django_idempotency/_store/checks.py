@@ -3,14 +3,14 @@
 ``DATABASE`` and the routers (E008, E023), the record databases' SQLite
 transaction mode (W003) and MySQL clock (W007), ``INTENT_DATABASES``
 (E030, E031, E033, W010, and the database check E032), the encryption and
-digest keys (E018, E021), ``REDACT`` (E017) and ``TOMBSTONE_TTL`` (E035).
-Registered by ``django_idempotency.checks``.
+digest keys (E018, E021), ``REDACT`` (E017) and ``TOMBSTONE_TTL`` (E035,
+and W023 with the reconcilers). Registered by ``django_idempotency.checks``.
 """
 
 from __future__ import annotations
 
 import re
-from collections.abc import Iterator, Mapping
+from collections.abc import Iterator, Mapping, Sequence
 from typing import Any
 
 from django.conf import settings
@@ -254,6 +254,36 @@ def _check_database_clock(alias: Any) -> Iterator[CheckMessage]:
 
 
 CONFIGURATION_CHECKS: tuple[ConfigurationCheck, ...] = (_check_record_databases,)
+
+#: What a tombstone keeps on PostgreSQL, heap and indexes, measured by
+#: benchmarks/tombstone_size.py (a payment's record: one provider call, its
+#: id; docs/ttl-and-lease.md gives the figures with steps).
+TOMBSTONE_BYTES = 770
+
+
+def check_late_retries(
+    user_settings: Mapping[str, Any], reconciled: Sequence[str]
+) -> Iterator[CheckMessage]:
+    """W023: operations that call providers, and no decision on ``TOMBSTONE_TTL``.
+
+    ``reconciled``: the operations with a reconciler, which is how a project
+    says it calls providers. Keeping tombstones is a storage decision, so it
+    stays off by default; left unset, it is asked for once, and an explicit
+    ``None`` is the answer "no tombstones".
+    """
+    if not reconciled or "TOMBSTONE_TTL" in user_settings:
+        return
+    yield Warning(
+        f"Reconcilers are registered for {len(reconciled)} operations (the project calls "
+        "providers), but IDEMPOTENCY['TOMBSTONE_TTL'] is not set: once a record's "
+        "retention (TTL) has ended and the purge deleted it, a late retry of the same key "
+        "and body runs it again (a second payment).",
+        hint="Set IDEMPOTENCY['TOMBSTONE_TTL'] (timedelta(days=30), say) to refuse such "
+        "retries with 422 idempotency_key_expired for that long; each tombstone keeps about "
+        f"{TOMBSTONE_BYTES} bytes on PostgreSQL. Or set it to None to keep none (a late "
+        "retry then runs again): see the settings reference, TOMBSTONE_TTL.",
+        id="django_idempotency.W023",
+    )
 
 
 #: The database a connection reached, as its server tells: the same answer

@@ -127,6 +127,10 @@ IDEMPOTENCY = {
     "TENANT": "django_idempotency.scope.default_tenant",
     "IN_FLIGHT": "conflict",
     "FAIL_OPEN": False,
+    # No tombstones: a retry after TTL runs again. Set because the demo
+    # registers reconcilers, and system check W023 asks such a project to
+    # decide (docs/ttl-and-lease.md, "Expired keys").
+    "TOMBSTONE_TTL": None,
 }
 
 # Webhook signing secrets (payments/stripe_webhooks.py, github_webhooks.py).

@@ -34,6 +34,7 @@ urlpatterns = [
     path("probe", views.TransactionProbeView.as_view()),
     path("api-view/external", views.api_view_external_call),
     path("api-view/steps", views.api_view_steps),
+    path("api-view/provider-charge", views.api_view_provider_charge),
     path("api-view/unprotected", views.api_view_unprotected),
     path("api-view/optimistic", optimistic_views.api_view_optimistic),
     path("mixin/optimistic", optimistic_views.OptimisticMixinView.as_view()),

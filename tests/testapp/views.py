@@ -364,6 +364,35 @@ def api_view_external_call(request: Request) -> Response:
     )
 
 
+class Provider:
+    """A payment provider in this process: one charge per idempotency key.
+
+    Tests replace ``provider`` with a double of their own (one that "dies"
+    mid-call, say), as a project's tests replace its provider client.
+    """
+
+    def __init__(self) -> None:
+        self.charges: dict[str, str] = {}
+
+    def charge(self, amount: int, idempotency_key: str) -> str:
+        return self.charges.setdefault(idempotency_key, f"ch_{len(self.charges) + 1}")
+
+
+provider = Provider()
+
+
+@api_view(["POST"])
+@idempotent
+def api_view_provider_charge(request: Request) -> Response:
+    """A charge through ``provider``, as the docs write it: intent, call, then the call's id."""
+    amount = int(data_of(request).get("amount", 0))
+    Charge.objects.create(tenant="provider", amount=amount)
+    claim = idempotency_of(request)
+    charge_id = provider.charge(amount, idempotency_key=claim.begin_external())
+    claim.set_provider_operation(charge_id)
+    return Response({"charge": charge_id}, status=201)
+
+
 @api_view(["POST"])
 @idempotent
 def api_view_steps(request: Request) -> Response:
