@@ -1,4 +1,4 @@
-"""Adding and removing an index on a large, busy table without blocking its writes.
+"""Changing a large, busy table without blocking its writes: indexes and nullable columns.
 
 A plain ``CREATE INDEX`` on PostgreSQL holds a SHARE lock on the table for
 the whole build: every INSERT and UPDATE waits, which for the records' table
@@ -46,7 +46,22 @@ begun at the same instant, before either has made its index, deadlock in
 PostgreSQL itself, one of them failing with "deadlock detected": migrate
 again.)
 
-Both operations subclass ``IndexOperation``, not ``AddIndex`` and
+``AddFieldWithoutBlocking`` adds a nullable column without a default,
+which no database rewrites the table for: a change of the catalog only.
+What it must still not do is wait in the table's lock queue. ``ALTER
+TABLE`` needs the table's strongest lock for an instant, and waits for it
+behind every transaction that has touched the table (a view's transaction,
+open for as long as the view runs); every claim that comes after queues
+behind the waiting ``ALTER``. So each attempt waits at most ``lock_wait``
+(PostgreSQL's ``lock_timeout``, MySQL's and MariaDB's ``lock_wait_timeout``),
+gives up, lets the queue drain and tries again, ``attempts`` times, then
+fails naming what to look at. On MySQL and MariaDB the column is added
+``ALGORITHM=INSTANT``, so that the server refuses rather than copies the
+table should it ever not be able to; SQLite adds it with ``ALTER TABLE ADD
+COLUMN`` (Django rebuilds the table only for a column that is not
+nullable or has a default, and a rebuild would drop 0006's trigger).
+
+The index operations subclass ``IndexOperation``, not ``AddIndex`` and
 ``RemoveIndex``: Django's ``CreateModel.reduce()`` takes any ``AddIndex``
 into the new model's ``Meta.indexes``, and ``squashmigrations`` would then
 build the index inside the table's creation, on every database (losing
@@ -64,17 +79,22 @@ all of them.
 from __future__ import annotations
 
 import logging
+import math
 import time
-from collections.abc import Callable, Iterable, Sequence
+from collections.abc import Callable, Iterable, Iterator, Sequence
+from contextlib import contextmanager
 from dataclasses import dataclass
+from datetime import timedelta
 from typing import Any
 
-from django.db import models, transaction
+from django.db import OperationalError, models, transaction
 from django.db.migrations.operations.base import OperationCategory
+from django.db.migrations.operations.fields import AddField
 from django.db.migrations.operations.models import IndexOperation
 from django.db.migrations.state import ProjectState
+from django.db.models.fields import NOT_PROVIDED
 
-__all__ = ["AddIndexWithoutBlocking", "RemoveIndexWithoutBlocking"]
+__all__ = ["AddFieldWithoutBlocking", "AddIndexWithoutBlocking", "RemoveIndexWithoutBlocking"]
 
 #: Appended to MySQL's and MariaDB's CREATE INDEX: online, or an error.
 _ONLINE = " ALGORITHM=INPLACE LOCK=NONE"
@@ -360,3 +380,177 @@ class RemoveIndexWithoutBlocking(_WithoutBlocking, IndexOperation):
 
     def reduce(self, operation: Any, app_label: str) -> Any:
         return False
+
+
+class AddFieldWithoutBlocking(AddField):
+    """``AddField`` of a nullable column without a default, its wait for the table bounded.
+
+    Each attempt at the ``ALTER TABLE`` waits at most ``lock_wait`` for the
+    table's lock (claims queue behind a waiting ``ALTER`` no longer than
+    that); ``attempts`` attempts, with a growing pause between them, then
+    an error. Going back drops the column the same way.
+
+    Args:
+        model_name: As for ``AddField``.
+        name: As for ``AddField``.
+        field: A nullable field with neither ``default`` nor ``db_default``,
+            not unique, not indexed and no relation: what every supported
+            database adds without touching the table's rows.
+        preserve_default: As for ``AddField``.
+
+    Raises:
+        ValueError: ``field`` is none of those: use ``AddField``, and see
+            docs/upgrading.md for what it costs a busy table.
+    """
+
+    #: How long one attempt waits for the table's lock.
+    lock_wait = timedelta(seconds=1)
+    attempts = 30
+    #: The pause after the n-th failed attempt is n times this, at most ``_LONGEST_PAUSE``.
+    pause = 0.2
+
+    def __init__(
+        self,
+        model_name: str,
+        name: str,
+        field: models.Field[Any, Any],
+        preserve_default: bool = True,
+    ) -> None:
+        problem = _why_not_catalog_only(field)
+        if problem:
+            raise ValueError(
+                f"{type(self).__name__}({model_name!r}, {name!r}) adds only a nullable column "
+                f"without a default, which no database rewrites the table for; this field "
+                f"{problem}. Use AddField (docs/upgrading.md says what it costs a busy table)."
+            )
+        super().__init__(model_name, name, field, preserve_default)
+
+    def database_forwards(
+        self, app_label: str, schema_editor: Any, from_state: ProjectState, to_state: ProjectState
+    ) -> None:
+        to_model = to_state.apps.get_model(app_label, self.model_name)
+        if not self.allow_migrate_model(schema_editor.connection.alias, to_model):
+            return
+        from_model = from_state.apps.get_model(app_label, self.model_name)
+        field = to_model._meta.get_field(self.name)
+        self._bounded(schema_editor, lambda: _add_column(schema_editor, from_model, field))
+
+    def database_backwards(
+        self, app_label: str, schema_editor: Any, from_state: ProjectState, to_state: ProjectState
+    ) -> None:
+        from_model = from_state.apps.get_model(app_label, self.model_name)
+        if not self.allow_migrate_model(schema_editor.connection.alias, from_model):
+            return
+        field = from_model._meta.get_field(self.name)
+        self._bounded(schema_editor, lambda: schema_editor.remove_field(from_model, field))
+
+    def describe(self) -> str:
+        return f"Add field {self.name} to {self.model_name} without queueing writes behind it"
+
+    def _bounded(self, schema_editor: Any, change: Callable[[], None]) -> None:
+        connection = schema_editor.connection
+        if schema_editor.collect_sql or connection.vendor not in _LOCK_WAITS:
+            change()  # sqlmigrate prints the change itself; SQLite has no lock queue
+            return
+        for attempt in range(1, self.attempts + 1):
+            try:
+                with _LOCK_WAITS[connection.vendor](connection, self.lock_wait):
+                    change()
+                return
+            except OperationalError as exc:
+                if not _ran_out_of_lock_wait(exc, connection.vendor):
+                    raise
+                if attempt == self.attempts:
+                    raise OperationalError(
+                        f"{self.describe()}: the table's lock was not free within "
+                        f"{self.lock_wait.total_seconds():g} s in any of {self.attempts} "
+                        "attempts. A long transaction holds the table (PostgreSQL: "
+                        "pg_stat_activity, pg_locks; MySQL/MariaDB: SHOW PROCESSLIST, "
+                        "information_schema.innodb_trx); migrate again once it ended."
+                    ) from exc
+                logger.warning(
+                    "%s: the table's lock was not free within %g s (attempt %d of %d): "
+                    "a transaction holds the table; trying again.",
+                    self.describe(),
+                    self.lock_wait.total_seconds(),
+                    attempt,
+                    self.attempts,
+                )
+                time.sleep(min(self.pause * attempt, _LONGEST_PAUSE))
+
+
+_LONGEST_PAUSE = 5.0
+
+
+def _why_not_catalog_only(field: models.Field[Any, Any]) -> str:
+    if not field.null:
+        return "is not nullable"
+    if field.has_default() or field.db_default is not NOT_PROVIDED:
+        return "has a default"
+    if field.unique or field.primary_key or getattr(field, "db_index", False):
+        return "is unique or indexed"
+    if field.is_relation:
+        return "is a relation"
+    return ""
+
+
+def _add_column(schema_editor: Any, model: type[models.Model], field: Any) -> None:
+    if schema_editor.connection.vendor != "mysql":
+        schema_editor.add_field(model, field)
+        return
+    definition, params = schema_editor.column_sql(model, field, include_default=False)
+    statement = schema_editor.sql_create_column % {
+        "table": schema_editor.quote_name(model._meta.db_table),
+        "column": schema_editor.quote_name(field.column),
+        "definition": definition,
+    }
+    # params=None unless there are some: with () the driver would %-format it.
+    schema_editor.execute(f"{statement}, ALGORITHM=INSTANT", params=params or None)
+
+
+@contextmanager
+def _postgresql_lock_wait(connection: Any, wait: timedelta) -> Iterator[None]:
+    # A savepoint in the migration's transaction (or a transaction of its
+    # own): a timed-out ALTER rolls back to it, leaving the rest intact. The
+    # setting is the transaction's, so it is put back for what follows.
+    with transaction.atomic(using=connection.alias), connection.cursor() as cursor:
+        cursor.execute("SELECT current_setting('lock_timeout')")
+        (before,) = cursor.fetchone()
+        cursor.execute(
+            "SELECT set_config('lock_timeout', %s, true)",
+            [str(max(1, round(wait.total_seconds() * 1000)))],
+        )
+        yield
+        cursor.execute("SELECT set_config('lock_timeout', %s, true)", [before])
+
+
+@contextmanager
+def _mysql_lock_wait(connection: Any, wait: timedelta) -> Iterator[None]:
+    # Whole seconds, at least one; the session's own value is put back after.
+    with connection.cursor() as cursor:
+        cursor.execute("SELECT @@SESSION.lock_wait_timeout")
+        (before,) = cursor.fetchone()
+        cursor.execute(
+            "SET SESSION lock_wait_timeout = %s", [max(1, math.ceil(wait.total_seconds()))]
+        )
+        try:
+            yield
+        finally:
+            cursor.execute("SET SESSION lock_wait_timeout = %s", [before])
+
+
+_LOCK_WAITS: dict[str, Callable[[Any, timedelta], Any]] = {
+    "postgresql": _postgresql_lock_wait,
+    "mysql": _mysql_lock_wait,
+}
+
+#: PostgreSQL's lock_not_available; MySQL's and MariaDB's ER_LOCK_WAIT_TIMEOUT.
+_LOCK_NOT_AVAILABLE = "55P03"
+_LOCK_WAIT_TIMEOUT = 1205
+
+
+def _ran_out_of_lock_wait(exc: OperationalError, vendor: str) -> bool:
+    if vendor == "mysql":
+        return bool(exc.args and exc.args[0] == _LOCK_WAIT_TIMEOUT)
+    cause = exc.__cause__  # psycopg's error: sqlstate (psycopg 3), pgcode (psycopg2)
+    return _LOCK_NOT_AVAILABLE in (getattr(cause, "sqlstate", None), getattr(cause, "pgcode", None))

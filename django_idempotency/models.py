@@ -66,6 +66,12 @@ class IdempotencyRecord(models.Model):
             and kept the scope and fingerprint until ``expires_at`` (moved on by
             ``IDEMPOTENCY["TOMBSTONE_TTL"]``), so that a late retry is refused
             (``idempotency_key_expired``) instead of running again.
+        principal_digest (str | None): A keyed digest of the principal that
+            sent the first request, ``"<version>:<hex>"``; NULL when there was
+            none (an anonymous request) or an earlier release wrote the record.
+        credential_digest (str | None): A keyed digest of the credential the
+            first request presented, kept only by views that rotate or revoke
+            it (``credential_rotation``); NULL otherwise.
     """
 
     class State(models.TextChoices):
@@ -104,6 +110,19 @@ class IdempotencyRecord(models.Model):
     #: A resolved record whose response the purge dropped (``TOMBSTONE_TTL``);
     #: not a state: it stays COMPLETED or FAILED, and only the purge sets it.
     tombstone = models.BooleanField(_("tombstone"), default=False, db_default=False)
+    # NULL, not "": nothing is known (a record of an earlier release, an
+    # anonymous request, a view that does not rotate credentials), and a
+    # NULL never equals anything, in SQL or in the digests' comparison.
+    #: A keyed digest of who sent the first request (``scope.principal_of``):
+    #: a retry DRF's permission check refuses is replayed only to that principal.
+    principal_digest = models.CharField(  # noqa: DJ001
+        _("principal digest"), max_length=FINGERPRINT_MAX_LENGTH, null=True, blank=True
+    )
+    #: A keyed digest of the credential the first request presented, kept by
+    #: views that rotate or revoke it (``credential_rotation``).
+    credential_digest = models.CharField(  # noqa: DJ001
+        _("credential digest"), max_length=FINGERPRINT_MAX_LENGTH, null=True, blank=True
+    )
 
     #: Not a column: the records database's time when ``store.lookup()`` read
     #: this record, which its lease and retention are judged against (never

@@ -26,6 +26,14 @@ uses them, in the suite's database of each pass:
 
 tests/live/test_index_build_without_blocking.py shows claims going on
 through gunicorn while 0007 builds on 1.5 million records.
+
+``AddFieldWithoutBlocking`` and migration 0008 that uses it: the digest
+columns are added and dropped on every database (on SQLite without a
+rebuild that would drop 0006's trigger, on MySQL/MariaDB
+``ALGORITHM=INSTANT``); a field that would make a database touch the rows
+is refused; on PostgreSQL and MariaDB a claim goes on while the ``ALTER
+TABLE`` waits for a transaction that holds the table, and a table held
+past every attempt fails the migration with a message, nothing changed.
 """
 
 from __future__ import annotations
@@ -52,6 +60,7 @@ from django.test import override_settings
 from django.utils import timezone
 
 from django_idempotency.migration_operations import (
+    AddFieldWithoutBlocking,
     AddIndexWithoutBlocking,
     RemoveIndexWithoutBlocking,
 )
@@ -62,6 +71,8 @@ TABLE = "django_idempotency_record"
 BRIN = "idempotency_created_brin"
 BEFORE = (APP, "0006_add_steps_and_tombstones")
 AFTER = (APP, "0007_add_created_at_brin_index")
+DIGESTS = (APP, "0008_add_principal_and_credential_digests")
+DIGEST_COLUMNS = {"principal_digest", "credential_digest"}
 #: A generic index, on every database: what a later migration of the package would add.
 UPDATED = models.Index(fields=["updated_at"], name="idempotency_updated_test")
 
@@ -813,3 +824,195 @@ def test_a_router_that_keeps_the_app_off_an_alias_keeps_0007_off_it(at_0006: Non
         # Back to 0006 without the router's say, then to the latest: the BRIN
         # index again where the other tests expect it.
         _migrate_to(BEFORE)
+
+
+# -- Columns added without queueing writes (0008) -----------------------------------------
+
+
+def columns() -> set[str]:
+    with connection.cursor() as cursor:
+        return {
+            column.name for column in connection.introspection.get_table_description(cursor, TABLE)
+        }
+
+
+def steps_trigger_exists() -> bool:
+    with connection.cursor() as cursor:
+        cursor.execute(
+            "SELECT count(*) FROM sqlite_master WHERE type = 'trigger' AND tbl_name = %s", [TABLE]
+        )
+        return bool(cursor.fetchone()[0])
+
+
+@pytest.fixture
+def at_0007() -> Iterator[None]:
+    """The records table as 0007 left it; migrated to the latest again afterwards."""
+    migrate_to(AFTER)
+    try:
+        yield
+    finally:
+        executor = MigrationExecutor(connection)
+        executor.migrate(executor.loader.graph.leaf_nodes(APP))
+
+
+@pytest.mark.django_db(transaction=True)
+def test_0008_adds_the_digest_columns_and_migrates_back_and_forth(at_0007: None) -> None:
+    assert not columns() & DIGEST_COLUMNS
+    migrate_to(DIGESTS)
+    assert columns() >= DIGEST_COLUMNS
+    migrate_to(AFTER)
+    assert not columns() & DIGEST_COLUMNS
+    if connection.vendor == "sqlite":
+        # ALTER TABLE, not Django's rebuild of the table, which drops triggers.
+        assert steps_trigger_exists()
+
+
+@pytest.mark.django_db(transaction=True)
+def test_sqlmigrate_shows_the_columns_each_database_adds() -> None:
+    out = io.StringIO()
+    call_command("sqlmigrate", APP, "0008", stdout=out)
+    printed = out.getvalue()
+    if connection.vendor == "mysql":
+        assert "ADD COLUMN `principal_digest` varchar(96) NULL, ALGORITHM=INSTANT;" in printed
+    else:
+        assert f'ALTER TABLE "{TABLE}" ADD COLUMN "principal_digest" varchar(96) NULL' in printed
+    assert "credential_digest" in printed
+
+
+@pytest.mark.parametrize(
+    ("field", "problem"),
+    [
+        (models.CharField(max_length=8), "is not nullable"),
+        (models.CharField(max_length=8, null=True, default="x"), "has a default"),
+        (models.CharField(max_length=8, null=True, db_default="x"), "has a default"),
+        (models.CharField(max_length=8, null=True, db_index=True), "is unique or indexed"),
+    ],
+    ids=["not-null", "default", "db-default", "indexed"],
+)
+def test_a_field_that_would_touch_the_rows_is_refused(
+    field: models.Field[Any, Any], problem: str
+) -> None:
+    with pytest.raises(ValueError, match=problem):
+        AddFieldWithoutBlocking("idempotencyrecord", "probe", field)
+
+
+def test_the_column_operation_is_written_and_read_back_by_djangos_migration_writer() -> None:
+    operation = AddFieldWithoutBlocking(
+        "idempotencyrecord", "probe", models.CharField(max_length=8, null=True)
+    )
+    text, imports = MigrationWriter.serialize(operation)
+    assert text.startswith("django_idempotency.migration_operations.AddFieldWithoutBlocking(")
+    assert "import django_idempotency.migration_operations" in imports
+    name, args, kwargs = operation.deconstruct()
+    assert type(operation)(*args, **kwargs).deconstruct() == (name, args, kwargs)
+
+
+class _TableHeld:
+    """Another session in a transaction that read the records table, until it ends.
+
+    Any transaction that touched the table holds a lock on it until it
+    ends (PostgreSQL's ACCESS SHARE, MariaDB's shared metadata lock): the
+    ``ALTER TABLE`` must wait for it.
+    """
+
+    def __enter__(self) -> _TableHeld:
+        self.other = connections.create_connection("default")
+        self.other.set_autocommit(False)
+        with self.other.cursor() as cursor:
+            cursor.execute(f"SELECT count(*) FROM {TABLE}")
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.other.rollback()
+        self.other.close()
+
+
+def _claim_waiting_at_most(seconds: int) -> None:
+    """A record INSERTed as a claim does, giving up after ``seconds`` of waiting for a lock."""
+    with connection.cursor() as cursor:
+        if connection.vendor == "postgresql":
+            cursor.execute(f"SET lock_timeout = '{seconds}s'")
+        else:
+            cursor.execute(f"SET SESSION lock_wait_timeout = {seconds}")
+    now = timezone.now()
+    # Only the columns 0007 has (the model's include the ones being added).
+    names = ("tenant", "operation", "key", "fingerprint", "state", "created_at", "updated_at",
+             "expires_at")  # fmt: skip
+    quoted = ", ".join(connection.ops.quote_name(name) for name in names)
+    values: list[Any] = [
+        "t",
+        "op",
+        "during-the-alter",
+        "f",
+        "CLAIMED",
+        now,
+        now,
+        now + timedelta(days=1),
+    ]
+    with connection.cursor() as cursor:
+        cursor.execute(
+            f"INSERT INTO {TABLE} ({quoted}, {connection.ops.quote_name('lease_owner')}, "
+            f"{connection.ops.quote_name('fencing_token')}, "
+            f"{connection.ops.quote_name('provider_key')}, "
+            f"{connection.ops.quote_name('provider_operation_id')}, "
+            f"{connection.ops.quote_name('response_headers')}) "
+            f"VALUES ({', '.join(['%s'] * len(names))}, '', 1, '', '', '[]')",
+            values,
+        )
+
+
+def _alter_waiting() -> int:
+    with connection.cursor() as cursor:
+        if connection.vendor == "postgresql":
+            cursor.execute(
+                "SELECT count(*) FROM pg_stat_activity WHERE wait_event_type = 'Lock' "
+                "AND query LIKE 'ALTER TABLE%%'"
+            )
+        else:
+            cursor.execute(
+                "SELECT count(*) FROM information_schema.processlist "
+                "WHERE state LIKE 'Waiting for table metadata lock%%' AND info LIKE 'ALTER TABLE%%'"
+            )
+        return int(cursor.fetchone()[0])
+
+
+@pytest.mark.django_db(transaction=True)
+def test_a_claim_goes_on_while_the_column_waits_for_a_transaction_holding_the_table(
+    at_0007: None, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Without a bound, the INSERT would queue behind the waiting ALTER until the holder ends."""
+    if connection.vendor == "sqlite":
+        pytest.skip("SQLite has no lock queue: one writer at a time")
+    monkeypatch.setattr(AddFieldWithoutBlocking, "lock_wait", timedelta(seconds=1))
+    with _TableHeld() as held:
+        migrating, done = _in_a_thread(lambda: migrate_to(DIGESTS))
+        _wait_until(lambda: _alter_waiting() >= 1, "the ALTER TABLE to wait for the holder")
+
+        _claim_waiting_at_most(30)  # raises if it queued behind the ALTER for 30 s
+
+        assert not done, done  # the holder still holds: the column is not there yet
+        held.other.rollback()
+        migrating.join(HANG)
+    assert done == [None], done
+    assert columns() >= DIGEST_COLUMNS
+    assert IdempotencyRecord.objects.filter(key="during-the-alter").exists()
+
+
+@pytest.mark.django_db(transaction=True)
+def test_a_table_held_past_every_attempt_fails_the_migration_and_changes_nothing(
+    at_0007: None, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    if connection.vendor == "sqlite":
+        pytest.skip("SQLite has no lock queue: one writer at a time")
+    monkeypatch.setattr(AddFieldWithoutBlocking, "lock_wait", timedelta(seconds=1))
+    monkeypatch.setattr(AddFieldWithoutBlocking, "attempts", 2)
+    monkeypatch.setattr(AddFieldWithoutBlocking, "pause", 0.0)
+    with _TableHeld(), pytest.raises(Exception, match="migrate again once it ended"):
+        migrate_to(DIGESTS)
+
+    assert not columns() & DIGEST_COLUMNS
+    assert DIGESTS not in MigrationExecutor(connection).loader.applied_migrations
+    with connection.cursor() as cursor:  # the session's own bound is back
+        if connection.vendor == "postgresql":
+            cursor.execute("SELECT current_setting('lock_timeout')")
+            assert cursor.fetchone()[0] == "0"
