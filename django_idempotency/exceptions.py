@@ -197,7 +197,8 @@ class KeyExpired(IdempotencyRefusal):
 class RequestInProgress(IdempotencyRefusal):
     """409 ``idempotency_request_in_progress``: a request with this key is running.
 
-    Sent with ``Retry-After``; also while the record is UNCERTAIN.
+    Sent with ``Retry-After``. (A record left UNCERTAIN runs no more: its
+    retries get ``OutcomeUncertain``.)
     """
 
     status_code = status.HTTP_409_CONFLICT
@@ -228,15 +229,18 @@ class OutcomeUncertain(IdempotencyRefusal):
 
     An external call was begun and the outcome could not be recorded, or the
     final commit was interrupted: the record is left for recovery (or is
-    already settled), and a retry with the same key learns which.
+    already settled), and a retry with the same key learns which. Retries
+    of a record left UNCERTAIN get it too, until a reconciler or an
+    operator settles it, with ``Retry-After`` saying when recovery next
+    looks at it.
     """
 
     status_code = status.HTTP_503_SERVICE_UNAVAILABLE
     default_code = "idempotency_outcome_uncertain"
     default_detail = _(
-        "The request was run, but its outcome could not be recorded: it may or may not "
-        "have taken effect. Retry later with the same Idempotency-Key to learn it; do "
-        "not send it again with a new key."
+        "The request was run, but its outcome is not known yet: it may or may not have "
+        "taken effect. Retry after the time given in Retry-After with the same "
+        "Idempotency-Key to learn it; do not send it again with a new key."
     )
 
 

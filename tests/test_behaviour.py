@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 import sys
+import time
 from datetime import timedelta
 
 import pytest
@@ -100,7 +101,7 @@ def test_query_parameters_are_part_of_the_input(api: APIClient) -> None:
     assert post(api, URL + "?currency=EUR", {"amount": 100}, "order-1").status_code == 201
 
 
-@pytest.mark.parametrize("state", [State.CLAIMED, State.IN_PROGRESS, State.UNCERTAIN])
+@pytest.mark.parametrize("state", [State.CLAIMED, State.IN_PROGRESS])
 def test_same_key_while_the_first_is_running_gets_409(api: APIClient, state: str) -> None:
     post(api, URL, {"amount": 100}, "order-1")
     IdempotencyRecord.objects.update(state=state)
@@ -111,6 +112,51 @@ def test_same_key_while_the_first_is_running_gets_409(api: APIClient, state: str
     assert response.json()["code"] == "idempotency_request_in_progress"
     assert int(response["Retry-After"]) >= 1
     assert Charge.objects.count() == 1
+
+
+@pytest.mark.parametrize(
+    ("lease_left", "retry_after"),
+    [
+        # Postponed by recovery (a provider outage): come back when it looks again.
+        (timedelta(minutes=5), range(295, 301)),
+        # Due now (its lease ended when it became UNCERTAIN): a few seconds, not 1.
+        (timedelta(minutes=-3), range(5, 6)),
+        # A reconciler's Retry(after=2 days): no longer than an hour.
+        (timedelta(days=2), range(3600, 3601)),
+    ],
+)
+def test_same_key_while_the_outcome_is_uncertain_gets_503_until_recovery_looks_again(
+    api: APIClient, lease_left: timedelta, retry_after: range
+) -> None:
+    post(api, URL, {"amount": 100}, "order-1")
+    IdempotencyRecord.objects.update(
+        state=State.UNCERTAIN, lease_owner="", lease_expires_at=timezone.now() + lease_left
+    )
+
+    response = post(api, URL, {"amount": 100}, "order-1")
+
+    assert response.status_code == 503
+    assert response.json()["code"] == "idempotency_outcome_uncertain"
+    assert int(response["Retry-After"]) in retry_after
+    assert Charge.objects.count() == 1
+
+
+def test_an_uncertain_outcome_is_answered_at_once_in_the_wait_mode(
+    api: APIClient, settings: object
+) -> None:
+    """IN_FLIGHT="wait" waits for a request to finish; nothing runs an UNCERTAIN record."""
+    post(api, URL, {"amount": 100}, "order-1")
+    IdempotencyRecord.objects.update(
+        state=State.UNCERTAIN, lease_owner="", lease_expires_at=timezone.now()
+    )
+    settings.IDEMPOTENCY = {"IN_FLIGHT": "wait", "IN_FLIGHT_WAIT": 5}  # type: ignore[attr-defined]
+
+    started = time.monotonic()
+    response = post(api, URL, {"amount": 100}, "order-1")
+
+    assert response.status_code == 503
+    assert response.json()["code"] == "idempotency_outcome_uncertain"
+    assert time.monotonic() - started < 2
 
 
 def test_different_input_while_running_is_a_mismatch_not_a_conflict(api: APIClient) -> None:
@@ -285,7 +331,7 @@ def test_unresolved_record_past_expiry_is_never_replaced(api: APIClient) -> None
     IdempotencyRecord.objects.update(
         state=State.UNCERTAIN, expires_at=timezone.now() - timedelta(days=1)
     )
-    assert post(api, URL, {"amount": 100}, "order-1").status_code == 409
+    assert post(api, URL, {"amount": 100}, "order-1").status_code == 503
     assert IdempotencyRecord.objects.get().state == State.UNCERTAIN
 
 

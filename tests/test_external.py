@@ -77,8 +77,8 @@ def test_a_failure_after_begin_external_leaves_the_record_uncertain(
         signals.record_uncertain.disconnect(receiver)
 
     assert first.status_code == (500 if then == "raise" else then)
-    assert retry.status_code == 409
-    assert retry.json()["code"] == "idempotency_request_in_progress"
+    assert retry.status_code == 503
+    assert retry.json()["code"] == "idempotency_outcome_uncertain"
     record = IdempotencyRecord.objects.get()
     assert record.state == State.UNCERTAIN
     assert record.provider_operation_id == "ch_1"

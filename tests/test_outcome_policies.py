@@ -78,8 +78,8 @@ def test_an_uncertain_verdict_leaves_the_record_uncertain(api: APIClient) -> Non
     retry = post(api, "/policy/by-status", {"amount": 5, "status": 504}, "k-1")
 
     assert first.status_code == 504
-    assert retry.status_code == 409
-    assert retry.json()["code"] == "idempotency_request_in_progress"
+    assert retry.status_code == 503
+    assert retry.json()["code"] == "idempotency_outcome_uncertain"
     record = IdempotencyRecord.objects.get()
     assert record.state == State.UNCERTAIN
     assert record.provider_key  # what the view could have sent, for the reconciler

@@ -180,7 +180,8 @@ class TestView:
 
         assert first.status_code == 502
         assert first.json()["code"] == "payment_provider_unavailable"
-        assert retry.status_code == 409
+        assert retry.status_code == 503
+        assert retry.json()["code"] == "idempotency_outcome_uncertain"
         record = IdempotencyRecord.objects.get(key="k")
         assert record.state == State.UNCERTAIN
         assert record.provider_key

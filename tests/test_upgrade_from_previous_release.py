@@ -9,8 +9,8 @@ Then this checkout migrates the same database and must:
 
 - keep every column of every record as it was;
 - replay each resolved record: same status, body bytes and stored headers;
-- refuse other input under a used key (422) and a key whose owner still
-  holds its lease (409);
+- refuse other input under a used key (422), a key whose owner still
+  holds its lease (409) and one whose outcome is UNCERTAIN (503);
 - take over a dead owner's claim when the client retries (HTTP and task);
 - purge only resolved records past retention;
 - recover the rest: stale claims released, IN_PROGRESS and UNCERTAIN
@@ -223,7 +223,7 @@ RESOLVED = [
     "completed_plain_view",
     "completed_selected_fields",
 ]
-IN_FLIGHT = ["claimed_live", "in_progress_live", "uncertain"]
+IN_FLIGHT = ["claimed_live", "in_progress_live"]
 
 
 # -- the test ----------------------------------------------------------------------------
@@ -251,6 +251,9 @@ def test_records_of_the_previous_release_are_replayed_refused_recovered_and_purg
         in_flight = resend(client, previous, name)
         assert_refused(in_flight, 409, "idempotency_request_in_progress")
         assert in_flight["Retry-After"]
+    uncertain = resend(client, previous, "uncertain")
+    assert_refused(uncertain, 503, "idempotency_outcome_uncertain")
+    assert uncertain["Retry-After"]
     assert_refused(
         resend(client, previous, "claimed_live", amount=999), 422, "idempotency_key_reused"
     )

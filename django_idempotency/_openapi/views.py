@@ -59,7 +59,7 @@ _ERRORS = {
     "413": "The request body is larger than an idempotent request may be "
     "(idempotency_body_too_large).",
     "503": "The idempotency record store is unreachable (idempotency_store_unavailable): "
-    "the request was not run; or the outcome could not be recorded "
+    "the request was not run; or the request was run and its outcome is not known yet "
     "(idempotency_outcome_uncertain): retry with the same key to learn it. Retry after "
     "Retry-After.",
 }

@@ -1,8 +1,9 @@
 """What a request that does not get to run the view is answered.
 
 A replay or 422 for a settled record (422 too for one past retention kept
-as a tombstone), 409 while another request holds the key, 503 (or, with
-``FAIL_OPEN``, an unprotected run) when the store cannot be reached.
+as a tombstone), 409 while another request holds the key, 503 while its
+record is UNCERTAIN, 503 (or, with ``FAIL_OPEN``, an unprotected run) when
+the store cannot be reached.
 
 A refusal (``exceptions.IdempotencyRefusal``) becomes a response here too.
 With ``IDEMPOTENCY["ERROR_FORMAT"] = "drf"`` (the default) the project's own
@@ -15,10 +16,12 @@ is an RFC 9457 problem details document (``application/problem+json``).
 from __future__ import annotations
 
 import logging
+import math
 from collections.abc import Callable
 from typing import TYPE_CHECKING, NoReturn
 
 from django.db import InterfaceError, OperationalError
+from django.utils import timezone
 
 from django_idempotency import _store as store
 from django_idempotency._observability.tracing import step_span
@@ -32,6 +35,7 @@ from django_idempotency.exceptions import (
     UNREADABLE_RECORD,
     KeyExpired,
     KeyReused,
+    OutcomeUncertain,
     RequestInProgress,
     StoreUnavailable,
 )
@@ -65,10 +69,44 @@ IN_FLIGHT_RETRY_AFTER = 1
 UNAVAILABLE_RETRY_AFTER = 5
 
 
+#: An UNCERTAIN record's ``Retry-After`` is the time until recovery next asks
+#: its reconciler (its lease's end), within these bounds. At least a few
+#: seconds: one whose lease has ended waits for recovery's next run (every
+#: minute with ``BEAT_SCHEDULE``), and clients that obey the header must
+#: not poll every second through a provider's outage. At most an hour: an
+#: operator may settle it long before a reconciler's ``Retry(after=...)``.
+UNCERTAIN_RETRY_AFTER_MIN = 5
+UNCERTAIN_RETRY_AFTER_MAX = 3600
+
+
 def in_flight(tally: Tally, *, state: str, cause: BaseException | None = None) -> NoReturn:
     """Refuse with 409: another request holds the key (``state`` says how)."""
     tally.in_flight_state = state
     raise RequestInProgress(retry_after=IN_FLIGHT_RETRY_AFTER) from cause
+
+
+def held(tally: Tally, record: IdempotencyRecord) -> NoReturn:
+    """Refuse a retry of the same input while ``record`` is unresolved.
+
+    A record left UNCERTAIN is running no more: its outcome is unknown
+    until recovery (or an operator) settles it, so the answer is the
+    unknown outcome's 503, not "still being processed".
+    """
+    if record.state == IdempotencyRecord.State.UNCERTAIN:
+        raise OutcomeUncertain(retry_after=until_recovery(record))
+    in_flight(tally, state=record.state)
+
+
+def until_recovery(record: IdempotencyRecord) -> int:
+    """Whole seconds, within bounds, from the lookup that read ``record`` to its lease's end.
+
+    Judged at ``record.read_at``, the database's time of that lookup (this
+    host's where the database's clock is this host's, on SQLite).
+    """
+    now = record.read_at if record.read_at is not None else timezone.now()
+    lease_end = record.lease_expires_at or now
+    seconds = math.ceil((lease_end - now).total_seconds())
+    return min(max(seconds, UNCERTAIN_RETRY_AFTER_MIN), UNCERTAIN_RETRY_AFTER_MAX)
 
 
 def answer_settled(

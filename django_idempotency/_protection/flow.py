@@ -25,6 +25,7 @@ from django_idempotency._observability.tracing import contended, step_span, trac
 from django_idempotency._protection.answers import (
     UNREACHABLE_ERRORS,
     answer_settled,
+    held,
     in_flight,
     store_unavailable,
 )
@@ -49,6 +50,7 @@ from django_idempotency.fingerprint import (
     NonCanonicalValue,
     request_fingerprint,
 )
+from django_idempotency.models import IdempotencyRecord
 from django_idempotency.outcomes import Outcome, standard, webhook
 from django_idempotency.scope import (
     OperationSpec,
@@ -63,6 +65,7 @@ if TYPE_CHECKING:
 
 
 logger = logging.getLogger("django_idempotency")
+State = IdempotencyRecord.State
 
 PROTECTED_METHODS = frozenset({"POST", "PUT", "PATCH", "DELETE"})
 
@@ -288,6 +291,8 @@ def _claim_or_answer(
             not fingerprint.matches(record.fingerprint) or record.is_resolved
         ):
             return answer_settled(tally, fingerprint, record)
+        if record is not None and record.state == State.UNCERTAIN:
+            held(tally, record)  # nothing runs it: waiting would not settle it
         if record is not None and conf.IN_FLIGHT == "wait":
             if deadline is None:
                 deadline = time.monotonic() + conf.IN_FLIGHT_WAIT.total_seconds()
@@ -297,4 +302,6 @@ def _claim_or_answer(
             poll = min(poll * 2, _LAST_POLL)
             continue
         # In flight, or (None) the key kept changing hands: ask again later.
-        in_flight(tally, state=attempt.last_seen if record is None else record.state)
+        if record is not None:
+            held(tally, record)
+        in_flight(tally, state=attempt.last_seen)

@@ -35,6 +35,7 @@ from django_idempotency._protection.answers import (
     UNAVAILABLE_RETRY_AFTER,
     UNREACHABLE_ERRORS,
     answer_settled,
+    held,
     in_flight,
     store_unavailable,
 )
@@ -341,4 +342,4 @@ def _the_winners_answer(
         return None
     if not fingerprint.matches(record.fingerprint) or record.is_resolved:
         return answer_settled(tally, fingerprint, record)
-    in_flight(tally, state=record.state)
+    held(tally, record)

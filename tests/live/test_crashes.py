@@ -69,6 +69,7 @@ TRIALS = int(os.environ.get("CRASH_TRIALS", "20"))
 PAYMENTS = "/v1/payments"
 OPERATION = "POST v1/payments"
 IN_PROGRESS = "idempotency_request_in_progress"
+OUTCOME_UNCERTAIN = "idempotency_outcome_uncertain"
 
 ROWS: list[dict[str, Any]] = []
 #: Points before any charge: once released, a retry runs the view afresh.
@@ -513,8 +514,8 @@ def test_provider_failure_modes(
         assert not payments_for(stack, [order_id])[order_id]
         return
 
-    # Unknown outcome: UNCERTAIN, 409 until the reconciler asked the provider.
-    assert retry.status == 409 and error_code(retry) == IN_PROGRESS, retry.describe()
+    # Unknown outcome: UNCERTAIN, 503 until the reconciler asked the provider.
+    assert retry.status == 503 and error_code(retry) == OUTCOME_UNCERTAIN, retry.describe()
     assert stack.database.records(key)[0]["state"] == "UNCERTAIN"
     report = stack.recover()
     assert report["completed" if charged else "released"] >= 1, report
