@@ -240,12 +240,14 @@ def test_api_view_under_atomic_requests_is_warned_about(atomic_requests: None) -
         "api-view/provider-charge",
         "api-view/steps",
         "cbv/own-dispatch",
+        "keyed/body-digest",
         "keyed/body-field",
         "keyed/body-field-standard",
         "keyed/delivery-header",
         "optimistic/notes",
         "optimistic/orders",
         "optimistic/orders-default",
+        "parsed/upload",
         "policy/by-status",
     ]
 
