@@ -5,6 +5,8 @@ from datetime import datetime
 from django.db import models
 from django.utils.translation import gettext_lazy as _
 
+from django_idempotency._names import OPERATION_MAX_LENGTH, TENANT_MAX_LENGTH
+
 __all__ = [
     "FINGERPRINT_MAX_LENGTH",
     "KEY_MAX_LENGTH",
@@ -19,9 +21,9 @@ __all__ = [
 
 #: Column sizes. The unique index spans all three scope columns, so their sum
 #: has to stay inside MySQL/MariaDB's 3072-byte index limit at 4 bytes a
-#: character: (128 + 255 + 255) * 4 = 2552.
-TENANT_MAX_LENGTH = 128
-OPERATION_MAX_LENGTH = 255
+#: character: (128 + 255 + 255) * 4 = 2552. The tenant's and the operation's
+#: (TENANT_MAX_LENGTH, OPERATION_MAX_LENGTH) are defined with the rule their
+#: text obeys (``_names.py``), which decorators apply before models load.
 KEY_MAX_LENGTH = 255
 #: A secret's version (at most 16 characters), a colon, 64 hex digits; room to spare.
 FINGERPRINT_MAX_LENGTH = 96

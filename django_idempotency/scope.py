@@ -12,9 +12,15 @@ from typing import TYPE_CHECKING, Literal, NoReturn
 from django.core.exceptions import ImproperlyConfigured
 from django.utils.crypto import salted_hmac
 
+from django_idempotency._names import (
+    OPERATION_MAX_LENGTH,
+    TENANT_MAX_LENGTH,
+    check_operation_spec,
+    operation_name_fault,
+    unprintable_character,
+)
 from django_idempotency.conf import idempotency_settings
 from django_idempotency.exceptions import OperationInvalid
-from django_idempotency.models import OPERATION_MAX_LENGTH, TENANT_MAX_LENGTH
 
 if TYPE_CHECKING:
     from django.http import HttpRequest
@@ -276,46 +282,6 @@ def _class_end(text: str, start: int) -> int:
     return index
 
 
-def operation_name_fault(name: str) -> str | None:
-    """What keeps ``name`` from naming an operation, or None when nothing does.
-
-    An operation name is 1 to ``OPERATION_MAX_LENGTH`` printable characters,
-    the rule step names obey too: PostgreSQL refuses a NUL in text (an error
-    in the middle of a claim or a lookup), a longer name does not fit the
-    column, and a control character (ESC, CR) would reach an operator's
-    terminal through the commands and the logs that print the name.
-    """
-    if not name:
-        return "is empty"
-    if len(name) > OPERATION_MAX_LENGTH:
-        return f"is longer than {OPERATION_MAX_LENGTH} characters"
-    unprintable = next((char for char in name if not char.isprintable()), None)
-    if unprintable is not None:
-        return f"holds the control or unprintable character U+{ord(unprintable):04X}"
-    return None
-
-
-def check_operation_spec(spec: object) -> None:
-    """Refuse, at decoration, an ``operation=`` that names no operation.
-
-    Raises:
-        ImproperlyConfigured: ``spec`` is a name no record can hold, or is
-            neither ``None``, a string nor a callable.
-    """
-    if spec is None or callable(spec):
-        return
-    if not isinstance(spec, str):
-        raise ImproperlyConfigured(
-            f"operation={spec!r} must be a name (a string), a callable or None."
-        )
-    fault = operation_name_fault(spec)
-    if fault is not None:
-        raise ImproperlyConfigured(
-            f"The operation name {spec!r} {fault}: an operation name is 1 to "
-            f"{OPERATION_MAX_LENGTH} printable characters."
-        )
-
-
 def resolve_operation(request: HttpRequest, spec: OperationSpec) -> str:
     """The request's operation name.
 
@@ -356,11 +322,20 @@ def resolve_tenant(request: HttpRequest, resolver: Callable[[HttpRequest], str])
             f"The tenant resolver {name} (IDEMPOTENCY['TENANT'], or a view's tenant=) "
             f"returned {tenant!r}; it must return a string."
         )
-    if len(tenant) > TENANT_MAX_LENGTH or tenant.startswith(DIGEST_PREFIX):
-        # Tenants may come from the client (a header, a subdomain): a long
-        # one is stored by its digest rather than refused. A tenant that
-        # merely looks like a digest is digested too, so that it can never
-        # be mistaken for the long tenant whose digest it spells.
+    if (
+        len(tenant) > TENANT_MAX_LENGTH
+        or tenant.startswith(DIGEST_PREFIX)
+        or unprintable_character(tenant) is not None
+    ):
+        # Tenants may come from the client (a header, a subdomain): one the
+        # column cannot hold as it is (too long; a NUL, which PostgreSQL
+        # refuses; a control character, which would reach an operator's
+        # terminal) is stored by its digest rather than refused, since the
+        # project's resolver, not the client's request, chose it. Distinct
+        # tenants keep distinct digests, and the status view, resolving the
+        # tenant here too, finds the same record. A tenant that merely looks
+        # like a digest is digested too, so that it can never be mistaken
+        # for the tenant whose digest it spells.
         return digest(tenant)
     return tenant
 

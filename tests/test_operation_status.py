@@ -403,6 +403,25 @@ def test_a_subclass_may_change_the_permissions(api: APIClient, settings: Any) ->
     assert answer.status_code == 200
 
 
+@pytest.mark.parametrize("tenant", ["ac\x00me", "\x1b[2Jacme"], ids=["nul", "esc"])
+def test_a_tenant_holding_control_characters_finds_its_own_records(
+    alice: TokenClient, settings: Any, tenant: str
+) -> None:
+    # A resolver reading the tenant from client input: such a tenant is
+    # stored by its digest, and the status view resolves it the same way.
+    settings.IDEMPOTENCY = {"TENANT": "tests.test_tenant_isolation.header_tenant"}
+    first = post(alice, "/api-view/charges", {"amount": 7}, "k", HTTP_X_FUZZ_TENANT=tenant)
+
+    answer = alice.get(STATUS_URL, {"key": "k"}, HTTP_X_FUZZ_TENANT=tenant)
+    elsewhere = alice.get(STATUS_URL, {"key": "k"}, HTTP_X_FUZZ_TENANT=tenant.replace("a", "b"))
+
+    assert first.status_code == 201
+    assert answer.status_code == 200
+    assert answer.json()["response"]["body"] == first.json()
+    assert elsewhere.status_code == 404
+    assert IdempotencyRecord.objects.get().tenant.startswith("sha256:")
+
+
 @pytest.mark.urls(__name__)
 def test_the_shared_tenant_of_unauthenticated_requests_is_never_answered(
     api: APIClient,

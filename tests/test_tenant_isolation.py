@@ -141,8 +141,9 @@ INPUTS = [
 ]
 KEYS = ["k1", "k2", "same-key", '"quoted\\"key"']
 STATUSES = [201, 201, 201, 201, 200, 400, 402, 422, 409, 429, 500, 503]
-#: Header tenants: near-duplicates, long ones (stored by digest), look-alikes
-#: of the default resolver's names. All latin-1: what an HTTP header can carry.
+#: Header tenants: near-duplicates, long ones and ones holding control
+#: characters (stored by digest), look-alikes of the default resolver's
+#: names. All latin-1: what an HTTP header can carry.
 HEADER_TENANTS = [
     "acme",
     "Acme",
@@ -155,6 +156,8 @@ HEADER_TENANTS = [
     "t" * 129 + "x",
     "x" * 300,
     "caf\u00e9",  # spellchecker:disable-line
+    "ac\x00me",
+    "acme\x1b[2J",
 ]
 
 
@@ -444,6 +447,30 @@ def test_tenants_differing_in_trailing_spaces_are_two_tenants() -> None:
     assert first.label == "201 view"
     assert second.label == "201 view", "another tenant's response was replayed"
     assert second.body["marker"] == other.marker
+
+
+#: Tenants a resolver may read from client input that no record may hold as
+#: they are: PostgreSQL refuses a NUL in text; ESC starts a terminal control
+#: sequence, CR rewrites a printed line, U+202E reorders it; a lone surrogate
+#: cannot be encoded for any database.
+UNPRINTABLE_TENANTS = ["ac\x00me", "\x1b]0;pwned\x07acme", "acme\rstatus: healthy", "\u202eemca"]
+
+
+@pytest.mark.parametrize("tenant", UNPRINTABLE_TENANTS, ids=["nul", "esc", "cr", "bidi"])
+def test_a_tenant_holding_control_characters_is_stored_by_its_digest(tenant: str) -> None:
+    with override_settings(IDEMPOTENCY={"TENANT": "tests.test_tenant_isolation.header_tenant"}):
+        first = send(Sent(ECHO_API_VIEW, key="k", headers={TENANT: tenant}))
+        again = send(Sent(ECHO_API_VIEW, key="k", headers={TENANT: tenant}))
+        other = Sent(ECHO_API_VIEW, key="k", headers={TENANT: tenant.replace("a", "b")})
+        neighbour = send(other)
+
+    assert first.label == "201 view"
+    assert again.replayed and again.content == first.content  # one tenant, found again
+    assert neighbour.label == "201 view", "another tenant's response was replayed"
+    stored = set(IdempotencyRecord.objects.values_list("tenant", flat=True))
+    digest = "sha256:" + hashlib.sha256(tenant.encode("utf-8")).hexdigest()
+    assert digest in stored
+    assert all(value.isprintable() for value in stored), stored
 
 
 # --- No credential is ever a tenant ---------------------------------------------
