@@ -8,6 +8,9 @@ messages, a worker SIGKILLed mid-task) is ``tests/live/test_celery_consumer.py``
 
 from __future__ import annotations
 
+import os
+import subprocess
+import sys
 import threading
 import uuid
 from datetime import timedelta
@@ -15,6 +18,7 @@ from typing import Any
 
 import pytest
 from celery import shared_task
+from django.core.exceptions import ImproperlyConfigured
 from django.db import connections
 from django.db.models import F
 from django.utils import timezone
@@ -393,6 +397,45 @@ def test_a_long_message_id_is_kept_by_its_digest() -> None:
     assert note_event(long_id) == first
     assert len(executed) == 1
     assert IdempotencyRecord.objects.get().key.startswith("sha256:")
+
+
+# -- the operation name ----------------------------------------------------------------
+
+
+@pytest.mark.parametrize(
+    "name",
+    ["", "t" * 256, "task charge\x00", "task \x1b[2Jcharge", "task charge\rstatus: healthy"],
+    ids=["empty", "too-long", "nul", "esc", "cr"],
+)
+def test_an_operation_name_no_record_can_hold_is_refused_at_decoration(name: str) -> None:
+    # As a view's fixed operation= is: at import, not at the first message,
+    # where PostgreSQL would refuse the NUL and the commands print the rest.
+    with pytest.raises(ImproperlyConfigured, match="operation name"):
+
+        @idempotent_task(key="event_id", operation=name)
+        def task(event_id: str) -> None:
+            pass
+
+
+def test_an_operation_name_is_judged_before_django_is_set_up() -> None:
+    # Celery apps and settings files import task modules before the apps are ready.
+    code = "\n".join(
+        [
+            "from django.core.exceptions import ImproperlyConfigured",
+            "from django_idempotency.tasks import idempotent_task",
+            "idempotent_task(key='event_id', operation='task ok')(lambda event_id: 1)",
+            "try: idempotent_task(key='event_id', operation='task \\x00')(lambda event_id: 1)",
+            "except ImproperlyConfigured as exc: print(exc)",
+        ]
+    )
+    root = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+    env = {key: value for key, value in os.environ.items() if key != "DJANGO_SETTINGS_MODULE"}
+    result = subprocess.run(
+        [sys.executable, "-c", code], cwd=root, env=env, capture_output=True, text=True
+    )
+
+    assert result.returncode == 0, result.stderr
+    assert "holds the control or unprintable character U+0000" in result.stdout
 
 
 # What a run ended with: one outcome, on the span current around the task

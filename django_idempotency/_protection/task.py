@@ -29,9 +29,11 @@ from dataclasses import dataclass
 from datetime import timedelta
 from typing import TYPE_CHECKING, Any, NoReturn, TypeVar, cast
 
+from django.core.exceptions import ImproperlyConfigured
 from django.db import DatabaseError, transaction
 from django.utils import timezone
 
+from django_idempotency._names import check_operation_spec
 from django_idempotency._observability import labels
 from django_idempotency._observability.tracing import describe_current_span
 from django_idempotency._protection.crash import SimulatedCrash
@@ -242,8 +244,8 @@ def idempotent_task(
             callable taking the task's arguments and returning it
             (``message_id``: the Celery message's id). An id longer than
             255 characters is stored by its SHA-256 digest.
-        operation: The records' operation name; ``None``:
-            ``"task <module>.<qualname>"``.
+        operation: The records' operation name, 1 to 255 printable
+            characters; ``None``: ``"task <module>.<qualname>"``.
         ttl: How long the result is kept for duplicates, in seconds or as a
             ``timedelta``; ``None``: ``IDEMPOTENCY["TTL"]``.
         lease: How long a run holds the key, in seconds or as a
@@ -264,6 +266,9 @@ def idempotent_task(
         The decorator.
 
     Raises:
+        ImproperlyConfigured: (when decorating) ``operation`` is no name a
+            record can hold: empty, longer than 255 characters, holding a
+            control or unprintable character, or not a string.
         TaskInProgress: (from the task) Another worker runs the same key
             right now, or took it over.
         TaskOutcomeUncertain: (from the task) A run of the same key began an
@@ -272,8 +277,17 @@ def idempotent_task(
         TaskKeyReused: (from the task) The key was used with other arguments.
     """
 
+    if operation is not None and not isinstance(operation, str):
+        raise ImproperlyConfigured(
+            f"idempotent_task(operation={operation!r}) must be a name (a string) or None."
+        )
+
     def decorate(func: Task) -> Task:
-        name = operation or f"task {func.__module__}.{func.__qualname__}"
+        name = f"task {func.__module__}.{func.__qualname__}" if operation is None else operation
+        # Judged once, here, as a view's fixed name is: a name no record can
+        # hold fails at import, not at the first message's claim. _names
+        # imports no model: task modules load before Django's apps are ready.
+        check_operation_spec(name)
         labels.declare(name)  # written in the code: a metrics label in every process
 
         @functools.wraps(func)
