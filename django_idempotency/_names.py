@@ -3,20 +3,14 @@
 No model and nothing of the package is imported here, so that a decorator
 can judge a fixed operation name when it decorates: a Celery task module is
 often imported before Django's apps are ready (by the Celery app, by a
-settings file), where importing ``models`` would fail.
+settings file), where importing ``models`` would fail. ``models`` takes the
+column sizes from here, ``scope`` offers the rule to users, and the task
+decorator imports it directly.
 """
 
 from __future__ import annotations
 
 from django.core.exceptions import ImproperlyConfigured
-
-__all__ = [
-    "OPERATION_MAX_LENGTH",
-    "TENANT_MAX_LENGTH",
-    "check_operation_spec",
-    "operation_name_fault",
-    "unprintable_character",
-]
 
 #: The sizes of the record's tenant and operation columns (``models.py``
 #: takes them from here, and says why they are these).
