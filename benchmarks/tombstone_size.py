@@ -15,13 +15,15 @@
    JSON body of about 300 bytes and a ``Location``, as a payments API does.
    Keys are UUIDs, tenants ``user:<n>`` over 5,000 users: every value the
    indexes hold is the package's own (fingerprints, provider keys);
-3. ``VACUUM FULL`` (the tables and their indexes rewritten compactly, as
-   after a long steady state in which freed space is reused), then the
-   size again: the cost of a live COMPLETED record;
+3. measures them again: the cost of a live COMPLETED record. Each
+   measure copies the live rows into fresh tables created like the
+   records' (their columns, storage and indexes), as compact as a table
+   whose freed space is reused in a steady state; ``VACUUM FULL`` in place
+   would keep the dead row versions other sessions' snapshots may see;
 4. moves every record's ``expires_at`` into the past and runs the real
    purge, ``purge_expired_records()``, with ``TOMBSTONE_TTL`` set: each
-   record becomes a tombstone (the stored headers and body dropped);
-   ``VACUUM FULL``, then the size again: the cost of a tombstone.
+   record becomes a tombstone (the stored headers and body dropped); then
+   the size again: the cost of a tombstone.
 
 Prints bytes per record (the difference with the empty tables, divided by
 ``--records``), split into heap (with TOAST) and indexes. Nothing is
@@ -75,14 +77,25 @@ class Size:
 
 
 def measure(database: Database) -> Size:
-    """The compacted size of the records' tables (``VACUUM FULL`` first)."""
+    """What the records' live rows take, copied into fresh tables like theirs.
+
+    Copied (``CREATE TABLE ... (LIKE ... INCLUDING ALL)``, the same columns,
+    storage and indexes, then ``INSERT ... SELECT``), not compacted in place:
+    ``VACUUM FULL`` keeps every dead row version some other session's
+    snapshot may still see, and the server is shared with other work.
+    """
     heap = indexes = 0
     with database.connect() as connection:
         for table in TABLES:
-            connection.execute(f"VACUUM FULL {table}")
-            row = connection.execute(
-                "SELECT pg_table_size(%s), pg_indexes_size(%s)", [table, table]
-            ).fetchone()
+            copy = f"{table}_measured"
+            connection.execute(f"CREATE TABLE {copy} (LIKE {table} INCLUDING ALL)")
+            try:
+                connection.execute(f"INSERT INTO {copy} SELECT * FROM {table}")
+                row = connection.execute(
+                    "SELECT pg_table_size(%s), pg_indexes_size(%s)", [copy, copy]
+                ).fetchone()
+            finally:
+                connection.execute(f"DROP TABLE {copy}")
             assert row is not None
             heap += int(row[0])
             indexes += int(row[1])
