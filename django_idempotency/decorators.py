@@ -12,13 +12,19 @@ from typing import Any, TypeVar, cast, overload
 from asgiref.sync import async_to_sync, sync_to_async
 from django.core.exceptions import ImproperlyConfigured, PermissionDenied
 from django.http import Http404, HttpRequest, HttpResponseBase
+from rest_framework import exceptions
 from rest_framework.exceptions import APIException
 from rest_framework.request import Request
 from rest_framework.views import APIView
 
 from django_idempotency._protection.answers import render_refusal, rendered
-from django_idempotency._protection.flow import Options, protect
+from django_idempotency._protection.flow import PROTECTED_METHODS, Options, protect
 from django_idempotency._protection.keys import KeySource, KeySpec
+from django_idempotency._protection.refused import (
+    key_of,
+    principal_of,
+    replay_past_permission_refusal,
+)
 from django_idempotency._protection.transactions import run_unprotected
 from django_idempotency.conf import as_timedelta
 from django_idempotency.exceptions import IdempotencyRefusal
@@ -29,9 +35,12 @@ from django_idempotency.scope import OperationSpec
 __all__ = [
     "DRF_HANDLED",
     "EVERY_DATABASE",
+    "REFUSED_IN_INITIAL",
     "EveryDatabase",
     "IdempotentView",
+    "answer_refused_retry",
     "idempotent",
+    "mark_refused_retries_answered",
     "mark_views_non_atomic",
 ]
 
@@ -90,6 +99,7 @@ class IdempotentView:
 
     def __set_name__(self, owner: type, name: str) -> None:
         mark_views_non_atomic(owner)
+        mark_refused_retries_answered(owner)
 
     def __get__(self, instance: object, owner: type | None = None) -> Any:
         if instance is None:
@@ -182,6 +192,90 @@ def mark_views_non_atomic(view_class: type) -> None:
     view_class.dispatch = dispatch
 
 
+#: What DRF's ``initial()`` raises for a refused permission: a narrow path
+#: may answer such a retry with its replay (``answer_refused_retry``).
+REFUSED_IN_INITIAL = (exceptions.PermissionDenied,)
+
+
+def answer_refused_retry(
+    view: APIView, request: Request, refusal: APIException, args: Any, kwargs: Any
+) -> bool:
+    """Whether a retry refused in DRF's ``initial()`` is answered with its replay.
+
+    If it is, the view's handler for the method is swapped for one that
+    returns the replay, as ``IdempotentMixin`` swaps in its protected
+    handler. Only for a method the view protects, a caller DRF
+    authenticated, and a request with a key; the view's throttles run
+    first (they may raise ``Throttled``), so that a throttled request runs
+    no SQL. Looked up once per refusal, however many ``initial()`` wrappers
+    it passes.
+    """
+    if getattr(refusal, "_idempotency_looked_up", False):
+        return False
+    refusal._idempotency_looked_up = True  # type: ignore[attr-defined]
+    method = (request.method or "").lower()
+    options = _options_for(view, request)
+    if options is None or not isinstance(refusal, exceptions.PermissionDenied):
+        return False
+    principal = principal_of(request)
+    key = key_of(request, options) if principal is not None else None
+    if principal is None or key is None:
+        return False
+    view.check_throttles(request)
+    replay = replay_past_permission_refusal(
+        request, options, args, kwargs, principal=principal, key=key
+    )
+    if replay is None:
+        return False
+    setattr(view, method, lambda *args, **kwargs: replay)
+    return True
+
+
+def _options_for(view: APIView, request: Request) -> Options | None:
+    """The options the view protects the request's method with; None: unprotected."""
+    if request.method not in PROTECTED_METHODS:
+        return None
+    handler = getattr(view, (request.method or "").lower(), None)
+    function = getattr(handler, "__func__", None)
+    if isinstance(function, IdempotentView):
+        return function.options
+    protects = getattr(view, "idempotency_protects", None)  # IdempotentMixin's
+    if handler is not None and protects is not None and protects(request.method):
+        return cast(Options, type(view).idempotency_options())  # type: ignore[attr-defined]
+    return None
+
+
+def mark_refused_retries_answered(view_class: type) -> None:
+    """Answer the retries DRF refuses in ``initial()`` where the class protects a handler.
+
+    For DRF views with ``@idempotent`` methods (``IdempotentMixin`` does it
+    in its own ``initial()``): ``initial`` gets a wrapper that hands a
+    refused permission to ``answer_refused_retry``. A plain Django view,
+    or a class of handlers that is no view, is left alone.
+    """
+    inherited = getattr(view_class, "initial", None)
+    if (
+        inherited is None
+        or not hasattr(view_class, "check_throttles")  # not a DRF view
+        or hasattr(view_class, "idempotency_protects")  # IdempotentMixin: its own
+        or getattr(inherited, "_idempotency_initial", False)  # here or on a base already
+    ):
+        return
+
+    def initial(self: Any, request: Request, *args: Any, **kwargs: Any) -> None:
+        try:
+            inherited(self, request, *args, **kwargs)
+        except REFUSED_IN_INITIAL as refusal:
+            if not answer_refused_retry(self, request, refusal, args, kwargs):
+                raise
+
+    initial.__name__ = "initial"
+    initial.__qualname__ = f"{view_class.__qualname__}.initial"
+    initial.__doc__ = inherited.__doc__
+    initial._idempotency_initial = True  # type: ignore[attr-defined]
+    view_class.initial = initial  # type: ignore[attr-defined]
+
+
 @overload
 def idempotent(view: ViewFunc) -> ViewFunc: ...
 @overload
@@ -223,7 +317,9 @@ def idempotent(
     (``@idempotent``) or with arguments (``@idempotent(ttl=3600)``). Only
     POST, PUT, PATCH and DELETE are protected; other methods run the view
     unprotected. A method decorated with it keeps its own options inside an
-    ``IdempotentMixin`` view.
+    ``IdempotentMixin`` view. On a method of a DRF class, a retry that a
+    permission check refuses is answered with its replay when the same
+    principal sent the first request (docs/security.md).
 
     Args:
         view: The view, when used bare; ``None`` when called with arguments.

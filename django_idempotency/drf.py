@@ -11,7 +11,12 @@ from rest_framework.request import Request
 
 from django_idempotency._protection.flow import PROTECTED_METHODS, Options
 from django_idempotency._protection.keys import KeySource, KeySpec
-from django_idempotency.decorators import IdempotentView, mark_views_non_atomic
+from django_idempotency.decorators import (
+    REFUSED_IN_INITIAL,
+    IdempotentView,
+    answer_refused_retry,
+    mark_views_non_atomic,
+)
 from django_idempotency.fingerprint import FingerprintSpec
 from django_idempotency.outcomes import Outcome
 from django_idempotency.scope import OperationSpec
@@ -30,7 +35,9 @@ class IdempotentMixin:
 
     The protected handler is swapped in by ``initial()``, after
     authentication, permissions and throttling. A handler already decorated
-    with ``@idempotent`` keeps its own options.
+    with ``@idempotent`` keeps its own options. A retry a permission check
+    refuses there is answered with its replay when the same principal sent
+    the first request (docs/security.md).
 
     Attributes:
         idempotency_fingerprint: As ``idempotent(fingerprint=...)``.
@@ -86,7 +93,14 @@ class IdempotentMixin:
     def initial(self, request: Request, *args: Any, **kwargs: Any) -> None:
         # Runs after authentication, permissions and throttling, and before
         # DRF looks the handler up: swap in the protected handler here.
-        super().initial(request, *args, **kwargs)  # type: ignore[misc]
+        try:
+            super().initial(request, *args, **kwargs)  # type: ignore[misc]
+        except REFUSED_IN_INITIAL as refusal:
+            # A retry that its own first run makes a permission refuse:
+            # answered with its replay, if it has one (a narrow path).
+            if answer_refused_retry(self, request, refusal, args, kwargs):  # type: ignore[arg-type]
+                return
+            raise
         method = (request.method or "").lower()
         handler = getattr(self, method, None)
         function = getattr(handler, "__func__", None)

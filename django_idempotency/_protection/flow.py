@@ -32,9 +32,10 @@ from django_idempotency._protection.keys import KeySource
 from django_idempotency._protection.optimistic import run_optimistically
 from django_idempotency._protection.outcome import Tally, announce, finish
 from django_idempotency._protection.owned import run_owned
+from django_idempotency._protection.refused import sender_of
 from django_idempotency._protection.retention import advertise_first_execution
 from django_idempotency._protection.transactions import run_unprotected
-from django_idempotency._store.digests import Fingerprint
+from django_idempotency._store.digests import Fingerprint, Sender
 from django_idempotency._store.errors import is_contention
 from django_idempotency._store.routing import database_for
 from django_idempotency.conf import as_timedelta, idempotency_settings
@@ -177,6 +178,8 @@ def _protect(
     # use this alias, and the view learns it as request.idempotency.database.
     database = database_for(scope, request=request)
     connection = connections[database]
+    # Kept on the record for a retry that DRF refuses before the claim (``refused``).
+    sender = sender_of(request, options)
     response = None
     if options.optimistic and not connection.in_atomic_block:
         response = run_optimistically(
@@ -188,9 +191,10 @@ def _protect(
             options.retention,
             database=database,
             outcome=options.outcome_policy,
+            sender=sender,
         )
     if response is None:
-        response = _claim_or_answer(request, tally, fingerprint, view, options, database)
+        response = _claim_or_answer(request, tally, fingerprint, view, options, database, sender)
     if options.key.is_client_header:
         # Echoed to the client that sent it; a key read from elsewhere (a
         # webhook's delivery id) is the sender's, and no Idempotency-Key.
@@ -234,6 +238,7 @@ def _claim_or_answer(
     view: Callable[[], HttpResponseBase],
     options: Options,
     database: str,
+    sender: Sender,
 ) -> HttpResponseBase:
     conf = idempotency_settings
     scope = tally.scope
@@ -246,7 +251,7 @@ def _claim_or_answer(
         try:
             with step_span("idempotency.claim", scope, expected=contended) as span:
                 attempt = store.claim_or_take_over(
-                    scope, fingerprint, ttl=ttl, lease=lease, using=database
+                    scope, fingerprint, ttl=ttl, lease=lease, using=database, sender=sender
                 )
                 _describe_claim(span, attempt)
         except UNREACHABLE_ERRORS as exc:
