@@ -22,7 +22,9 @@ from django_idempotency._protection.flow import PROTECTED_METHODS, Options, prot
 from django_idempotency._protection.keys import KeySource, KeySpec
 from django_idempotency._protection.refused import (
     key_of,
+    presented_credential,
     principal_of,
+    replay_past_authentication_failure,
     replay_past_permission_refusal,
 )
 from django_idempotency._protection.transactions import run_unprotected
@@ -192,9 +194,14 @@ def mark_views_non_atomic(view_class: type) -> None:
     view_class.dispatch = dispatch
 
 
-#: What DRF's ``initial()`` raises for a refused permission: a narrow path
-#: may answer such a retry with its replay (``answer_refused_retry``).
-REFUSED_IN_INITIAL = (exceptions.PermissionDenied,)
+#: What DRF's ``initial()`` raises for a refused permission (an
+#: authenticated caller) and for a failed authentication: narrow paths may
+#: answer such a retry with its replay (``answer_refused_retry``).
+REFUSED_IN_INITIAL = (
+    exceptions.PermissionDenied,
+    exceptions.NotAuthenticated,
+    exceptions.AuthenticationFailed,
+)
 
 
 def answer_refused_retry(
@@ -204,8 +211,10 @@ def answer_refused_retry(
 
     If it is, the view's handler for the method is swapped for one that
     returns the replay, as ``IdempotentMixin`` swaps in its protected
-    handler. Only for a method the view protects, a caller DRF
-    authenticated, and a request with a key; the view's throttles run
+    handler. Only for a method the view protects and a request with a key:
+    a permission refused to the principal that sent the first request, or
+    (views with ``credential_rotation``) a failed authentication with the
+    credential the first request presented. The view's throttles run
     first (they may raise ``Throttled``), so that a throttled request runs
     no SQL. Looked up once per refusal, however many ``initial()`` wrappers
     it passes.
@@ -213,21 +222,31 @@ def answer_refused_retry(
     if getattr(refusal, "_idempotency_looked_up", False):
         return False
     refusal._idempotency_looked_up = True  # type: ignore[attr-defined]
-    method = (request.method or "").lower()
     options = _options_for(view, request)
-    if options is None or not isinstance(refusal, exceptions.PermissionDenied):
+    if options is None:
         return False
-    principal = principal_of(request)
-    key = key_of(request, options) if principal is not None else None
-    if principal is None or key is None:
-        return False
-    view.check_throttles(request)
-    replay = replay_past_permission_refusal(
-        request, options, args, kwargs, principal=principal, key=key
-    )
+    replay: HttpResponseBase | None = None
+    if isinstance(refusal, exceptions.PermissionDenied):
+        principal = principal_of(request)
+        key = key_of(request, options) if principal is not None else None
+        if principal is None or key is None:
+            return False
+        view.check_throttles(request)
+        replay = replay_past_permission_refusal(
+            request, options, args, kwargs, principal=principal, key=key
+        )
+    elif options.credential_window is not None:
+        credential = presented_credential(request)
+        key = key_of(request, options) if credential is not None else None
+        if credential is None or key is None:
+            return False
+        view.check_throttles(request)
+        replay = replay_past_authentication_failure(
+            request, options, args, kwargs, credential=credential, key=key
+        )
     if replay is None:
         return False
-    setattr(view, method, lambda *args, **kwargs: replay)
+    setattr(view, (request.method or "").lower(), lambda *args, **kwargs: replay)
     return True
 
 
@@ -250,7 +269,8 @@ def mark_refused_retries_answered(view_class: type) -> None:
 
     For DRF views with ``@idempotent`` methods (``IdempotentMixin`` does it
     in its own ``initial()``): ``initial`` gets a wrapper that hands a
-    refused permission to ``answer_refused_retry``. A plain Django view,
+    refused permission or a failed authentication to
+    ``answer_refused_retry``. A plain Django view,
     or a class of handlers that is no view, is left alone.
     """
     inherited = getattr(view_class, "initial", None)
@@ -291,6 +311,7 @@ def idempotent(
     outcome: Outcome | None = None,
     tenant: Callable[[Any], str] | None = None,
     verify: Callable[[Any], HttpResponseBase | None] | None = None,
+    credential_rotation: timedelta | float | None = None,
 ) -> Callable[[ViewFunc], ViewFunc]: ...
 
 
@@ -306,6 +327,7 @@ def idempotent(
     outcome: Outcome | None = None,
     tenant: Callable[[Any], str] | None = None,
     verify: Callable[[Any], HttpResponseBase | None] | None = None,
+    credential_rotation: timedelta | float | None = None,
 ) -> Any:
     """Run the decorated view once per ``Idempotency-Key`` and replay its outcome.
 
@@ -362,6 +384,13 @@ def idempotent(
             to answer unprotected, or raises. The place to check a plain
             Django view's webhook signature; DRF views use an
             authentication class, which runs before the view.
+        credential_rotation: For a DRF view that rotates or revokes the
+            credential its caller authenticates with (a device key roll):
+            for how long (seconds or a ``timedelta``, at most an hour) a
+            retry whose authentication fails still gets the replay, when
+            it presents the same credential (its ``Authorization``
+            header, kept as a keyed digest) with the same key and input.
+            ``None``: such a retry gets DRF's 401 (docs/security.md).
 
     Returns:
         The protected view (an async view for an ``async def`` one), or,
@@ -370,7 +399,9 @@ def idempotent(
     Raises:
         ImproperlyConfigured: ``fingerprint`` is a string (a list of names
             was meant), ``ttl`` is not positive, ``key`` is no key source,
-            or ``outcome``, ``tenant`` or ``verify`` is not callable.
+            ``outcome``, ``tenant`` or ``verify`` is not callable, or
+            ``credential_rotation`` is not a positive duration of an hour
+            at most.
     """
     for name, value in (("outcome", outcome), ("tenant", tenant), ("verify", verify)):
         if value is not None and not callable(value):
@@ -385,6 +416,7 @@ def idempotent(
         outcome=outcome,
         tenant=tenant,
         verify=verify,
+        credential_rotation=credential_rotation,
     )
 
     def decorate(func: Callable[..., Any]) -> Any:

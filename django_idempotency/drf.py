@@ -50,6 +50,9 @@ class IdempotentMixin:
         idempotency_outcome: As ``idempotent(outcome=...)``.
         idempotency_tenant: As ``idempotent(tenant=...)``.
         idempotency_verify: As ``idempotent(verify=...)``.
+        idempotency_credential_rotation: As
+            ``idempotent(credential_rotation=...)``: for a view that rotates
+            or revokes its caller's credential.
 
     A webhook's signature is checked by the view's authentication class,
     which DRF runs before the handler and so before the claim.
@@ -64,6 +67,7 @@ class IdempotentMixin:
     idempotency_outcome: ClassVar[Outcome | None] = None
     idempotency_tenant: ClassVar[Callable[[Any], str] | None] = None
     idempotency_verify: ClassVar[Callable[[Any], HttpResponseBase | None] | None] = None
+    idempotency_credential_rotation: ClassVar[timedelta | float | None] = None
 
     def __init_subclass__(cls, **kwargs: Any) -> None:
         super().__init_subclass__(**kwargs)
@@ -85,6 +89,7 @@ class IdempotentMixin:
             outcome=cls.idempotency_outcome,
             tenant=cls.idempotency_tenant,
             verify=cls.idempotency_verify,
+            credential_rotation=cls.idempotency_credential_rotation,
         )
 
     def idempotency_protects(self, method: str | None) -> bool:
@@ -96,8 +101,9 @@ class IdempotentMixin:
         try:
             super().initial(request, *args, **kwargs)  # type: ignore[misc]
         except REFUSED_IN_INITIAL as refusal:
-            # A retry that its own first run makes a permission refuse:
-            # answered with its replay, if it has one (a narrow path).
+            # A retry that its own first run makes a permission refuse, or
+            # (credential_rotation) whose credential it revoked: answered
+            # with its replay, if it has one (narrow paths).
             if answer_refused_retry(self, request, refusal, args, kwargs):  # type: ignore[arg-type]
                 return
             raise

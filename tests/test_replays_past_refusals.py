@@ -9,6 +9,12 @@ permission check denies an authenticated caller, the throttles run, then a
 COMPLETED or FAILED record of the same tenant, operation and key, with a
 matching fingerprint, created by the same principal, is replayed; else the
 original 403 stands (docs/security.md, "Replays past a refused permission").
+
+A view that rotates or revokes its caller's credential (pretix's device key
+roll) opts in with ``credential_rotation``: for that window, a retry whose
+authentication fails because the first request revoked its credential is
+answered with the replay, which carries the new credential, when it
+presents that same credential, key and input; otherwise DRF's 401.
 """
 
 from __future__ import annotations
@@ -20,12 +26,14 @@ from typing import Any
 
 import pytest
 from django.core.cache import cache
+from django.core.exceptions import ImproperlyConfigured
 from django.db import connections
 from django.test.utils import CaptureQueriesContext
 from django.utils import timezone
 from rest_framework.authtoken.models import Token
 from rest_framework.test import APIClient
 
+from django_idempotency import idempotent
 from django_idempotency.models import IdempotencyRecord
 from tests.factories import UserFactory
 from tests.testapp.models import Charge
@@ -223,3 +231,126 @@ def test_an_anonymous_caller_gets_the_original_401() -> None:
 
     assert refused.status_code == 401
     assert not [q["sql"] for q in queries.captured_queries if "django_idempotency" in q["sql"]]
+
+
+# -- Views that rotate the caller's credential (credential_rotation) ------------------------
+
+ROTATIONS = ["/mixin/rotate", "/method/rotate"]
+ROTATION_KINDS = ["mixin", "method"]
+
+
+def token_client(user: Any) -> tuple[APIClient, str]:
+    token, _ = Token.objects.get_or_create(user=user)
+    client = APIClient()
+    client.credentials(HTTP_AUTHORIZATION=f"Token {token.key}")
+    return client, token.key
+
+
+def roll(client: APIClient, url: str, key: str = "roll-1", label: str = "till 3") -> Any:
+    return client.post(url, {"label": label}, format="json", HTTP_IDEMPOTENCY_KEY=key)
+
+
+@pytest.mark.parametrize("url", ROTATIONS, ids=ROTATION_KINDS)
+def test_the_holder_of_the_rotated_credential_gets_the_replay_inside_the_window(
+    url: str,
+) -> None:
+    client, old = token_client(UserFactory.create())
+
+    first = roll(client, url)
+    retry = roll(client, url)
+
+    assert first.status_code == 201 and first.json()["token"] != old
+    assert (retry.status_code, retry.get("Idempotent-Replayed")) == (201, "true")
+    assert retry.content == first.content  # the new credential, which the client never got
+    assert retry["Idempotency-Key"] == "roll-1"
+
+
+@pytest.mark.parametrize("url", ROTATIONS, ids=ROTATION_KINDS)
+def test_the_holder_of_the_rotated_credential_gets_401_after_the_window(url: str) -> None:
+    client, _ = token_client(UserFactory.create())
+    roll(client, url)
+    IdempotencyRecord.objects.update(created_at=timezone.now() - timedelta(minutes=5, seconds=1))
+
+    retry = roll(client, url)
+
+    assert retry.status_code == 401
+    assert retry.json()["detail"] == "Invalid token."
+
+
+@pytest.mark.parametrize(
+    "change",
+    ["another-credential", "changed-body", "another-key"],
+)
+def test_another_credential_a_changed_body_or_another_key_gets_401(change: str) -> None:
+    client, _ = token_client(UserFactory.create())
+    roll(client, "/mixin/rotate")
+    if change == "another-credential":
+        client.credentials(HTTP_AUTHORIZATION="Token " + "0" * 40)
+
+    retry = roll(
+        client,
+        "/mixin/rotate",
+        key="roll-2" if change == "another-key" else "roll-1",
+        label="till 4" if change == "changed-body" else "till 3",
+    )
+
+    assert (retry.status_code, retry.get("Idempotent-Replayed")) == (401, None)
+
+
+def test_a_credential_no_authenticator_recognises_gets_the_replay_too() -> None:
+    """An authenticator that ignores an unknown token: DRF's permission check answers 401."""
+    client, _ = token_client(UserFactory.create())
+    first = roll(client, "/quiet/rotate")
+    retry = roll(client, "/quiet/rotate")
+
+    assert (retry.status_code, retry.get("Idempotent-Replayed")) == (201, "true")
+    assert retry.content == first.content
+
+
+def test_a_view_that_does_not_opt_in_answers_401_and_keeps_no_credential() -> None:
+    client, _ = token_client(UserFactory.create())
+    assert roll(client, "/plain/rotate").status_code == 201
+
+    with CaptureQueriesContext(connections["default"]) as queries:
+        retry = roll(client, "/plain/rotate")
+
+    assert retry.status_code == 401
+    assert not [q["sql"] for q in queries.captured_queries if "django_idempotency" in q["sql"]]
+    assert IdempotencyRecord.objects.get().credential_digest is None
+
+
+def test_the_credential_is_stored_as_a_keyed_digest() -> None:
+    client, old = token_client(UserFactory.create())
+    roll(client, "/mixin/rotate")
+
+    stored = IdempotencyRecord.objects.get().credential_digest
+    assert stored is not None and stored.count(":") == 1
+    for start in range(len(old) - 7):
+        assert old[start : start + 8] not in stored
+    assert hashlib.sha256(f"Token {old}".encode()).hexdigest() not in stored
+
+
+def test_a_throttled_retry_with_a_rotated_credential_runs_no_sql_against_the_records() -> None:
+    client, _ = token_client(UserFactory.create())
+    first = roll(client, "/throttled/rotate")
+    assert roll(client, "/throttled/rotate").content == first.content  # the one anonymous request
+
+    with CaptureQueriesContext(connections["default"]) as queries:
+        throttled = roll(client, "/throttled/rotate")
+
+    assert throttled.status_code == 429
+    assert not [q["sql"] for q in queries.captured_queries if "django_idempotency" in q["sql"]]
+
+
+def test_an_unfinished_record_is_not_replayed_to_a_rotated_credential() -> None:
+    client, _ = token_client(UserFactory.create())
+    roll(client, "/mixin/rotate")
+    IdempotencyRecord.objects.update(state=State.IN_PROGRESS)
+
+    assert roll(client, "/mixin/rotate").status_code == 401
+
+
+@pytest.mark.parametrize("window", [0, -1, timedelta(hours=1, seconds=1)])
+def test_a_window_that_is_not_a_few_minutes_is_refused(window: Any) -> None:
+    with pytest.raises(ImproperlyConfigured, match="credential_rotation"):
+        idempotent(credential_rotation=window)

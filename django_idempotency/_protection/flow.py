@@ -18,6 +18,7 @@ from dataclasses import dataclass, field
 from datetime import timedelta
 from typing import TYPE_CHECKING, Any
 
+from django.core.exceptions import ImproperlyConfigured
 from django.db import connections
 
 from django_idempotency import _store as store
@@ -61,6 +62,10 @@ logger = logging.getLogger("django_idempotency")
 
 PROTECTED_METHODS = frozenset({"POST", "PUT", "PATCH", "DELETE"})
 
+#: The longest ``credential_rotation`` window: a revoked credential still
+#: fetches the replay of the request that revoked it only for minutes.
+CREDENTIAL_ROTATION_MAX = timedelta(hours=1)
+
 #: The "wait" mode polls the record, backing off from the first interval
 #: to the last (seconds).
 _FIRST_POLL = 0.05
@@ -80,6 +85,22 @@ class Options:
     outcome: Outcome | None = None
     tenant: Callable[[Any], str] | None = None
     verify: Callable[[Any], HttpResponseBase | None] | None = None
+    credential_rotation: timedelta | float | None = None
+
+    def __post_init__(self) -> None:
+        window = self.credential_window
+        if window is not None and not timedelta(0) < window <= CREDENTIAL_ROTATION_MAX:
+            raise ImproperlyConfigured(
+                f"idempotent(credential_rotation={self.credential_rotation!r}) must be a "
+                f"positive duration of at most {CREDENTIAL_ROTATION_MAX}: for how long the "
+                "holder of a credential the view rotated still gets its replay."
+            )
+
+    @property
+    def credential_window(self) -> timedelta | None:
+        """``credential_rotation`` as a duration; None: the view does not opt in."""
+        rotation = self.credential_rotation
+        return None if rotation is None else as_timedelta(rotation)
 
     @property
     def retention(self) -> timedelta:

@@ -16,10 +16,19 @@ and created by the same principal, whose keyed digest every claim of a
 DRF request stores (``sender_of``). Anything else keeps DRF's own refusal.
 The security argument is docs/security.md's, "Replays past a refused
 permission".
+
+A view that rotates or revokes the credential its caller authenticates
+with opts in to a second path (``credential_rotation``): its claims keep
+a keyed digest of the credential presented (the ``Authorization``
+header), and a retry whose authentication fails is answered with the
+replay of the record of the same operation and key whose first request
+presented that same credential, of the same input, finished, and created
+within the view's window (``replay_past_authentication_failure``).
 """
 
 from __future__ import annotations
 
+import hmac
 import logging
 from collections.abc import Mapping, Sequence
 from typing import TYPE_CHECKING, Any
@@ -34,7 +43,10 @@ from django_idempotency._protection.answers import answer_settled
 from django_idempotency._protection.outcome import Tally, announce, finish
 from django_idempotency._store.digests import (
     NOBODY,
+    Fingerprint,
     Sender,
+    credential_digest,
+    credential_digests,
     principal_digest,
     principal_digests,
 )
@@ -82,7 +94,16 @@ def sender_of(request: HttpRequest, options: Options) -> Sender:
     if not isinstance(request, Request):
         return NOBODY
     principal = principal_of(request)
-    return Sender(principal=None if principal is None else principal_digest(principal))
+    credential = presented_credential(request) if options.credential_window else None
+    return Sender(
+        principal=None if principal is None else principal_digest(principal),
+        credential=None if credential is None else credential_digest(credential),
+    )
+
+
+def presented_credential(request: HttpRequest) -> str | None:
+    """The credential as the request presents it: its ``Authorization`` header, raw."""
+    return request.headers.get("Authorization") or None
 
 
 def key_of(request: HttpRequest, options: Options) -> str | None:
@@ -108,7 +129,6 @@ def replay_past_permission_refusal(
     record of the request's scope, replayed if it is finished, within
     retention, of this input, and created by ``principal``.
     """
-    tally = Tally()
     try:
         scope = Scope(
             tenant=resolve_tenant(request, options.tenant or idempotency_settings.TENANT),
@@ -126,20 +146,79 @@ def replay_past_permission_refusal(
         record is None
         or not _finished_within_retention(record)
         or not fingerprint.matches(record.fingerprint)
-        or record.principal_digest not in principal_digests(principal)
+        or not _one_of(record.principal_digest, principal_digests(principal))
     ):
         return None
-    tally.scope = scope
+    return _replayed(request, options, fingerprint, record, "a permission check refused")
+
+
+def replay_past_authentication_failure(
+    request: HttpRequest,
+    options: Options,
+    view_args: Sequence[Any],
+    view_kwargs: Mapping[str, Any],
+    *,
+    credential: str,
+    key: str,
+) -> HttpResponseBase | None:
+    """The replay owed to the holder of a credential the view rotated; None: the 401 stands.
+
+    The view opted in (``credential_rotation``) and its throttles have let
+    the request through. The record of the request's operation and key
+    whose first request presented ``credential`` is replayed if it is the
+    only one, finished, within retention, created within the view's window,
+    and of this input.
+    """
+    window = options.credential_window
+    assert window is not None
+    try:
+        operation = resolve_operation(request, options.operation)
+        if _too_large(request):
+            return None
+        fingerprint = request_fingerprint(request, options.fingerprint, view_args, view_kwargs)
+        found = store.finished_for_credential(
+            operation, key, credential_digests(credential), created_within=window
+        )
+    except _NO_REPLAY as exc:
+        logger.info("No replay past a failed authentication for %s: %s", request.path, exc)
+        return None
+    if len(found) != 1:
+        return None  # none, or one per tenant: which one is not the credential's to say
+    (record,) = found
+    if not fingerprint.matches(record.fingerprint) or not _one_of(
+        record.credential_digest, credential_digests(credential)
+    ):
+        return None
+    return _replayed(request, options, fingerprint, record, "whose credential was rotated")
+
+
+def _replayed(
+    request: HttpRequest,
+    options: Options,
+    fingerprint: Fingerprint,
+    record: IdempotencyRecord,
+    why: str,
+) -> HttpResponseBase | None:
+    """``record``'s replay, with the key echoed, announced as any replay is."""
+    tally = Tally()
+    tally.scope = Scope(tenant=record.tenant, operation=record.operation, key=record.key)
     try:
         replay = answer_settled(tally, fingerprint, record)
     except IdempotencyRefusal as exc:  # unreadable (a missing encryption key): logged there
-        logger.info("No replay past a refused permission for %s: %s", scope, exc)
+        logger.info("No replay for %s, %s: %s", tally.scope, why, exc)
         return None
     if options.key.is_client_header:  # echoed, as on every protected answer
         replay[idempotency_settings.HEADER] = request.headers[idempotency_settings.HEADER]
-    logger.info("Replayed %s to a retry that a permission check refused.", scope)
+    logger.info("Replayed %s to a retry %s.", tally.scope, why)
     announce(request, finish(tally, None))
     return replay
+
+
+def _one_of(stored: str | None, expected: Sequence[str]) -> bool:
+    """Whether a stored digest is one of ``expected`` (compared in constant time)."""
+    if stored is None:
+        return False
+    return any(hmac.compare_digest(stored.encode(), digest.encode()) for digest in expected)
 
 
 def _finished_within_retention(record: IdempotencyRecord) -> bool:

@@ -15,17 +15,20 @@ Each kind of protected DRF view has one: ``IdempotentMixin``, an
 
 from __future__ import annotations
 
+from datetime import timedelta
 from typing import Any
 
 from django.urls import include, path
 from rest_framework import status, viewsets
 from rest_framework.authentication import TokenAuthentication
+from rest_framework.authtoken.models import Token
 from rest_framework.decorators import action
+from rest_framework.exceptions import AuthenticationFailed
 from rest_framework.permissions import BasePermission, IsAuthenticated
 from rest_framework.request import Request
 from rest_framework.response import Response
 from rest_framework.routers import SimpleRouter
-from rest_framework.throttling import UserRateThrottle
+from rest_framework.throttling import AnonRateThrottle, UserRateThrottle
 from rest_framework.views import APIView
 
 from django_idempotency import idempotent
@@ -111,6 +114,69 @@ class ThrottledRefund(MixinRefund):
     throttle_classes = [OnePerMinute]
 
 
+#: How long the holder of a rotated credential still gets the replay.
+ROTATION_WINDOW = timedelta(minutes=5)
+
+
+def rotate(request: Request) -> Response:
+    """Revoke the token the request authenticated with; answer the new one."""
+    assert isinstance(request.auth, Token)
+    user = request.auth.user
+    request.auth.delete()
+    new = Token.objects.create(user=user)
+    label = data_of(request).get("label")
+    return Response({"token": new.key, "label": label}, status=status.HTTP_201_CREATED)
+
+
+class MixinRotation(IdempotentMixin, APIView):
+    authentication_classes = [TokenAuthentication]
+    permission_classes = [IsAuthenticated]
+    idempotency_credential_rotation = ROTATION_WINDOW
+
+    def post(self, request: Request) -> Response:
+        return rotate(request)
+
+
+class MethodRotation(APIView):
+    authentication_classes = [TokenAuthentication]
+    permission_classes = [IsAuthenticated]
+
+    @idempotent(credential_rotation=ROTATION_WINDOW)
+    def post(self, request: Request) -> Response:
+        return rotate(request)
+
+
+class QuietTokenAuthentication(TokenAuthentication):
+    """Ignores an unknown token instead of refusing it: DRF's permission check then answers 401."""
+
+    def authenticate_credentials(self, key: str) -> Any:
+        try:
+            return super().authenticate_credentials(key)
+        except AuthenticationFailed:
+            return None
+
+
+class QuietRotation(MixinRotation):
+    authentication_classes = [QuietTokenAuthentication]
+
+
+class OneAnonymousPerMinute(AnonRateThrottle):
+    rate = "1/min"
+
+
+class ThrottledRotation(MixinRotation):
+    # Counts the retries whose authentication failed (anonymous), by address.
+    throttle_classes = [OneAnonymousPerMinute]
+
+
+class RotationWithoutOptIn(IdempotentMixin, APIView):
+    authentication_classes = [TokenAuthentication]
+    permission_classes = [IsAuthenticated]
+
+    def post(self, request: Request) -> Response:
+        return rotate(request)
+
+
 router = SimpleRouter()
 router.register("viewset/charges", ChargeViewSet, basename="refusal-charge")
 
@@ -119,5 +185,10 @@ urlpatterns = [
     path("method/charges/<int:pk>", MethodRefund.as_view()),
     path("organisation/charges/<int:pk>", OrganisationRefund.as_view()),
     path("throttled/charges/<int:pk>", ThrottledRefund.as_view()),
+    path("mixin/rotate", MixinRotation.as_view()),
+    path("method/rotate", MethodRotation.as_view()),
+    path("quiet/rotate", QuietRotation.as_view()),
+    path("throttled/rotate", ThrottledRotation.as_view()),
+    path("plain/rotate", RotationWithoutOptIn.as_view()),
     path("", include(router.urls)),
 ]
