@@ -220,6 +220,34 @@ def test_a_refused_request_looks_the_record_up_with_one_statement() -> None:
     assert len(on_records) == 1 and on_records[0].startswith("SELECT"), on_records
 
 
+def test_a_refused_retry_passing_two_wrapped_initials_is_looked_up_once() -> None:
+    user = UserFactory.create()
+    client, charge = client_of(user), charge_of(user)
+    url = f"/audited/charges/{charge.pk}"
+    refund(client, url)
+
+    with CaptureQueriesContext(connections["default"]) as queries:
+        other_key = refund(client, url, key="k2")
+    on_records = [q["sql"] for q in queries.captured_queries if "django_idempotency" in q["sql"]]
+    retry = refund(client, url)
+
+    assert other_key.status_code == 403 and len(on_records) == 1, on_records
+    assert (retry.status_code, retry.get("Idempotent-Replayed")) == (201, "true")
+
+
+def test_a_body_drf_cannot_parse_keeps_the_original_403() -> None:
+    user = UserFactory.create()
+    client, charge = client_of(user), charge_of(user)
+    url = f"/mixin/charges/{charge.pk}"
+    refund(client, url)
+
+    refused = client.post(
+        url, b"{not json", content_type="application/json", HTTP_IDEMPOTENCY_KEY="k1"
+    )
+
+    assert refused.status_code == 403
+
+
 def test_an_anonymous_caller_gets_the_original_401() -> None:
     user = UserFactory.create()
     charge = charge_of(user)

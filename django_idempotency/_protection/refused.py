@@ -107,10 +107,10 @@ def presented_credential(request: HttpRequest) -> str | None:
 
 
 def key_of(request: HttpRequest, options: Options) -> str | None:
-    """The request's key, or None when it has none or an invalid one (no replay)."""
+    """The request's key, or None when it has none, an invalid one, or a body DRF refuses."""
     try:
         return options.key.read(request, idempotency_settings.KEY_MAX_LENGTH)
-    except IdempotencyRefusal:
+    except (IdempotencyRefusal, APIException):
         return None
 
 

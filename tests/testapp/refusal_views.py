@@ -98,6 +98,22 @@ class ChargeViewSet(viewsets.GenericViewSet):  # type: ignore[type-arg]
         return refund(request, pk)
 
 
+class AuditedRefund(MethodRefund):
+    """An ``initial()`` of its own over a base whose ``initial()`` answers refused retries already.
+
+    Its own ``@idempotent`` handler wraps its ``initial()`` too: a refused
+    retry passes two wrappers, and must be looked up once.
+    """
+
+    def initial(self, request: Request, *args: Any, **kwargs: Any) -> None:
+        super().initial(request, *args, **kwargs)
+
+    @idempotent
+    def delete(self, request: Request, pk: int) -> Response:
+        Charge.objects.filter(pk=pk).delete()
+        return Response(status=status.HTTP_204_NO_CONTENT)
+
+
 class OrganisationRefund(MixinRefund):
     """Every user of the organisation is one tenant: replays still go to one principal."""
 
@@ -184,6 +200,7 @@ urlpatterns = [
     path("mixin/charges/<int:pk>", MixinRefund.as_view()),
     path("method/charges/<int:pk>", MethodRefund.as_view()),
     path("organisation/charges/<int:pk>", OrganisationRefund.as_view()),
+    path("audited/charges/<int:pk>", AuditedRefund.as_view()),
     path("throttled/charges/<int:pk>", ThrottledRefund.as_view()),
     path("mixin/rotate", MixinRotation.as_view()),
     path("method/rotate", MethodRotation.as_view()),
