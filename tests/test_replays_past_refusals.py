@@ -248,6 +248,22 @@ def test_a_body_drf_cannot_parse_keeps_the_original_403() -> None:
     assert refused.status_code == 403
 
 
+def test_a_body_larger_than_the_protection_fingerprints_keeps_the_original_403(
+    settings: Any,
+) -> None:
+    user = UserFactory.create()
+    client, charge = client_of(user), charge_of(user)
+    url = f"/mixin/charges/{charge.pk}"
+    refund(client, url)
+    settings.IDEMPOTENCY = {"MAX_FINGERPRINTED_BODY": 8}
+
+    with CaptureQueriesContext(connections["default"]) as queries:
+        refused = refund(client, url)
+
+    assert refused.status_code == 403
+    assert not [q["sql"] for q in queries.captured_queries if "django_idempotency" in q["sql"]]
+
+
 def test_an_anonymous_caller_gets_the_original_401() -> None:
     user = UserFactory.create()
     charge = charge_of(user)
@@ -382,3 +398,14 @@ def test_an_unfinished_record_is_not_replayed_to_a_rotated_credential() -> None:
 def test_a_window_that_is_not_a_few_minutes_is_refused(window: Any) -> None:
     with pytest.raises(ImproperlyConfigured, match="credential_rotation"):
         idempotent(credential_rotation=window)
+
+
+def test_two_records_of_one_credential_under_two_tenants_are_neither_replayed() -> None:
+    """The credential names no tenant: with two candidates, which one is not its to say."""
+    client, _ = token_client(UserFactory.create())
+    roll(client, "/mixin/rotate")
+    record = IdempotencyRecord.objects.get()
+    record.pk, record.tenant = None, "another-tenant"
+    record.save()
+
+    assert roll(client, "/mixin/rotate").status_code == 401
