@@ -12,13 +12,21 @@ from typing import Any, TypeVar, cast, overload
 from asgiref.sync import async_to_sync, sync_to_async
 from django.core.exceptions import ImproperlyConfigured, PermissionDenied
 from django.http import Http404, HttpRequest, HttpResponseBase
+from rest_framework import exceptions
 from rest_framework.exceptions import APIException
 from rest_framework.request import Request
 from rest_framework.views import APIView
 
 from django_idempotency._protection.answers import render_refusal, rendered
-from django_idempotency._protection.flow import Options, protect
+from django_idempotency._protection.flow import PROTECTED_METHODS, Options, protect
 from django_idempotency._protection.keys import KeySource, KeySpec
+from django_idempotency._protection.refused import (
+    key_of,
+    presented_credential,
+    principal_of,
+    replay_past_authentication_failure,
+    replay_past_permission_refusal,
+)
 from django_idempotency._protection.transactions import run_unprotected
 from django_idempotency.conf import as_timedelta
 from django_idempotency.exceptions import IdempotencyRefusal
@@ -29,9 +37,12 @@ from django_idempotency.scope import OperationSpec
 __all__ = [
     "DRF_HANDLED",
     "EVERY_DATABASE",
+    "REFUSED_IN_INITIAL",
     "EveryDatabase",
     "IdempotentView",
+    "answer_refused_retry",
     "idempotent",
+    "mark_refused_retries_answered",
     "mark_views_non_atomic",
 ]
 
@@ -90,6 +101,7 @@ class IdempotentView:
 
     def __set_name__(self, owner: type, name: str) -> None:
         mark_views_non_atomic(owner)
+        mark_refused_retries_answered(owner)
 
     def __get__(self, instance: object, owner: type | None = None) -> Any:
         if instance is None:
@@ -182,6 +194,108 @@ def mark_views_non_atomic(view_class: type) -> None:
     view_class.dispatch = dispatch
 
 
+#: What DRF's ``initial()`` raises for a refused permission (an
+#: authenticated caller) and for a failed authentication: narrow paths may
+#: answer such a retry with its replay (``answer_refused_retry``).
+REFUSED_IN_INITIAL = (
+    exceptions.PermissionDenied,
+    exceptions.NotAuthenticated,
+    exceptions.AuthenticationFailed,
+)
+
+
+def answer_refused_retry(
+    view: APIView, request: Request, refusal: APIException, args: Any, kwargs: Any
+) -> bool:
+    """Whether a retry refused in DRF's ``initial()`` is answered with its replay.
+
+    If it is, the view's handler for the method is swapped for one that
+    returns the replay, as ``IdempotentMixin`` swaps in its protected
+    handler. Only for a method the view protects and a request with a key:
+    a permission refused to the principal that sent the first request, or
+    (views with ``credential_rotation``) a failed authentication with the
+    credential the first request presented. The view's throttles run
+    first (they may raise ``Throttled``), so that a throttled request runs
+    no SQL. Looked up once per refusal, however many ``initial()`` wrappers
+    it passes.
+    """
+    if getattr(refusal, "_idempotency_looked_up", False):
+        return False
+    refusal._idempotency_looked_up = True  # type: ignore[attr-defined]
+    options = _options_for(view, request)
+    if options is None:
+        return False
+    replay: HttpResponseBase | None = None
+    if isinstance(refusal, exceptions.PermissionDenied):
+        principal = principal_of(request)
+        key = key_of(request, options) if principal is not None else None
+        if principal is None or key is None:
+            return False
+        view.check_throttles(request)
+        replay = replay_past_permission_refusal(
+            request, options, args, kwargs, principal=principal, key=key
+        )
+    elif options.credential_window is not None:
+        credential = presented_credential(request)
+        key = key_of(request, options) if credential is not None else None
+        if credential is None or key is None:
+            return False
+        view.check_throttles(request)
+        replay = replay_past_authentication_failure(
+            request, options, args, kwargs, credential=credential, key=key
+        )
+    if replay is None:
+        return False
+    setattr(view, (request.method or "").lower(), lambda *args, **kwargs: replay)
+    return True
+
+
+def _options_for(view: APIView, request: Request) -> Options | None:
+    """The options the view protects the request's method with; None: unprotected."""
+    if request.method not in PROTECTED_METHODS:
+        return None
+    handler = getattr(view, (request.method or "").lower(), None)
+    function = getattr(handler, "__func__", None)
+    if isinstance(function, IdempotentView):
+        return function.options
+    protects = getattr(view, "idempotency_protects", None)  # IdempotentMixin's
+    if handler is not None and protects is not None and protects(request.method):
+        return cast(Options, type(view).idempotency_options())  # type: ignore[attr-defined]
+    return None
+
+
+def mark_refused_retries_answered(view_class: type) -> None:
+    """Answer the retries DRF refuses in ``initial()`` where the class protects a handler.
+
+    For DRF views with ``@idempotent`` methods (``IdempotentMixin`` does it
+    in its own ``initial()``): ``initial`` gets a wrapper that hands a
+    refused permission or a failed authentication to
+    ``answer_refused_retry``. A plain Django view,
+    or a class of handlers that is no view, is left alone.
+    """
+    inherited = getattr(view_class, "initial", None)
+    if (
+        inherited is None
+        or not hasattr(view_class, "check_throttles")  # not a DRF view
+        or hasattr(view_class, "idempotency_protects")  # IdempotentMixin: its own
+        or getattr(inherited, "_idempotency_initial", False)  # here or on a base already
+    ):
+        return
+
+    def initial(self: Any, request: Request, *args: Any, **kwargs: Any) -> None:
+        try:
+            inherited(self, request, *args, **kwargs)
+        except REFUSED_IN_INITIAL as refusal:
+            if not answer_refused_retry(self, request, refusal, args, kwargs):
+                raise
+
+    initial.__name__ = "initial"
+    initial.__qualname__ = f"{view_class.__qualname__}.initial"
+    initial.__doc__ = inherited.__doc__
+    initial._idempotency_initial = True  # type: ignore[attr-defined]
+    view_class.initial = initial  # type: ignore[attr-defined]
+
+
 @overload
 def idempotent(view: ViewFunc) -> ViewFunc: ...
 @overload
@@ -197,6 +311,7 @@ def idempotent(
     outcome: Outcome | None = None,
     tenant: Callable[[Any], str] | None = None,
     verify: Callable[[Any], HttpResponseBase | None] | None = None,
+    credential_rotation: timedelta | float | None = None,
 ) -> Callable[[ViewFunc], ViewFunc]: ...
 
 
@@ -212,6 +327,7 @@ def idempotent(
     outcome: Outcome | None = None,
     tenant: Callable[[Any], str] | None = None,
     verify: Callable[[Any], HttpResponseBase | None] | None = None,
+    credential_rotation: timedelta | float | None = None,
 ) -> Any:
     """Run the decorated view once per ``Idempotency-Key`` and replay its outcome.
 
@@ -223,7 +339,9 @@ def idempotent(
     (``@idempotent``) or with arguments (``@idempotent(ttl=3600)``). Only
     POST, PUT, PATCH and DELETE are protected; other methods run the view
     unprotected. A method decorated with it keeps its own options inside an
-    ``IdempotentMixin`` view.
+    ``IdempotentMixin`` view. On a method of a DRF class, a retry that a
+    permission check refuses is answered with its replay when the same
+    principal sent the first request (docs/security.md).
 
     Args:
         view: The view, when used bare; ``None`` when called with arguments.
@@ -269,6 +387,13 @@ def idempotent(
             to answer unprotected, or raises. The place to check a plain
             Django view's webhook signature; DRF views use an
             authentication class, which runs before the view.
+        credential_rotation: For a DRF view that rotates or revokes the
+            credential its caller authenticates with (a device key roll):
+            for how long (seconds or a ``timedelta``, at most an hour) a
+            retry whose authentication fails still gets the replay, when
+            it presents the same credential (its ``Authorization``
+            header, kept as a keyed digest) with the same key and input.
+            ``None``: such a retry gets DRF's 401 (docs/security.md).
 
     Returns:
         The protected view (an async view for an ``async def`` one), or,
@@ -277,7 +402,9 @@ def idempotent(
     Raises:
         ImproperlyConfigured: ``fingerprint`` is a string (a list of names
             was meant), ``ttl`` is not positive, ``key`` is no key source,
-            or ``outcome``, ``tenant`` or ``verify`` is not callable.
+            ``outcome``, ``tenant`` or ``verify`` is not callable, or
+            ``credential_rotation`` is not a positive duration of an hour
+            at most.
     """
     for name, value in (("outcome", outcome), ("tenant", tenant), ("verify", verify)):
         if value is not None and not callable(value):
@@ -292,6 +419,7 @@ def idempotent(
         outcome=outcome,
         tenant=tenant,
         verify=verify,
+        credential_rotation=credential_rotation,
     )
 
     def decorate(func: Callable[..., Any]) -> Any:

@@ -11,7 +11,12 @@ from rest_framework.request import Request
 
 from django_idempotency._protection.flow import PROTECTED_METHODS, Options
 from django_idempotency._protection.keys import KeySource, KeySpec
-from django_idempotency.decorators import IdempotentView, mark_views_non_atomic
+from django_idempotency.decorators import (
+    REFUSED_IN_INITIAL,
+    IdempotentView,
+    answer_refused_retry,
+    mark_views_non_atomic,
+)
 from django_idempotency.fingerprint import FingerprintSpec
 from django_idempotency.outcomes import Outcome
 from django_idempotency.scope import OperationSpec
@@ -30,7 +35,9 @@ class IdempotentMixin:
 
     The protected handler is swapped in by ``initial()``, after
     authentication, permissions and throttling. A handler already decorated
-    with ``@idempotent`` keeps its own options.
+    with ``@idempotent`` keeps its own options. A retry a permission check
+    refuses there is answered with its replay when the same principal sent
+    the first request (docs/security.md).
 
     Attributes:
         idempotency_fingerprint: As ``idempotent(fingerprint=...)``.
@@ -44,6 +51,9 @@ class IdempotentMixin:
         idempotency_outcome: As ``idempotent(outcome=...)``.
         idempotency_tenant: As ``idempotent(tenant=...)``.
         idempotency_verify: As ``idempotent(verify=...)``.
+        idempotency_credential_rotation: As
+            ``idempotent(credential_rotation=...)``: for a view that rotates
+            or revokes its caller's credential.
 
     A webhook's signature is checked by the view's authentication class,
     which DRF runs before the handler and so before the claim.
@@ -58,6 +68,7 @@ class IdempotentMixin:
     idempotency_outcome: ClassVar[Outcome | None] = None
     idempotency_tenant: ClassVar[Callable[[Any], str] | None] = None
     idempotency_verify: ClassVar[Callable[[Any], HttpResponseBase | None] | None] = None
+    idempotency_credential_rotation: ClassVar[timedelta | float | None] = None
 
     def __init_subclass__(cls, **kwargs: Any) -> None:
         super().__init_subclass__(**kwargs)
@@ -79,6 +90,7 @@ class IdempotentMixin:
             outcome=cls.idempotency_outcome,
             tenant=cls.idempotency_tenant,
             verify=cls.idempotency_verify,
+            credential_rotation=cls.idempotency_credential_rotation,
         )
 
     def idempotency_protects(self, method: str | None) -> bool:
@@ -87,7 +99,15 @@ class IdempotentMixin:
     def initial(self, request: Request, *args: Any, **kwargs: Any) -> None:
         # Runs after authentication, permissions and throttling, and before
         # DRF looks the handler up: swap in the protected handler here.
-        super().initial(request, *args, **kwargs)  # type: ignore[misc]
+        try:
+            super().initial(request, *args, **kwargs)  # type: ignore[misc]
+        except REFUSED_IN_INITIAL as refusal:
+            # A retry that its own first run makes a permission refuse, or
+            # (credential_rotation) whose credential it revoked: answered
+            # with its replay, if it has one (narrow paths).
+            if answer_refused_retry(self, request, refusal, args, kwargs):  # type: ignore[arg-type]
+                return
+            raise
         method = (request.method or "").lower()
         handler = getattr(self, method, None)
         function = getattr(handler, "__func__", None)

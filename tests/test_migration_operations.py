@@ -42,7 +42,7 @@ import io
 import threading
 import time
 from collections.abc import Iterator
-from datetime import timedelta
+from datetime import datetime, timedelta
 from typing import Any
 
 import pytest
@@ -276,14 +276,30 @@ def index_row(name: str) -> tuple[Any, ...] | None:
         return row
 
 
+def insert_record_as_0006_has_it(key: str, state: str, *, created_at: datetime) -> None:
+    """A record with only the columns 0006 has (the model's include those 0008 adds)."""
+    names = ("tenant", "operation", "key", "fingerprint", "state", "created_at", "updated_at",
+             "expires_at")  # fmt: skip
+    quoted = ", ".join(connection.ops.quote_name(name) for name in names)
+    values: list[Any] = [
+        "t", "op", key, "f", state, created_at, created_at, created_at + timedelta(days=1)
+    ]  # fmt: skip
+    quote = connection.ops.quote_name
+    with connection.cursor() as cursor:
+        cursor.execute(
+            f"INSERT INTO {TABLE} ({quoted}, {quote('lease_owner')}, {quote('fencing_token')}, "
+            f"{quote('provider_key')}, {quote('provider_operation_id')}, "
+            f"{quote('response_headers')}) "
+            f"VALUES ({', '.join(['%s'] * len(names))}, '', 1, '', '', '[]')",
+            values,
+        )
+
+
 def leave_a_failed_build() -> tuple[Any, ...]:
     """A concurrent build of the BRIN's name that fails half way: a unique index over duplicates."""
     now = timezone.now()
     for key in ("one", "two"):
-        IdempotencyRecord.objects.create(
-            tenant="t", operation="op", key=key, fingerprint="f", state="COMPLETED",
-            created_at=now, updated_at=now, expires_at=now + timedelta(days=1),
-        )  # fmt: skip
+        insert_record_as_0006_has_it(key, "COMPLETED", created_at=now)
     with (
         pytest.raises(Exception, match="could not create unique index"),
         connection.cursor() as cursor,
@@ -934,31 +950,7 @@ def _claim_waiting_at_most(seconds: int) -> None:
             cursor.execute(f"SET lock_timeout = '{seconds}s'")
         else:
             cursor.execute(f"SET SESSION lock_wait_timeout = {seconds}")
-    now = timezone.now()
-    # Only the columns 0007 has (the model's include the ones being added).
-    names = ("tenant", "operation", "key", "fingerprint", "state", "created_at", "updated_at",
-             "expires_at")  # fmt: skip
-    quoted = ", ".join(connection.ops.quote_name(name) for name in names)
-    values: list[Any] = [
-        "t",
-        "op",
-        "during-the-alter",
-        "f",
-        "CLAIMED",
-        now,
-        now,
-        now + timedelta(days=1),
-    ]
-    with connection.cursor() as cursor:
-        cursor.execute(
-            f"INSERT INTO {TABLE} ({quoted}, {connection.ops.quote_name('lease_owner')}, "
-            f"{connection.ops.quote_name('fencing_token')}, "
-            f"{connection.ops.quote_name('provider_key')}, "
-            f"{connection.ops.quote_name('provider_operation_id')}, "
-            f"{connection.ops.quote_name('response_headers')}) "
-            f"VALUES ({', '.join(['%s'] * len(names))}, '', 1, '', '', '[]')",
-            values,
-        )
+    insert_record_as_0006_has_it("during-the-alter", "CLAIMED", created_at=timezone.now())
 
 
 def _alter_waiting() -> int:

@@ -18,6 +18,7 @@ from dataclasses import dataclass, field
 from datetime import timedelta
 from typing import TYPE_CHECKING, Any
 
+from django.core.exceptions import ImproperlyConfigured
 from django.db import connections
 
 from django_idempotency import _store as store
@@ -33,9 +34,10 @@ from django_idempotency._protection.keys import KeySource
 from django_idempotency._protection.optimistic import run_optimistically
 from django_idempotency._protection.outcome import Tally, announce, finish
 from django_idempotency._protection.owned import run_owned
+from django_idempotency._protection.refused import sender_of
 from django_idempotency._protection.retention import advertise_first_execution
 from django_idempotency._protection.transactions import run_unprotected
-from django_idempotency._store.digests import Fingerprint
+from django_idempotency._store.digests import Fingerprint, Sender
 from django_idempotency._store.errors import is_contention
 from django_idempotency._store.routing import database_for
 from django_idempotency.conf import as_timedelta, idempotency_settings
@@ -69,6 +71,10 @@ State = IdempotencyRecord.State
 
 PROTECTED_METHODS = frozenset({"POST", "PUT", "PATCH", "DELETE"})
 
+#: The longest ``credential_rotation`` window: a revoked credential still
+#: fetches the replay of the request that revoked it only for minutes.
+CREDENTIAL_ROTATION_MAX = timedelta(hours=1)
+
 #: The "wait" mode polls the record, backing off from the first interval
 #: to the last (seconds).
 _FIRST_POLL = 0.05
@@ -88,6 +94,22 @@ class Options:
     outcome: Outcome | None = None
     tenant: Callable[[Any], str] | None = None
     verify: Callable[[Any], HttpResponseBase | None] | None = None
+    credential_rotation: timedelta | float | None = None
+
+    def __post_init__(self) -> None:
+        window = self.credential_window
+        if window is not None and not timedelta(0) < window <= CREDENTIAL_ROTATION_MAX:
+            raise ImproperlyConfigured(
+                f"idempotent(credential_rotation={self.credential_rotation!r}) must be a "
+                f"positive duration of at most {CREDENTIAL_ROTATION_MAX}: for how long the "
+                "holder of a credential the view rotated still gets its replay."
+            )
+
+    @property
+    def credential_window(self) -> timedelta | None:
+        """``credential_rotation`` as a duration; None: the view does not opt in."""
+        rotation = self.credential_rotation
+        return None if rotation is None else as_timedelta(rotation)
 
     def __post_init__(self) -> None:
         # A fixed name is judged once, here, so that a bad one fails at
@@ -208,6 +230,8 @@ def _protect(
     # use this alias, and the view learns it as request.idempotency.database.
     database = database_for(scope, request=request)
     connection = connections[database]
+    # Kept on the record for a retry that DRF refuses before the claim (``refused``).
+    sender = sender_of(request, options)
     response = None
     if options.optimistic and not connection.in_atomic_block:
         response = run_optimistically(
@@ -219,9 +243,10 @@ def _protect(
             options.retention,
             database=database,
             outcome=options.outcome_policy,
+            sender=sender,
         )
     if response is None:
-        response = _claim_or_answer(request, tally, fingerprint, view, options, database)
+        response = _claim_or_answer(request, tally, fingerprint, view, options, database, sender)
     if options.key.is_client_header:
         # Echoed to the client that sent it; a key read from elsewhere (a
         # webhook's delivery id) is the sender's, and no Idempotency-Key.
@@ -265,6 +290,7 @@ def _claim_or_answer(
     view: Callable[[], HttpResponseBase],
     options: Options,
     database: str,
+    sender: Sender,
 ) -> HttpResponseBase:
     conf = idempotency_settings
     scope = tally.scope
@@ -277,7 +303,7 @@ def _claim_or_answer(
         try:
             with step_span("idempotency.claim", scope, expected=contended) as span:
                 attempt = store.claim_or_take_over(
-                    scope, fingerprint, ttl=ttl, lease=lease, using=database
+                    scope, fingerprint, ttl=ttl, lease=lease, using=database, sender=sender
                 )
                 _describe_claim(span, attempt)
         except UNREACHABLE_ERRORS as exc:

@@ -51,7 +51,7 @@ from django_idempotency._protection.run import (
     what_a_lost_store_means,
 )
 from django_idempotency._protection.transactions import view_transactions, writes_discarded
-from django_idempotency._store.digests import Fingerprint
+from django_idempotency._store.digests import NOBODY, Fingerprint, Sender
 from django_idempotency._store.errors import (
     is_connection_lost,
     is_contention,
@@ -79,12 +79,13 @@ class _OptimisticRecording:
     refuses_a_rolled_back_success_at_once = False  # the winner answers first
 
     def __init__(
-        self, scope: Scope, fingerprint: Fingerprint, ttl: timedelta, database: str
+        self, scope: Scope, fingerprint: Fingerprint, ttl: timedelta, database: str, sender: Sender
     ) -> None:
         self.scope = scope
         self.fingerprint = fingerprint
         self.ttl = ttl
         self.database = database
+        self.sender = sender
 
     @contextmanager
     def transactions(self) -> Iterator[list[str]]:
@@ -98,7 +99,13 @@ class _OptimisticRecording:
         with step_span("idempotency.complete", self.scope) as span:
             span.set_attribute("idempotency.outcome", verdict.value)
             recorded = store.record_finished(
-                self.scope, self.fingerprint, verdict, stored, ttl=self.ttl, using=self.database
+                self.scope,
+                self.fingerprint,
+                verdict,
+                stored,
+                ttl=self.ttl,
+                using=self.database,
+                sender=self.sender,
             )
             span.set_attribute("idempotency.recorded", recorded)
         return recorded
@@ -114,6 +121,7 @@ def run_optimistically(
     *,
     database: str,
     outcome: Outcome,
+    sender: Sender = NOBODY,
 ) -> HttpResponseBase | None:
     """Look up, run the view and insert its finished record, in one transaction.
 
@@ -132,7 +140,7 @@ def run_optimistically(
     for attempt in range(1, _ATTEMPTS + 1):
         started = time.monotonic()
         try:
-            return _attempt(request, tally, fingerprint, view, ttl, database, outcome)
+            return _attempt(request, tally, fingerprint, view, ttl, database, outcome, sender)
         except _Retryable as retryable:
             exc = retryable.error
             answer = _the_winners_answer(tally, fingerprint, database)
@@ -177,6 +185,7 @@ def _attempt(
     ttl: timedelta,
     database: str,
     outcome: Outcome,
+    sender: Sender,
 ) -> HttpResponseBase | None:
     scope = tally.scope
     assert scope is not None
@@ -203,7 +212,7 @@ def _attempt(
                     record_id=0, fencing_token=0, scope=scope, database=database
                 )
                 request.idempotency = IdempotencyContext(unclaimed, optimistic=True)  # type: ignore[attr-defined]
-                recording = _OptimisticRecording(scope, fingerprint, ttl, database)
+                recording = _OptimisticRecording(scope, fingerprint, ttl, database, sender)
                 run = run_view(view, outcome, recording, progress)
     except SimulatedCrash:
         raise  # a "killed" process cleans nothing up (testing helper)
@@ -228,7 +237,7 @@ def _attempt(
         if not fingerprint.matches(record.fingerprint) or record.is_resolved:
             return answer_settled(tally, fingerprint, record)
         return None
-    return _settle(tally, fingerprint, run, ttl, database)
+    return _settle(tally, fingerprint, run, ttl, database, sender)
 
 
 def _settle(
@@ -237,6 +246,7 @@ def _settle(
     run: Ran,
     ttl: timedelta,
     database: str,
+    sender: Sender,
 ) -> HttpResponseBase:
     """After the transaction: the winner tells what it stored; anybody else asks the winner."""
     scope = tally.scope
@@ -260,7 +270,7 @@ def _settle(
     if run.discarded and run.verdict is Verdict.COMPLETED:
         raise rolled_back_success(scope, run.response)
     if run.store_after is not None:
-        if _store_on_its_own(scope, fingerprint, run, ttl, database):
+        if _store_on_its_own(scope, fingerprint, run, ttl, database, sender):
             note_stored(tally, run.verdict, status)
             return run.response
         answer = _the_winners_answer(tally, fingerprint, database)
@@ -271,12 +281,18 @@ def _settle(
 
 
 def _store_on_its_own(
-    scope: Scope, fingerprint: Fingerprint, run: Ran, ttl: timedelta, database: str
+    scope: Scope, fingerprint: Fingerprint, run: Ran, ttl: timedelta, database: str, sender: Sender
 ) -> bool:
     assert run.store_after is not None
     try:
         return store.record_finished(
-            scope, fingerprint, run.verdict, run.store_after, ttl=ttl, using=database
+            scope,
+            fingerprint,
+            run.verdict,
+            run.store_after,
+            ttl=ttl,
+            using=database,
+            sender=sender,
         )
     except DatabaseError as exc:
         log_unsettled(exc, f"store the refusal of {scope}", "its retry runs again")

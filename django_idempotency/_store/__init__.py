@@ -10,6 +10,8 @@ changes them only by calling the functions exported here:
   conditional on its fencing token;
 - ``finished``: the optimistic mode's one INSERT of a finished record,
   and the lookup that opens its transaction;
+- ``presented``: the record a retry whose authentication failed may be
+  answered with, found by the credential it presented;
 - ``steps``: the rows of a multi-step operation's steps, written only
   alongside their record's fenced write;
 - ``maintenance``: recovery's and operators' takeovers, retention, key
@@ -89,6 +91,7 @@ if TYPE_CHECKING:
         set_provider_operation,
         set_step_provider_operation,
     )
+    from django_idempotency._store.presented import finished_for_credential
     from django_idempotency._store.sealing import UnreadableRecord, unseal
     from django_idempotency._store.steps import StepWrite, steps_of
     from django_idempotency.models import RESOLVED_STATES, UNRESOLVED_STATES
@@ -119,6 +122,7 @@ _HOMES = {
     "discard_expired": "django_idempotency._store.claims",
     "expire_leases": "django_idempotency._store.maintenance",
     "extend_retention": "django_idempotency._store.maintenance",
+    "finished_for_credential": "django_idempotency._store.presented",
     "forgotten": "django_idempotency._store.claims",
     "hand_back": "django_idempotency._store.owner_writes",
     "handed_back": "django_idempotency._store.claims",
@@ -168,6 +172,7 @@ __all__ = [
     "discard_expired",
     "expire_leases",
     "extend_retention",
+    "finished_for_credential",
     "forgotten",
     "hand_back",
     "handed_back",

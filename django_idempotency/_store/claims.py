@@ -24,7 +24,7 @@ from django.utils import timezone
 from django_idempotency._store.conditional import delete_where, take_over_where
 from django_idempotency._store.connections import commit_now_alias
 from django_idempotency._store.database_time import DatabaseLater, DatabaseNow, clock_of
-from django_idempotency._store.digests import Fingerprint
+from django_idempotency._store.digests import NOBODY, Fingerprint, Sender
 from django_idempotency._store.statements import (
     record_from_row,
     statements_for,
@@ -77,6 +77,7 @@ def claim(
     ttl: timedelta,
     lease: timedelta,
     using: str,
+    sender: Sender = NOBODY,
 ) -> Claim | None:
     """Insert a CLAIMED record in one atomic statement; ``None`` if the key is taken.
 
@@ -90,7 +91,7 @@ def claim(
     committed = not connection.in_atomic_block
     if connection.vendor == "postgresql":
         sql = statements_for(connection)
-        params = _claim_params(connection, scope, fingerprint, ttl=ttl, lease=lease)
+        params = _claim_params(connection, scope, fingerprint, sender, ttl=ttl, lease=lease)
         # In a caller's transaction the INSERT may wait on a duplicate and
         # time out (lock_timeout, a deadlock): a savepoint keeps that from
         # aborting the caller's transaction.
@@ -110,6 +111,8 @@ def claim(
                 lease_owner=lease_owner(),
                 lease_expires_at=DatabaseLater(lease),
                 fencing_token=1,
+                principal_digest=sender.principal,
+                credential_digest=sender.credential,
                 created_at=DatabaseNow(),
                 updated_at=DatabaseNow(),
                 expires_at=DatabaseLater(ttl),
@@ -120,7 +123,13 @@ def claim(
 
 
 def claim_or_find(
-    scope: Scope, fingerprint: Fingerprint, *, ttl: timedelta, lease: timedelta, using: str
+    scope: Scope,
+    fingerprint: Fingerprint,
+    *,
+    ttl: timedelta,
+    lease: timedelta,
+    using: str,
+    sender: Sender = NOBODY,
 ) -> tuple[Claim | None, IdempotencyRecord | None]:
     """``claim()``, and when the key is taken, the record that holds it.
 
@@ -131,12 +140,12 @@ def claim_or_find(
     """
     connection = connections[using]
     if connection.vendor != "postgresql" or connection.in_atomic_block:
-        held = claim(scope, fingerprint, ttl=ttl, lease=lease, using=using)
+        held = claim(scope, fingerprint, ttl=ttl, lease=lease, using=using, sender=sender)
         return held, None if held else lookup(scope, using=using)
     # claim() and lookup() in autocommit, on one cursor: a Django cursor
     # costs about 10 us of CPU to open, a tenth of a replay's own Python.
     sql = statements_for(connection)
-    params = _claim_params(connection, scope, fingerprint, ttl=ttl, lease=lease)
+    params = _claim_params(connection, scope, fingerprint, sender, ttl=ttl, lease=lease)
     # The INSERT waits when another transaction holds an uncommitted version
     # of this scope's row: a duplicate's optimistic
     # claim, or recovery deleting a released claim while its reconciler's
@@ -162,6 +171,7 @@ def _claim_params(
     connection: BaseDatabaseWrapper,
     scope: Scope,
     fingerprint: Fingerprint,
+    sender: Sender,
     *,
     ttl: timedelta,
     lease: timedelta,
@@ -174,6 +184,8 @@ def _claim_params(
         fingerprint.stored,
         State.CLAIMED.value,
         lease_owner(),
+        sender.principal,
+        sender.credential,
         *clock.later_params(connection, lease),
         *clock.later_params(connection, ttl),
         *clock.now_params(connection),
@@ -241,7 +253,13 @@ class Attempt:
 
 
 def claim_or_take_over(
-    scope: Scope, fingerprint: Fingerprint, *, ttl: timedelta, lease: timedelta, using: str
+    scope: Scope,
+    fingerprint: Fingerprint,
+    *,
+    ttl: timedelta,
+    lease: timedelta,
+    using: str,
+    sender: Sender = NOBODY,
 ) -> Attempt:
     """Claim the key, or take it over where that is safe; else find who holds it.
 
@@ -249,11 +267,15 @@ def claim_or_take_over(
     retention is deleted and the key claimed anew; a CLAIMED record of this
     very input whose owner's lease ran out is taken over. Otherwise the
     record that holds the key is returned. Neither, when the key kept
-    changing hands meanwhile, ``MAX_RECLAIMS`` times.
+    changing hands meanwhile, ``MAX_RECLAIMS`` times. A new record keeps
+    ``sender`` (digests of who sent the request); one taken over keeps the
+    sender that created it.
     """
     last_seen = "unknown"
     for _ in range(1 + MAX_RECLAIMS):
-        held, record = claim_or_find(scope, fingerprint, ttl=ttl, lease=lease, using=using)
+        held, record = claim_or_find(
+            scope, fingerprint, ttl=ttl, lease=lease, using=using, sender=sender
+        )
         if held is not None:
             return Attempt(held)
         if record is None:

@@ -1,4 +1,4 @@
-"""Keyed, versioned digests of guessable input: fingerprints and provider keys.
+"""Keyed, versioned digests of guessable input: fingerprints, provider keys, who asked.
 
 A bare SHA-256 of a request's canonical input, or of (tenant, operation,
 key), is reversed by trying the likely inputs: a fingerprint gave its amount
@@ -10,6 +10,10 @@ made with. New digests use the first (newest) secret; a fingerprint is
 compared under every listed one, so rotating the secret does not turn a
 retry into a 422. A stored fingerprint without a version matches nothing:
 every release writes the version.
+
+The principal that sent a record's first request, and (views that rotate
+it) the credential it presented, are kept the same way: a bare hash of a
+user id or of a short API key would be reversed by trying them.
 """
 
 from __future__ import annotations
@@ -38,6 +42,8 @@ class _Secret:
     #: and a provider key never share a key.
     fingerprint_mac: hmac.HMAC
     provider_key_mac: hmac.HMAC
+    principal_mac: hmac.HMAC
+    credential_mac: hmac.HMAC
 
 
 def _derive(purpose: str, secret: bytes) -> bytes:
@@ -52,6 +58,8 @@ def _secrets(keys: tuple[tuple[str | None, bytes], ...]) -> tuple[_Secret, ...]:
             default_version(secret) if version is None else version,
             hmac.new(_derive("fingerprint", secret), digestmod="sha256"),
             hmac.new(_derive("provider-key", secret), digestmod="sha256"),
+            hmac.new(_derive("principal", secret), digestmod="sha256"),
+            hmac.new(_derive("credential", secret), digestmod="sha256"),
         )
         for version, secret in keys
     )
@@ -121,3 +129,47 @@ def provider_key(material: bytes) -> str:
     mac = secret.provider_key_mac.copy()
     mac.update(material)
     return f"{secret.version}{VERSION_SEPARATOR}{mac.hexdigest()}"[:PROVIDER_KEY_MAX_LENGTH]
+
+
+@dataclass(frozen=True)
+class Sender:
+    """Who sent the request that claims a record, as the record keeps it: digests.
+
+    Read back only by the narrow paths that answer a retry DRF refused
+    before the claim (``_protection/refused.py``).
+    """
+
+    #: ``principal_digest()`` of the authenticated principal; None: anonymous.
+    principal: str | None = None
+    #: ``credential_digest()`` of the credential presented, kept only by
+    #: views that rotate or revoke it; None otherwise.
+    credential: str | None = None
+
+
+NOBODY = Sender()
+
+
+def principal_digest(principal: str) -> str:
+    """A versioned HMAC of a principal (``"user:5"``) under the newest secret."""
+    return _versioned(active_secrets()[0], "principal_mac", principal)
+
+
+def principal_digests(principal: str) -> tuple[str, ...]:
+    """``principal_digest()`` under every active secret: what a stored one may be."""
+    return tuple(_versioned(secret, "principal_mac", principal) for secret in active_secrets())
+
+
+def credential_digest(credential: str) -> str:
+    """A versioned HMAC of a raw credential (an ``Authorization`` header), newest secret."""
+    return _versioned(active_secrets()[0], "credential_mac", credential)
+
+
+def credential_digests(credential: str) -> tuple[str, ...]:
+    """``credential_digest()`` under every active secret: what a stored one may be."""
+    return tuple(_versioned(secret, "credential_mac", credential) for secret in active_secrets())
+
+
+def _versioned(secret: _Secret, purpose: str, text: str) -> str:
+    mac = getattr(secret, purpose).copy()
+    mac.update(text.encode("utf-8", "surrogatepass"))
+    return f"{secret.version}{VERSION_SEPARATOR}{mac.hexdigest()}"

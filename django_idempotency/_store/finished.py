@@ -16,7 +16,7 @@ from django.db import IntegrityError, connections, transaction
 
 from django_idempotency._store import wait_bounds
 from django_idempotency._store.claims import lookup
-from django_idempotency._store.digests import Fingerprint
+from django_idempotency._store.digests import NOBODY, Fingerprint, Sender
 from django_idempotency._store.sealing import seal
 from django_idempotency._store.statements import record_from_row, statements_for
 from django_idempotency.models import IdempotencyRecord
@@ -58,6 +58,7 @@ def record_finished(
     *,
     ttl: timedelta,
     using: str,
+    sender: Sender = NOBODY,
 ) -> bool:
     """Insert the finished record, unless the scope is taken; whether it was inserted.
 
@@ -85,6 +86,8 @@ def record_finished(
         json.dumps(stored.headers),
         stored.body,
         sealed.sealed,
+        sender.principal,
+        sender.credential,
         *sql.clock.later_params(connection, ttl),
         *sql.clock.now_params(connection),
         *sql.clock.now_params(connection),

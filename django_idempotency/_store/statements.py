@@ -46,6 +46,8 @@ _CLAIM_COLUMNS = (
     "provider_key",
     "provider_operation_id",
     "response_headers",
+    "principal_digest",
+    "credential_digest",
 )
 _CLAIM_TIMES = ("lease_expires_at", "expires_at", "created_at", "updated_at")
 #: Where the lease owner is among the claim's parameters (the columns before
@@ -69,6 +71,8 @@ _FINISHED_COLUMNS = (
     "provider_key",
     "provider_operation_id",
     "tombstone",
+    "principal_digest",
+    "credential_digest",
 )
 _FINISHED_TIMES = ("expires_at", "created_at", "updated_at")
 
@@ -76,7 +80,9 @@ _FINISHED_TIMES = ("expires_at", "created_at", "updated_at")
 @dataclass(frozen=True)
 class Statements:
     #: Parameters of every claim: tenant, operation, key, fingerprint, state,
-    #: lease owner, lease (seconds), retention (seconds).
+    #: lease owner, principal digest, credential digest, then the clock's
+    #: parameters for the lease's end, the retention's end and the current
+    #: time (twice).
     #: -> one row (id) if claimed, none if the scope is taken. PostgreSQL only.
     claim: str
     #: The claim, setting ``lock_timeout`` for the rest of the transaction
@@ -108,7 +114,8 @@ class Statements:
     find_waiting_at_most: str = ""
     #: A finished record, as the optimistic mode writes it at the end of the
     #: view's transaction: tenant, operation, key, fingerprint, state,
-    #: status, headers, body, sealed, then the clock's parameters for the
+    #: status, headers, body, sealed, principal digest, credential digest,
+    #: then the clock's parameters for the
     #: retention's end and the current time (twice) -> rowcount 1, or 0 when
     #: the scope is taken (PostgreSQL: ``ON CONFLICT DO NOTHING``; elsewhere
     #: the caller reads the IntegrityError).
@@ -153,7 +160,7 @@ def _build(connection: BaseDatabaseWrapper, clock: DatabaseClock) -> Statements:
     conflict = f"ON CONFLICT ({scope}) DO NOTHING RETURNING {quote('id')}"
     # The lease and the retention end on the database's clock (store.database_time).
     claim_values = (
-        f"%s, %s, %s, %s, %s, %s, 1, '', '', '[]', "
+        f"%s, %s, %s, %s, %s, %s, 1, '', '', '[]', %s, %s, "
         f"{clock.later}, {clock.later}, {clock.now}, {clock.now}"
     )
     claim = f"{insert}VALUES ({claim_values}) {conflict}"
@@ -252,7 +259,7 @@ def _build(connection: BaseDatabaseWrapper, clock: DatabaseClock) -> Statements:
     finished_columns = ", ".join(quote(name) for name in (*_FINISHED_COLUMNS, *_FINISHED_TIMES))
     insert_finished = (
         f"INSERT INTO {table} ({finished_columns}) VALUES ("
-        "%s, %s, %s, %s, %s, %s, %s, %s, %s, '', NULL, 1, '', '', false, "
+        "%s, %s, %s, %s, %s, %s, %s, %s, %s, '', NULL, 1, '', '', false, %s, %s, "
         f"{clock.later}, {clock.now}, {clock.now})"
     )
     if connection.vendor == "postgresql":
