@@ -19,7 +19,10 @@ from rest_framework.views import APIView
 from django_idempotency._protection.answers import render_refusal, rendered
 from django_idempotency._protection.flow import Options, protect
 from django_idempotency._protection.keys import KeySource, KeySpec
-from django_idempotency._protection.transactions import run_unprotected
+from django_idempotency._protection.transactions import (
+    CallersMarks,
+    run_as_django_would,
+)
 from django_idempotency.conf import as_timedelta
 from django_idempotency.exceptions import IdempotencyRefusal
 from django_idempotency.fingerprint import FingerprintSpec
@@ -170,8 +173,10 @@ def mark_views_non_atomic(view_class: type) -> None:
         if isinstance(getattr(handler, "__func__", None), IdempotentView) or getattr(
             self, "idempotency_protects", lambda method: False
         )(request.method):
+            if isinstance(self, APIView):
+                return _dispatch_protected(self, lambda: inherited(self, request, *args, **kwargs))
             return inherited(self, request, *args, **kwargs)
-        return run_unprotected(lambda: inherited(self, request, *args, **kwargs))
+        return run_as_django_would(lambda: inherited(self, request, *args, **kwargs))
 
     # Not functools.wraps: as_view() copies dispatch's __dict__ onto the view
     # function, and a __wrapped__ there would mislead signature inspection.
@@ -180,6 +185,34 @@ def mark_views_non_atomic(view_class: type) -> None:
     dispatch.__doc__ = inherited.__doc__
     vars(dispatch).update(_non_atomic_requests=EVERY_DATABASE, _idempotency_dispatch=True)
     view_class.dispatch = dispatch
+
+
+def _dispatch_protected(view: APIView, dispatch: Callable[[], Any]) -> Any:
+    """DRF's dispatch of a protected handler: a refusal of DRF's checks dooms no transaction.
+
+    Authentication, permissions and throttles run in ``initial()``, before
+    the handler claims anything, outside any transaction of the request's
+    (the view is exempt from ``ATOMIC_REQUESTS``). Their refusal (a 401)
+    leaves the caller's transaction, a test's, as the same view unprotected
+    leaves it, where Django's savepoint takes DRF's mark.
+    """
+    refused: list[Exception] = []
+    checks = view.initial
+
+    def initial(*args: Any, **kwargs: Any) -> None:
+        try:
+            checks(*args, **kwargs)
+        except Exception as exc:
+            refused.append(exc)
+            raise
+
+    view.initial = initial  # type: ignore[method-assign]  # this request's instance only
+    marks = CallersMarks()
+    try:
+        return dispatch()
+    finally:
+        if refused:
+            marks.put_back(refused[0])
 
 
 @overload
