@@ -21,10 +21,11 @@ from django_idempotency._protection.flow import Options, protect
 from django_idempotency._protection.keys import KeySource, KeySpec
 from django_idempotency._protection.transactions import (
     CallersMarks,
+    durable_block_refused,
     run_as_django_would,
 )
 from django_idempotency.conf import as_timedelta
-from django_idempotency.exceptions import IdempotencyRefusal
+from django_idempotency.exceptions import DurableTransactionInView, IdempotencyRefusal
 from django_idempotency.fingerprint import FingerprintSpec
 from django_idempotency.outcomes import INPUT_REFUSALS, Outcome, mark_input_refused
 from django_idempotency.scope import OperationSpec
@@ -123,6 +124,8 @@ class IdempotentView:
             return protect(request, run, self.options, view_args, kwargs)
         except IdempotencyRefusal as exc:
             return render_refusal(request, exc, drf_view=drf_view)
+        except RuntimeError as exc:
+            raise _named(exc, self.view) from exc
 
 
 def _async_view(func: Callable[..., Any], options: Options) -> Callable[..., Any]:
@@ -146,12 +149,36 @@ def _async_view(func: Callable[..., Any], options: Options) -> Callable[..., Any
                 return protect(request, call, options, args, kwargs)
             except IdempotencyRefusal as exc:
                 return render_refusal(request, exc)
+            except RuntimeError as exc:
+                raise _named(exc, func) from exc
 
         return await sync_to_async(run, thread_sensitive=True)()
 
     view._non_atomic_requests = EVERY_DATABASE  # type: ignore[attr-defined]
     view.idempotency_options = options  # type: ignore[attr-defined]  # read by routes.py
     return view
+
+
+def _named(error: RuntimeError, view: Callable[..., Any]) -> RuntimeError:
+    """``error``, or for Django's refusal of a durable block, one naming the view and the fix.
+
+    Raised after the protection released the claim (the refused block ran
+    nothing): every retry would fail the same way, and Django's message
+    names neither the view nor what to do instead.
+    """
+    database = durable_block_refused(error)
+    if database is None:
+        return error
+    return DurableTransactionInView(
+        f"{view.__module__}.{view.__qualname__} opened transaction.atomic(durable=True) on "
+        f"database {database!r}, where a protected view runs inside the transaction that "
+        "commits its writes together with its outcome, so no block in it is the outermost "
+        "one: Django refused it, and would at every retry (the claim was released). Drop "
+        "durable=True there: the view's writes already commit together, once, with the "
+        "recorded outcome. Work that must commit on its own belongs outside the view, or "
+        "after the commit (transaction.on_commit); see 'Durable blocks' in "
+        "docs/transactions.md."
+    )
 
 
 def mark_views_non_atomic(view_class: type) -> None:

@@ -12,7 +12,7 @@ from collections.abc import Callable, Iterator
 from contextlib import ExitStack, contextmanager
 from typing import TYPE_CHECKING
 
-from django.db import DatabaseError, connections, transaction
+from django.db import DEFAULT_DB_ALIAS, DatabaseError, connections, transaction
 
 if TYPE_CHECKING:
     from django.http import HttpResponseBase
@@ -108,3 +108,22 @@ def writes_discarded() -> bool:
         connection.in_atomic_block and connection.needs_rollback
         for connection in connections.all(initialized_only=True)
     )
+
+
+def durable_block_refused(error: BaseException) -> str | None:
+    """The database of the ``atomic(durable=True)`` block Django refused with ``error``, if so.
+
+    Django raises a bare ``RuntimeError`` from the block's ``__enter__``
+    when it is nested in another: read off the frame that raised it (the
+    block itself), not off the message's wording.
+    """
+    if not isinstance(error, RuntimeError) or error.__traceback__ is None:
+        return None
+    last = error.__traceback__
+    while last.tb_next is not None:
+        last = last.tb_next
+    block = last.tb_frame.f_locals.get("self")
+    # django-stubs do not declare Atomic's ``durable`` (Django 3.2+).
+    if isinstance(block, transaction.Atomic) and getattr(block, "durable", False):
+        return block.using or DEFAULT_DB_ALIAS
+    return None

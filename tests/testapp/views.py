@@ -278,6 +278,23 @@ class TransactionProbeView(APIView):
         return self.probe(request)
 
 
+class DurableBlockView(APIView):
+    """Opens ``transaction.atomic(durable=True)``, as code written for unprotected views may."""
+
+    def charge(self, request: Request) -> Response:
+        with transaction.atomic(durable=True):
+            Charge.objects.create(tenant="durable", amount=int(data_of(request)["amount"]))
+        return Response(status=status.HTTP_201_CREATED)
+
+    @idempotent
+    def post(self, request: Request) -> Response:
+        return self.charge(request)
+
+    @idempotent(optimistic=True)
+    def put(self, request: Request) -> Response:
+        return self.charge(request)
+
+
 @api_view(["POST"])
 @idempotent
 def api_view_probe(request: Request) -> Response:
