@@ -90,10 +90,14 @@ class Options:
 
     @property
     def outcome_policy(self) -> Outcome:
-        """``outcome``, else ``standard`` for a client's key and ``webhook`` for any other."""
+        """``outcome``, else for a client's key the ``OUTCOME`` setting (``standard``), for any
+        other ``webhook``: a sender redelivers what it did not see succeed, whatever the
+        project stores for its clients."""
         if self.outcome is not None:
             return self.outcome
-        return standard if self.key.is_client_header else webhook
+        if not self.key.is_client_header:
+            return webhook
+        return idempotency_settings.OUTCOME or standard
 
 
 def protect(
