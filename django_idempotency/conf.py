@@ -32,9 +32,9 @@ from django.core.signals import setting_changed
 from django.utils.module_loading import import_string
 
 if TYPE_CHECKING:
-    from django.http import HttpRequest
+    from django.http import HttpRequest, HttpResponseBase
 
-    from django_idempotency.responses import StoredResponse
+    from django_idempotency.responses import StoredResponse, Verdict
 
 __all__ = [
     "DEFAULTS",
@@ -49,6 +49,8 @@ __all__ = [
 
 TenantResolver = Callable[["HttpRequest"], str]
 Redactor = Callable[["StoredResponse"], "StoredResponse"]
+#: An outcome policy (``outcomes.Outcome``): the view's response to its verdict.
+OutcomePolicy = Callable[["HttpResponseBase"], "Verdict"]
 #: The values of ``OPERATION_NAMES`` (``scope.OPERATION_NAMES`` lists them).
 OperationNames = Literal["pattern", "normalised", "route_name"]
 #: What the generic checks know how to validate (see ``checks.py``); None:
@@ -174,6 +176,12 @@ def _redactor(value: Any) -> Redactor | None:
     if isinstance(value, str):
         return import_callable(value, "REDACT")
     return cast("Redactor | None", value)
+
+
+def _outcome(value: Any) -> OutcomePolicy | None:
+    if isinstance(value, str):
+        return import_callable(value, "OUTCOME")
+    return cast("OutcomePolicy | None", value)
 
 
 def _in_flight(value: Any) -> Literal["conflict", "wait"]:
@@ -319,6 +327,19 @@ class IdempotencySettings:
         checks=("E013",),
         default_note=" (1 MiB)",
         doc="Largest response body stored, in bytes. See [Stored responses](responses.md).",
+    )
+    OUTCOME = Setting(
+        None,
+        _outcome,
+        checks=("E041",),
+        default_note=": `outcomes.standard`",
+        doc="The project's outcome policy: which answers are stored, which release the claim, "
+        "which leave the record UNCERTAIN, for every view keyed by the `Idempotency-Key` "
+        "header that chooses none (`outcome=`). A callable, or its dotted path, given the "
+        "view's finished response and returning a `Verdict`, such as "
+        "`outcomes.by_status({...})`. Views whose key comes from elsewhere (`key=`, "
+        "webhooks) keep `outcomes.webhook` unless they choose their own. See "
+        "[Outcome policies](responses.md#outcome-policies).",
     )
     ERROR_FORMAT = Setting(
         "drf",

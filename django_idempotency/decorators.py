@@ -27,9 +27,13 @@ from django_idempotency._protection.refused import (
     replay_past_authentication_failure,
     replay_past_permission_refusal,
 )
-from django_idempotency._protection.transactions import run_unprotected
+from django_idempotency._protection.transactions import (
+    CallersMarks,
+    durable_block_refused,
+    run_as_django_would,
+)
 from django_idempotency.conf import as_timedelta
-from django_idempotency.exceptions import IdempotencyRefusal
+from django_idempotency.exceptions import DurableTransactionInView, IdempotencyRefusal
 from django_idempotency.fingerprint import FingerprintSpec
 from django_idempotency.outcomes import INPUT_REFUSALS, Outcome, mark_input_refused
 from django_idempotency.scope import OperationSpec
@@ -132,6 +136,8 @@ class IdempotentView:
             return protect(request, run, self.options, view_args, kwargs)
         except IdempotencyRefusal as exc:
             return render_refusal(request, exc, drf_view=drf_view)
+        except RuntimeError as exc:
+            raise _named(exc, self.view) from exc
 
 
 def _async_view(func: Callable[..., Any], options: Options) -> Callable[..., Any]:
@@ -155,12 +161,36 @@ def _async_view(func: Callable[..., Any], options: Options) -> Callable[..., Any
                 return protect(request, call, options, args, kwargs)
             except IdempotencyRefusal as exc:
                 return render_refusal(request, exc)
+            except RuntimeError as exc:
+                raise _named(exc, func) from exc
 
         return await sync_to_async(run, thread_sensitive=True)()
 
     view._non_atomic_requests = EVERY_DATABASE  # type: ignore[attr-defined]
     view.idempotency_options = options  # type: ignore[attr-defined]  # read by routes.py
     return view
+
+
+def _named(error: RuntimeError, view: Callable[..., Any]) -> RuntimeError:
+    """``error``, or for Django's refusal of a durable block, one naming the view and the fix.
+
+    Raised after the protection released the claim (the refused block ran
+    nothing): every retry would fail the same way, and Django's message
+    names neither the view nor what to do instead.
+    """
+    database = durable_block_refused(error)
+    if database is None:
+        return error
+    return DurableTransactionInView(
+        f"{view.__module__}.{view.__qualname__} opened transaction.atomic(durable=True) on "
+        f"database {database!r}, where a protected view runs inside the transaction that "
+        "commits its writes together with its outcome, so no block in it is the outermost "
+        "one: Django refused it, and would at every retry (the claim was released). Drop "
+        "durable=True there: the view's writes already commit together, once, with the "
+        "recorded outcome. Work that must commit on its own belongs outside the view, or "
+        "after the commit (transaction.on_commit); see 'Durable blocks' in "
+        "docs/transactions.md."
+    )
 
 
 def mark_views_non_atomic(view_class: type) -> None:
@@ -182,8 +212,10 @@ def mark_views_non_atomic(view_class: type) -> None:
         if isinstance(getattr(handler, "__func__", None), IdempotentView) or getattr(
             self, "idempotency_protects", lambda method: False
         )(request.method):
+            if isinstance(self, APIView):
+                return _dispatch_protected(self, lambda: inherited(self, request, *args, **kwargs))
             return inherited(self, request, *args, **kwargs)
-        return run_unprotected(lambda: inherited(self, request, *args, **kwargs))
+        return run_as_django_would(lambda: inherited(self, request, *args, **kwargs))
 
     # Not functools.wraps: as_view() copies dispatch's __dict__ onto the view
     # function, and a __wrapped__ there would mislead signature inspection.
@@ -294,6 +326,34 @@ def mark_refused_retries_answered(view_class: type) -> None:
     initial.__doc__ = inherited.__doc__
     initial._idempotency_initial = True  # type: ignore[attr-defined]
     view_class.initial = initial  # type: ignore[attr-defined]
+
+
+def _dispatch_protected(view: APIView, dispatch: Callable[[], Any]) -> Any:
+    """DRF's dispatch of a protected handler: a refusal of DRF's checks dooms no transaction.
+
+    Authentication, permissions and throttles run in ``initial()``, before
+    the handler claims anything, outside any transaction of the request's
+    (the view is exempt from ``ATOMIC_REQUESTS``). Their refusal (a 401)
+    leaves the caller's transaction, a test's, as the same view unprotected
+    leaves it, where Django's savepoint takes DRF's mark.
+    """
+    refused: list[Exception] = []
+    checks = view.initial
+
+    def initial(*args: Any, **kwargs: Any) -> None:
+        try:
+            checks(*args, **kwargs)
+        except Exception as exc:
+            refused.append(exc)
+            raise
+
+    view.initial = initial  # type: ignore[method-assign]  # this request's instance only
+    marks = CallersMarks()
+    try:
+        return dispatch()
+    finally:
+        if refused:
+            marks.put_back(refused[0])
 
 
 @overload

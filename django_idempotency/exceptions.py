@@ -17,6 +17,7 @@ __all__ = [
     "REFUSAL_CODES",
     "UNREADABLE_RECORD",
     "BodyTooLarge",
+    "DurableTransactionInView",
     "IdempotencyError",
     "IdempotencyRefusal",
     "InputUnreadable",
@@ -270,6 +271,18 @@ UNREADABLE_RECORD = _(
     "encryption key it was stored with is missing from the server's configuration. Retry "
     "later with the same Idempotency-Key; the error is logged for the operators."
 )
+
+
+class DurableTransactionInView(IdempotencyError, RuntimeError):
+    """A protected view opened ``transaction.atomic(durable=True)`` on a database it runs in.
+
+    A protected view runs inside the transaction that commits its writes
+    together with its outcome, so no block in it is the outermost one that
+    ``durable=True`` demands: Django refuses it, at every retry. The claim
+    is released (the block ran nothing), and this names the view and the
+    fix (docs/transactions.md). A ``RuntimeError``, as Django's own refusal
+    (kept as its ``__cause__``) is.
+    """
 
 
 class TaskInProgress(IdempotencyError):

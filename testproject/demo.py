@@ -463,9 +463,9 @@ def provider_timeout(client: Client, provider_url: str, env: Mapping[str, str]) 
     busy = client.request("alice", "POST", "/v1/payments", key=key, body=body)
     check_refusal(
         busy,
-        409,
-        "idempotency_request_in_progress",
-        ": the record is UNCERTAIN, nothing runs twice",
+        503,
+        "idempotency_outcome_uncertain",
+        ": the record is UNCERTAIN, nothing runs twice; Retry-After says when recovery looks",
     )
     say()
     say("Recovery runs (Celery beat does every minute; cron users run the command):")
@@ -764,7 +764,7 @@ def main(argv: list[str] | None = None) -> int:
     say("  e. a fresh key for a paid order hit the domain guard (409 order_already_paid)")
     say("  f. refunds ran once per key; a refused refund (400) was replayed")
     say("  g. a missing key was refused with 400")
-    say("  h. a charge whose answer was lost: 502, then 409 until recovery asked the provider,")
+    say("  h. a charge whose answer was lost: 502, then 503 until recovery asked the provider,")
     say("     then the replayed 201; one charge, one payment")
     say("  i. a declined card: a 402 stored and replayed, nothing charged")
     return 0

@@ -253,6 +253,19 @@ def test_retryable_status_releases_the_claim_and_rolls_back(api: APIClient, stat
     assert "Idempotent-Replayed" not in retry
 
 
+@pytest.mark.parametrize("status", [408, 409, 423, 425, 429, 503])
+def test_a_retryable_status_raised_as_a_drf_exception_releases_the_claim(
+    api: APIClient, status: int
+) -> None:
+    """As the same status returned does: 423 Locked too ("try again later")."""
+    first = post(api, URL, {"amount": 100, "raise_status": status}, "order-1")
+    retry = post(api, URL, {"amount": 100, "raise_status": status}, "order-1")
+
+    assert first.status_code == retry.status_code == status
+    assert "Idempotent-Replayed" not in retry
+    assert IdempotencyRecord.objects.count() == 0
+
+
 @pytest.mark.parametrize("status", [400, 401, 403, 404, 410, 422])
 def test_other_4xx_is_stored_as_failed_and_replayed(api: APIClient, status: int) -> None:
     first = post(api, URL, {"amount": 100, "status": status}, "order-1")

@@ -95,6 +95,8 @@ def test_a_complete_valid_configuration_passes() -> None:
         ({"PROBLEM_TYPE_BASE": None}, "E016"),
         ({"REDACT": "no.such.hook"}, "E017"),
         ({"REDACT": 42}, "E017"),
+        ({"OUTCOME": "no.such.policy"}, "E041"),
+        ({"OUTCOME": "standard"}, "E041"),
         ({"ENCRYPTION_KEYS": "one-key"}, "E018"),
         ({"ENCRYPTION_KEYS": ["not a fernet key"]}, "E018"),
         ({"MAX_FINGERPRINTED_BODY": 0}, "E019"),

@@ -157,3 +157,44 @@ class signals_sent:
     def __exit__(self, *exc_info: object) -> None:
         for name, receiver in self.receivers:
             getattr(signals, name).disconnect(receiver)
+
+
+# -- the project's default policy: IDEMPOTENCY["OUTCOME"] -----------------------------------
+
+
+def test_the_outcome_setting_is_the_default_policy_of_views_keyed_by_the_header(
+    api: APIClient, settings: Any
+) -> None:
+    """Set once for the project, as ``outcome=`` is per view: no 4xx stored, here."""
+    settings.IDEMPOTENCY = {"OUTCOME": by_status({range(400, 500): Verdict.RELEASE})}
+    first = post(api, "/api-view/charges", {"amount": 5, "status": 404}, "k-1")
+    retry = post(api, "/api-view/charges", {"amount": 5}, "k-1")
+
+    assert first.status_code == 404
+    assert (retry.status_code, "Idempotent-Replayed" in retry) == (201, False)
+    assert IdempotencyRecord.objects.get().state == State.COMPLETED
+
+
+def test_the_outcome_setting_takes_a_dotted_path(api: APIClient, settings: Any) -> None:
+    settings.IDEMPOTENCY = {"OUTCOME": "django_idempotency.outcomes.webhook"}
+    post(api, "/api-view/charges", {"amount": 5, "status": 404}, "k-1")
+
+    assert not IdempotencyRecord.objects.exists()  # webhook: only 2xx is stored
+
+
+def test_a_views_own_outcome_wins_over_the_setting(api: APIClient, settings: Any) -> None:
+    settings.IDEMPOTENCY = {"OUTCOME": "django_idempotency.outcomes.webhook"}
+    with signals_sent():
+        post(api, "/policy/by-status", {"amount": 5, "status": 504}, "k-1")
+
+    assert IdempotencyRecord.objects.get().state == State.UNCERTAIN
+
+
+def test_views_with_a_key_from_elsewhere_keep_the_webhook_policy(
+    api: APIClient, settings: Any
+) -> None:
+    """A sender redelivers what it did not see succeed: the setting does not store its 4xx."""
+    settings.IDEMPOTENCY = {"OUTCOME": "django_idempotency.outcomes.standard"}
+    deliver(api, event(status=404))
+
+    assert not IdempotencyRecord.objects.exists()

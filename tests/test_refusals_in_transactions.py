@@ -62,3 +62,32 @@ class AssertProtectedInATestCase(TestCase):
     def test_assert_protected_under_atomic_requests(self) -> None:
         assert_protected(APIClient(), "/cbv/charges", {"amount": 1})
         assert Charge.objects.count() == 1
+
+
+@pytest.mark.django_db
+@pytest.mark.parametrize(
+    ("method", "url", "refused"),
+    [
+        # Refused by DRF before the claim: a bad token (401), an unknown method (405).
+        ("post", "/api-view/unprotected", 401),  # not protected at all: the reference
+        ("post", "/cbv/charges", 401),
+        ("post", "/viewset/charges/", 401),
+        ("delete", "/cbv/charges/1", 401),
+        ("get", "/cbv/charges", 405),  # a handler the view does not protect
+    ],
+)
+def test_a_refusal_before_the_claim_leaves_the_tests_transaction_usable(
+    atomic_requests_on: None, method: str, url: str, refused: int
+) -> None:
+    """As the same view unprotected does: there Django's savepoint takes DRF's mark."""
+    api = APIClient()
+    api.credentials(HTTP_AUTHORIZATION="Token not-a-token")
+    if refused == 405:
+        api.credentials()
+    headers = {"HTTP_IDEMPOTENCY_KEY": "k"} if method != "get" else {}
+
+    response = getattr(api, method)(url, {"amount": 1}, format="json", **headers)
+
+    assert response.status_code == refused
+    assert Charge.objects.count() == 0  # no TransactionManagementError
+    assert not transaction.get_rollback()

@@ -13,6 +13,7 @@ from django.db.models import F
 from rest_framework.test import APIClient
 
 from django_idempotency import signals
+from django_idempotency.exceptions import DurableTransactionInView
 from django_idempotency.models import IdempotencyRecord
 from tests.testapp.models import Charge
 from tests.utils import post
@@ -234,3 +235,22 @@ def test_under_atomic_requests_a_raised_drf_error_is_still_a_stored_failure(
     assert retry.content == first.content
     assert retry["Idempotent-Replayed"] == "true"
     assert IdempotencyRecord.objects.get().state == State.FAILED
+
+
+@pytest.mark.parametrize("method", ["post", "put"], ids=["default", "optimistic"])
+def test_a_durable_block_in_a_protected_view_is_refused_naming_the_view_and_the_fix(
+    api: APIClient, method: str
+) -> None:
+    """Django's bare RuntimeError named neither; and the claim is released each time."""
+    for _ in range(2):  # the retry is refused the same way: nothing was kept
+        with pytest.raises(DurableTransactionInView) as refused:
+            send = getattr(api, method)
+            send("/cbv/durable", {"amount": 1}, format="json", HTTP_IDEMPOTENCY_KEY="k")
+
+        message = str(refused.value)
+        assert f"tests.testapp.views.DurableBlockView.{method}" in message
+        assert "durable=True" in message and "database 'default'" in message
+        assert "docs/transactions.md" in message
+        assert isinstance(refused.value.__cause__, RuntimeError)
+        assert not IdempotencyRecord.objects.exists()
+        assert not Charge.objects.exists()

@@ -27,7 +27,10 @@ from django_idempotency import _store as store
 from django_idempotency._observability.tracing import step_span
 from django_idempotency._protection.outcome import Tally
 from django_idempotency._protection.retention import advertise_replay
-from django_idempotency._protection.transactions import run_unprotected
+from django_idempotency._protection.transactions import (
+    callers_transactions_left_alone,
+    run_unprotected,
+)
 from django_idempotency._store.digests import Fingerprint
 from django_idempotency._store.sealing import UnreadableRecord, unseal
 from django_idempotency.conf import idempotency_settings
@@ -45,11 +48,8 @@ from django_idempotency.responses import replay
 if TYPE_CHECKING:
     from django.http import HttpRequest, HttpResponseBase
 import json
-from collections.abc import Iterator
-from contextlib import contextmanager
 from typing import Any, cast
 
-from django.db import DatabaseError, connections
 from django.http import HttpRequest, HttpResponse, HttpResponseBase
 from django.template.response import SimpleTemplateResponse
 from rest_framework.views import APIView
@@ -168,7 +168,7 @@ def render_refusal(
     """The response a refusal gets, in the configured ``ERROR_FORMAT``."""
     if idempotency_settings.ERROR_FORMAT == "problem":
         return problem_response(refusal)
-    with _transactions_left_alone(refusal):
+    with callers_transactions_left_alone(refusal):
         if drf_view is not None:
             return drf_view.handle_exception(refusal)
         return _handled_by_drf(request, refusal)
@@ -214,28 +214,3 @@ def _handled_by_drf(request: HttpRequest, exc: IdempotencyRefusal) -> HttpRespon
     response.accepted_media_type = "application/json"
     response.renderer_context = context  # type: ignore[attr-defined]
     return rendered(response)
-
-
-@contextmanager
-def _transactions_left_alone(refusal: IdempotencyRefusal) -> Iterator[None]:
-    """Keep DRF's exception handler from dooming transactions a refusal did not open.
-
-    DRF's handler marks the open atomic block of every ``ATOMIC_REQUESTS``
-    database for rollback. A protected view opens none before its claim, so
-    an open block is the caller's: ``TestCase``'s, pytest-django's
-    ``django_db``, or an ``atomic()`` around the call. A refusal wrote
-    nothing there, and must not make the caller's next query raise
-    ``TransactionManagementError``. (One caused by a database error keeps
-    the mark: that transaction may well be broken.)
-    """
-    marks = {
-        connection.alias: connection.needs_rollback
-        for connection in connections.all(initialized_only=True)
-        if connection.in_atomic_block
-    }
-    try:
-        yield
-    finally:
-        if not isinstance(refusal.__cause__, DatabaseError):
-            for alias, mark in marks.items():
-                connections[alias].needs_rollback = mark

@@ -3,7 +3,8 @@
 The key (``HEADER`` E002, ``KEY_MAX_LENGTH`` E004), the scope (``TENANT``
 E007, ``OPERATION_NAMES`` E022), duplicates in flight (``IN_FLIGHT`` E009),
 retention against the lease (E014), what is stored of a response
-(``STORED_HEADERS`` E012, ``MAX_STORED_BODY`` E013), the refusals
+(``STORED_HEADERS`` E012, ``MAX_STORED_BODY`` E013) and which answers are
+stored (``OUTCOME`` E041), the refusals
 (``ERROR_FORMAT`` E015, ``PROBLEM_TYPE_BASE`` E016,
 ``MAX_FINGERPRINTED_BODY`` E019), and a task's lease against Celery's
 limits (W020, W021). Registered by ``django_idempotency.checks``.
@@ -67,6 +68,23 @@ def _check_tenant(value: Any) -> Iterator[CheckMessage]:
             f"IDEMPOTENCY['TENANT'] = {value!r} is neither callable nor a dotted path.",
             "Give a callable taking the request and returning the tenant as a string, "
             "or its dotted import path.",
+        )
+
+
+def _check_outcome(value: Any) -> Iterator[CheckMessage]:
+    hint = (
+        "Give an outcome policy: a callable taking the view's response and returning a "
+        "Verdict (django_idempotency.outcomes.by_status(...), say), its dotted import path, "
+        "or None for outcomes.standard."
+    )
+    if isinstance(value, str):
+        try:
+            import_callable(value, "OUTCOME")
+        except ImproperlyConfigured as exc:
+            yield error(41, str(exc), hint)
+    elif value is not None and not callable(value):
+        yield error(
+            41, f"IDEMPOTENCY['OUTCOME'] = {value!r} is neither callable nor a dotted path.", hint
         )
 
 
@@ -150,6 +168,7 @@ VALIDATORS: Mapping[str, Validator] = {
     "IN_FLIGHT": _check_in_flight,
     "STORED_HEADERS": _check_stored_headers,
     "MAX_STORED_BODY": _check_max_stored_body,
+    "OUTCOME": _check_outcome,
     "ERROR_FORMAT": _check_error_format,
     "PROBLEM_TYPE_BASE": _check_problem_type_base,
     "MAX_FINGERPRINTED_BODY": _check_max_fingerprinted_body,

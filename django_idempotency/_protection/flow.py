@@ -97,6 +97,9 @@ class Options:
     credential_rotation: timedelta | float | None = None
 
     def __post_init__(self) -> None:
+        # A fixed name is judged once, here, so that a bad one fails at
+        # import; a computed one is judged per request (resolve_operation).
+        check_operation_spec(self.operation)
         window = self.credential_window
         if window is not None and not timedelta(0) < window <= CREDENTIAL_ROTATION_MAX:
             raise ImproperlyConfigured(
@@ -111,11 +114,6 @@ class Options:
         rotation = self.credential_rotation
         return None if rotation is None else as_timedelta(rotation)
 
-    def __post_init__(self) -> None:
-        # A fixed name is judged once, here, so that a bad one fails at
-        # import; a computed one is judged per request (resolve_operation).
-        check_operation_spec(self.operation)
-
     @property
     def retention(self) -> timedelta:
         """``ttl``, else the ``TTL`` setting."""
@@ -123,10 +121,14 @@ class Options:
 
     @property
     def outcome_policy(self) -> Outcome:
-        """``outcome``, else ``standard`` for a client's key and ``webhook`` for any other."""
+        """``outcome``, else for a client's key the ``OUTCOME`` setting (``standard``), for any
+        other ``webhook``: a sender redelivers what it did not see succeed, whatever the
+        project stores for its clients."""
         if self.outcome is not None:
             return self.outcome
-        return standard if self.key.is_client_header else webhook
+        if not self.key.is_client_header:
+            return webhook
+        return idempotency_settings.OUTCOME or standard
 
 
 def protect(

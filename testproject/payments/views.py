@@ -58,7 +58,7 @@ class ProviderUnavailable(APIException):
     default_code = "payment_provider_unavailable"
     default_detail = (
         "The payment provider did not confirm the charge. Retry with the same "
-        "Idempotency-Key: you get 409 until the payment is settled, then its outcome."
+        "Idempotency-Key: you get 503 until the payment is settled, then its outcome."
     )
 
     def __init__(self) -> None:
@@ -158,7 +158,7 @@ class PaymentViewSet(
             )
         except provider_client.ProviderError as exc:
             # Unknown whether the card was charged: 502, and the record
-            # stays UNCERTAIN (409 to retries) until the reconciler has
+            # stays UNCERTAIN (503 to retries) until the reconciler has
             # asked the provider.
             raise ProviderUnavailable() from exc
         if (charge.metadata.get("owner_id"), charge.metadata.get("order_id")) != (

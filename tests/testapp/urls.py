@@ -32,6 +32,7 @@ urlpatterns = [
     path("async/charges", views.async_plain_charges),
     path("plain/form-charges", views.plain_form_charges),
     path("probe", views.TransactionProbeView.as_view()),
+    path("cbv/durable", views.DurableBlockView.as_view()),
     path("api-view/external", views.api_view_external_call),
     path("api-view/steps", views.api_view_steps),
     path("api-view/provider-charge", views.api_view_provider_charge),

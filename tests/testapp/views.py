@@ -26,7 +26,7 @@ from django.http import HttpRequest, JsonResponse
 from django.views.decorators.csrf import csrf_exempt
 from rest_framework import generics, serializers, status, viewsets
 from rest_framework.decorators import action, api_view
-from rest_framework.exceptions import PermissionDenied, ValidationError
+from rest_framework.exceptions import APIException, PermissionDenied, ValidationError
 from rest_framework.request import Request
 from rest_framework.response import Response
 from rest_framework.views import APIView
@@ -42,6 +42,14 @@ class ViewFailure(RuntimeError):
     pass
 
 
+class StatusRaised(APIException):
+    """A DRF exception of any status (DRF has no class for 423 Locked, say)."""
+
+    def __init__(self, status_code: int) -> None:
+        super().__init__(f"Answered {status_code}.")
+        self.status_code = status_code
+
+
 def _tenant(request: Any) -> str:
     user = getattr(request, "user", None)
     return f"user:{user.pk}" if user is not None and user.is_authenticated else "anonymous"
@@ -55,6 +63,8 @@ def perform(request: Any, data: Any) -> tuple[Charge, int]:
         raise ValidationError({"amount": ["This amount is not accepted."]})
     if data.get("forbidden"):
         raise PermissionDenied("This charge is not allowed.")
+    if data.get("raise_status"):
+        raise StatusRaised(int(data["raise_status"]))
     charge = Charge.objects.create(
         tenant=_tenant(request), amount=int(data.get("amount", 0)), note=str(data.get("note", ""))
     )
@@ -276,6 +286,23 @@ class TransactionProbeView(APIView):
 
     def put(self, request: Request) -> Response:
         return self.probe(request)
+
+
+class DurableBlockView(APIView):
+    """Opens ``transaction.atomic(durable=True)``, as code written for unprotected views may."""
+
+    def charge(self, request: Request) -> Response:
+        with transaction.atomic(durable=True):
+            Charge.objects.create(tenant="durable", amount=int(data_of(request)["amount"]))
+        return Response(status=status.HTTP_201_CREATED)
+
+    @idempotent
+    def post(self, request: Request) -> Response:
+        return self.charge(request)
+
+    @idempotent(optimistic=True)
+    def put(self, request: Request) -> Response:
+        return self.charge(request)
 
 
 @api_view(["POST"])
