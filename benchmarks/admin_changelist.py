@@ -46,6 +46,11 @@ from typing import Any
 from urllib.parse import quote, urlencode
 
 REPO_ROOT = Path(__file__).resolve().parents[1]
+# This directory holds an http.py: off the path, or it shadows the standard
+# library's (requests, imported below, fails on it).
+sys.path[:] = [
+    entry for entry in sys.path if Path(entry or ".").resolve() != REPO_ROOT / "benchmarks"
+]
 for path in (str(REPO_ROOT), str(REPO_ROOT / "testproject")):
     if path not in sys.path:
         sys.path.insert(0, path)

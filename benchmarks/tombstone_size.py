@@ -12,7 +12,7 @@
    Django's test client: a payment view under ``@idempotent`` that calls
    ``begin_external()`` and ``set_provider_operation()`` (or, with
    ``--steps N``, N steps, each with its provider id), answering 201 with a
-   JSON body of about 300 bytes and a ``Location``, as a payments API does.
+   JSON body of about 360 bytes and a ``Location``, as a payments API does.
    Keys are UUIDs, tenants ``user:<n>`` over 5,000 users: every value the
    indexes hold is the package's own (fingerprints, provider keys);
 3. measures them again: the cost of a live COMPLETED record. Each
