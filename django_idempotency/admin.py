@@ -44,6 +44,7 @@ from django_idempotency._store.database_time import (
     DatabaseLater,
     DatabaseNow,
     database_now,
+    instant,
     with_read_time,
 )
 from django_idempotency._store.routing import record_databases
@@ -422,7 +423,9 @@ class IdempotencyRecordAdmin(admin.ModelAdmin):  # type: ignore[type-arg]
         if record.state in RESOLVED_STATES or record.lease_expires_at is None:
             return "-"
         now = record.read_at or self._now(record)
-        return str(_("held")) if record.lease_expires_at > now else str(_("expired"))
+        using = record._state.db or "default"
+        held = instant(record.lease_expires_at, using) > instant(now, using)
+        return str(_("held")) if held else str(_("expired"))
 
     @admin.display(description=_("steps"))
     def steps(self, record: IdempotencyRecord) -> Any:
