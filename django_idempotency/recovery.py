@@ -48,7 +48,7 @@ from django_idempotency import _store as store
 from django_idempotency import signals
 from django_idempotency._observability import labels
 from django_idempotency._observability import recording as metrics
-from django_idempotency._store.database_time import DatabaseNow
+from django_idempotency._store.database_time import DatabaseNow, time_left
 from django_idempotency._store.routing import records_database_named, sweep
 from django_idempotency.conf import as_timedelta, idempotency_settings
 from django_idempotency.exceptions import StaleOwner
@@ -489,7 +489,7 @@ def _hand_back(
     kept: tuple[str, ...],
     report: RecoveryReport,
 ) -> None:
-    if record.read_at is not None and record.expires_at <= record.read_at:
+    if record.read_at is not None and time_left(record, record.expires_at) <= timedelta(0):
         # Handed back before and never taken within its retention: waiting
         # longer would only churn. Left for an operator (or a reconciler
         # that settles it), as after Retry.

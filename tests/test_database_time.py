@@ -17,18 +17,21 @@ from __future__ import annotations
 import contextlib
 import uuid
 from collections.abc import Callable, Iterator
-from datetime import timedelta
+from datetime import UTC, datetime, timedelta
+from typing import Any
 from unittest import mock
 
 import pytest
-from django.db import connection, transaction
-from django.test import Client
+from django.db import connection, connections, transaction
+from django.test import Client, override_settings
 from django.test.utils import CaptureQueriesContext
 from django.utils import timezone
 from rest_framework.test import APIClient
 
 from django_idempotency import _store as store
 from django_idempotency import recovery
+from django_idempotency._protection.answers import until_recovery
+from django_idempotency._protection.retention import seconds_left
 from django_idempotency._store.database_time import (
     DatabaseLater,
     database_later,
@@ -36,6 +39,7 @@ from django_idempotency._store.database_time import (
     uses_host_clock,
 )
 from django_idempotency._store.digests import Fingerprint, FingerprintHasher
+from django_idempotency._store.statements import FIELD_NAMES, record_from_row, statements_for
 from django_idempotency.admin import stuck
 from django_idempotency.models import IdempotencyRecord
 from django_idempotency.purge import purge_expired_records
@@ -276,3 +280,88 @@ def test_the_admin_judges_leases_and_expiry_on_the_database_clock() -> None:
     assert list(IdempotencyRecord.objects.filter(stuck())) == []
     assert record_page.status_code == 200
     assert record_page.context["adminform"].form.instance.read_at is not None
+
+
+# -- daylight saving under USE_TZ=False (PostgreSQL) ------------------------------------
+
+#: New York's clocks go back from 01:59:59 EDT to 01:00 EST: that hour's wall times twice.
+FALL_BACK = datetime(2026, 11, 1, 6, 0, tzinfo=UTC)
+#: And forward from 01:59:59 EST to 03:00 EDT: an hour of wall times that never happen.
+SPRING_FORWARD = datetime(2027, 3, 14, 7, 0, tzinfo=UTC)
+
+
+@pytest.fixture
+def naive_new_york() -> Iterator[None]:
+    """USE_TZ=False in a zone with daylight saving: times come back as naive wall times."""
+    if connection.vendor != "postgresql":
+        pytest.skip("PostgreSQL's timestamptz; elsewhere the columns hold wall times themselves")
+    with override_settings(USE_TZ=False, TIME_ZONE="America/New_York"):
+        yield
+    connection.close()  # its session's time zone was New York's
+
+
+def read_at(moment: datetime, *, state: str = State.COMPLETED, **times: datetime) -> Any:
+    """A record as ``store.lookup()`` returns it when the database's time is ``moment``.
+
+    Its times (``expires_at``, ``lease_expires_at``) are given as instants;
+    the row goes through the lookup's own conversion, as the database sends it.
+    """
+    record = RecordFactory.create(state=state, fingerprint=fingerprint_of("dst").stored)
+    scope = Scope(record.tenant, record.operation, record.key)
+    database = connections["default"]
+    with database.cursor() as cursor:
+        cursor.execute(statements_for(database).find, [scope.tenant, scope.operation, scope.key])
+        row = list(cursor.fetchone())
+
+    def epoch_microseconds(instant: datetime) -> int:
+        return (instant - datetime(1970, 1, 1, tzinfo=UTC)) // timedelta(microseconds=1)
+
+    for name, instant in times.items():
+        row[FIELD_NAMES.index(name)] = epoch_microseconds(instant)
+    row[len(FIELD_NAMES)] = epoch_microseconds(moment)
+    return record_from_row(database, row)
+
+
+def test_in_the_repeated_hour_retention_is_judged_by_the_instant(
+    naive_new_york: None, settings: Any
+) -> None:
+    """Read at 01:45 EDT, kept until 01:15 EST (30 minutes later): not expired."""
+    record = read_at(
+        FALL_BACK - timedelta(minutes=15), expires_at=FALL_BACK + timedelta(minutes=15)
+    )
+
+    assert record.expires_at < record.read_at  # as wall times: 01:15 before 01:45
+    assert not store.past_retention(record)  # its key is not discarded and run again
+    settings.IDEMPOTENCY = {"TOMBSTONE_TTL": 3600, "ADVERTISE_RETENTION": True}
+    assert not store.past_retention(record)
+    assert not store.kept_as_tombstone(record)  # not refused as idempotency_key_expired
+    assert seconds_left(record) == 30 * 60
+    assert store.past_retention(read_at(FALL_BACK + timedelta(minutes=90), expires_at=FALL_BACK))
+
+
+def test_in_the_repeated_hour_a_running_lease_is_not_abandoned(naive_new_york: None) -> None:
+    """Read at 01:59 EDT, the lease ends at 01:01 EST: two minutes to go."""
+    record = read_at(
+        FALL_BACK - timedelta(minutes=1),
+        state=State.CLAIMED,
+        lease_expires_at=FALL_BACK + timedelta(minutes=1),
+    )
+
+    assert not store.abandoned(record, fingerprint_of("dst"))
+    assert until_recovery(record) == 120  # not past: the floor would be 5
+    uncertain = read_at(
+        FALL_BACK - timedelta(minutes=1),
+        state=State.UNCERTAIN,
+        lease_expires_at=FALL_BACK + timedelta(minutes=5),
+    )
+    assert until_recovery(uncertain) == 6 * 60
+
+
+def test_across_spring_forward_durations_are_exact(naive_new_york: None, settings: Any) -> None:
+    """Read at 01:59 EST, kept until 03:01 EDT: two minutes left, not 62."""
+    settings.IDEMPOTENCY = {"ADVERTISE_RETENTION": True}
+    record = read_at(
+        SPRING_FORWARD - timedelta(minutes=1), expires_at=SPRING_FORWARD + timedelta(minutes=1)
+    )
+
+    assert seconds_left(record) == 120

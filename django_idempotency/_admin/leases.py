@@ -11,6 +11,7 @@ from datetime import datetime
 
 from django.utils.translation import gettext as _
 
+from django_idempotency._store.database_time import instant
 from django_idempotency.models import RESOLVED_STATES, IdempotencyRecord
 
 
@@ -24,7 +25,10 @@ def lease_label(record: IdempotencyRecord, now: datetime) -> str:
     """
     if record.state in RESOLVED_STATES or record.lease_expires_at is None:
         return "-"
-    if record.lease_expires_at <= now:
+    # Instants, not wall times: PostgreSQL under USE_TZ=False in a zone with
+    # daylight saving hands back naive times the repeated hour makes ambiguous.
+    using = record._state.db or "default"
+    if instant(record.lease_expires_at, using) <= instant(now, using):
         return _("expired")
     if record.state == IdempotencyRecord.State.UNCERTAIN and not record.lease_owner:
         return _("postponed")

@@ -18,10 +18,10 @@ from __future__ import annotations
 import logging
 import math
 from collections.abc import Callable
+from datetime import timedelta
 from typing import TYPE_CHECKING, NoReturn
 
 from django.db import InterfaceError, OperationalError
-from django.utils import timezone
 
 from django_idempotency import _store as store
 from django_idempotency._observability.tracing import step_span
@@ -31,6 +31,7 @@ from django_idempotency._protection.transactions import (
     callers_transactions_left_alone,
     run_unprotected,
 )
+from django_idempotency._store.database_time import time_left
 from django_idempotency._store.digests import Fingerprint
 from django_idempotency._store.sealing import UnreadableRecord, unseal
 from django_idempotency.conf import idempotency_settings
@@ -103,9 +104,10 @@ def until_recovery(record: IdempotencyRecord) -> int:
     Judged at ``record.read_at``, the database's time of that lookup (this
     host's where the database's clock is this host's, on SQLite).
     """
-    now = record.read_at if record.read_at is not None else timezone.now()
-    lease_end = record.lease_expires_at or now
-    seconds = math.ceil((lease_end - now).total_seconds())
+    lease_left = timedelta(0)
+    if record.lease_expires_at is not None:
+        lease_left = time_left(record, record.lease_expires_at)
+    seconds = math.ceil(lease_left.total_seconds())
     return min(max(seconds, UNCERTAIN_RETRY_AFTER_MIN), UNCERTAIN_RETRY_AFTER_MAX)
 
 

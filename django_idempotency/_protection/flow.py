@@ -121,9 +121,11 @@ class Options:
 
     @property
     def outcome_policy(self) -> Outcome:
-        """``outcome``, else for a client's key the ``OUTCOME`` setting (``standard``), for any
-        other ``webhook``: a sender redelivers what it did not see succeed, whatever the
-        project stores for its clients."""
+        """``outcome``; else the ``OUTCOME`` setting (``standard``) for a client's key.
+
+        A key from elsewhere gets ``webhook`` whatever the project stores for
+        its clients: a sender redelivers what it did not see succeed.
+        """
         if self.outcome is not None:
             return self.outcome
         if not self.key.is_client_header:

@@ -31,8 +31,7 @@ import math
 from datetime import timedelta
 from typing import TYPE_CHECKING, TypeVar
 
-from django.utils import timezone
-
+from django_idempotency._store.database_time import time_left
 from django_idempotency.conf import idempotency_settings
 from django_idempotency.responses import REPLAYED_HEADER, RETENTION_HEADER
 
@@ -71,8 +70,7 @@ def seconds_left(record: IdempotencyRecord) -> int:
     Judged at ``record.read_at``, the database's time of that lookup; on
     a database whose clock is this host's (SQLite), this host's time.
     """
-    now = record.read_at if record.read_at is not None else timezone.now()
-    return _whole_seconds(record.expires_at - now)
+    return _whole_seconds(time_left(record, record.expires_at))
 
 
 def _whole_seconds(duration: timedelta) -> int:

@@ -31,7 +31,6 @@ from typing import TYPE_CHECKING, Any, NoReturn, TypeVar, cast
 
 from django.core.exceptions import ImproperlyConfigured
 from django.db import DatabaseError, transaction
-from django.utils import timezone
 
 from django_idempotency._names import check_operation_spec
 from django_idempotency._observability import labels
@@ -529,9 +528,10 @@ def _left_to_the_reconciler(record: IdempotencyRecord) -> bool:
         return True
     if record.state != State.IN_PROGRESS or record.lease_expires_at is None:
         return False
+    from django_idempotency._store.database_time import time_left
+
     # As store.claims judges a takeover: the database's time of the lookup.
-    read_at = record.read_at or timezone.now()
-    return record.lease_expires_at <= read_at
+    return time_left(record, record.lease_expires_at) <= timedelta(0)
 
 
 def broker_visibility_timeout(app: Any) -> float | None:

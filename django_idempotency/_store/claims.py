@@ -19,11 +19,16 @@ from typing import Any
 from django.db import IntegrityError, connections, transaction
 from django.db.backends.base.base import BaseDatabaseWrapper
 from django.db.models import F, Q
-from django.utils import timezone
 
 from django_idempotency._store.conditional import delete_where, take_over_where
 from django_idempotency._store.connections import commit_now_alias
-from django_idempotency._store.database_time import DatabaseLater, DatabaseNow, clock_of
+from django_idempotency._store.database_time import (
+    DatabaseLater,
+    DatabaseNow,
+    clock_of,
+    instant,
+    time_left,
+)
 from django_idempotency._store.digests import NOBODY, Fingerprint, Sender
 from django_idempotency._store.statements import (
     record_from_row,
@@ -42,6 +47,7 @@ _HOST = socket.gethostname()
 #: taken over in between) before the caller is told it is in flight rather
 #: than looping.
 MAX_RECLAIMS = 3
+ZERO = timedelta(0)
 
 
 @dataclass(frozen=True)
@@ -301,7 +307,7 @@ def past_retention(record: IdempotencyRecord) -> bool:
     and the purge agree whichever ran first. Judged at the database's time
     of the lookup that read ``record``.
     """
-    return record.is_resolved and _forgotten_at(record) <= _read_at(record)
+    return record.is_resolved and _left(record, record.expires_at) + _tombstone_time(record) <= ZERO
 
 
 def kept_as_tombstone(record: IdempotencyRecord) -> bool:
@@ -313,20 +319,20 @@ def kept_as_tombstone(record: IdempotencyRecord) -> bool:
     """
     if not record.is_resolved:
         return False
-    read_at = _read_at(record)
+    left = _left(record, record.expires_at)
     if record.tombstone:
-        return read_at < record.expires_at
-    return record.expires_at <= read_at < _forgotten_at(record)
+        return left > ZERO
+    return left <= ZERO < left + _tombstone_time(record)
 
 
-def _forgotten_at(record: IdempotencyRecord) -> datetime:
-    """When a resolved record's key may start anew: its tombstone's end, if it has one."""
+def _tombstone_time(record: IdempotencyRecord) -> timedelta:
+    """How long after ``expires_at`` a resolved record's key may start anew."""
     ttl = idempotency_settings.TOMBSTONE_TTL
     if record.tombstone or ttl is None:
         # A tombstone's expires_at was moved on by the purge; one kept while
         # TOMBSTONE_TTL was on still refuses until then once it is off.
-        return record.expires_at
-    return record.expires_at + ttl
+        return ZERO
+    return ttl
 
 
 def abandoned(record: IdempotencyRecord, fingerprint: Fingerprint) -> bool:
@@ -339,7 +345,7 @@ def abandoned(record: IdempotencyRecord, fingerprint: Fingerprint) -> bool:
         record.state == State.CLAIMED
         and fingerprint.matches(record.fingerprint)
         and record.lease_expires_at is not None
-        and (handed_back(record) or record.lease_expires_at <= _read_at(record))
+        and (handed_back(record) or _left(record, record.lease_expires_at) <= ZERO)
     )
 
 
@@ -351,23 +357,23 @@ def handed_back(record: IdempotencyRecord) -> bool:
     so, since a live owner always names itself, for a lease far shorter
     than the retention.
     """
+    using = record._state.db or "default"
     return (
         record.state == State.CLAIMED
         and record.lease_owner == ""
         and record.lease_expires_at is not None
-        and record.lease_expires_at >= record.expires_at
+        and instant(record.lease_expires_at, using) >= instant(record.expires_at, using)
     )
 
 
-def _read_at(record: IdempotencyRecord) -> datetime:
-    """The database's time when ``lookup()`` read ``record``; this host's on a host clock."""
-    if record.read_at is not None:
-        return record.read_at
-    if clock_of(connections[record._state.db or "default"]).host:
-        return timezone.now()
-    # A record read another way carries no database time: judging it on this
-    # host's clock is exactly what must not happen.
-    raise ValueError(f"record {record.pk} was not read by store.lookup(): no database time")
+def _left(record: IdempotencyRecord, until: datetime) -> timedelta:
+    """From the database's time when ``lookup()`` read ``record`` to ``until`` (this host's
+    time on a host clock), between instants (``database_time.instant``)."""
+    if record.read_at is None and not clock_of(connections[record._state.db or "default"]).host:
+        # A record read another way carries no database time: judging it on
+        # this host's clock is exactly what must not happen.
+        raise ValueError(f"record {record.pk} was not read by store.lookup(): no database time")
+    return time_left(record, until)
 
 
 def discard_expired(record: IdempotencyRecord, *, using: str) -> bool:

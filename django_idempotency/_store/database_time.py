@@ -26,14 +26,18 @@ out?" is computed inside the statement that writes or reads it.
 
 Where Python itself must judge a record (a looked-up record's retention, an
 abandoned claim), the lookup returns the database's time beside the row
-(``IdempotencyRecord.read_at``), so no query is added.
+(``IdempotencyRecord.read_at``), so no query is added. It judges instants,
+as the database does (``instant``, ``time_left``): on PostgreSQL under
+``USE_TZ=False`` the times arrive as naive wall times of ``TIME_ZONE``,
+which a daylight-saving change repeats or skips.
 """
 
 from __future__ import annotations
 
+import zoneinfo
 from dataclasses import dataclass
 from datetime import UTC, datetime, timedelta
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from django.conf import settings
 from django.db import connections
@@ -43,6 +47,9 @@ from django.db.models.sql.compiler import SQLCompiler
 from django.utils import timezone
 
 from django_idempotency._store.clock import ahead
+
+if TYPE_CHECKING:
+    from django_idempotency.models import IdempotencyRecord
 
 
 def uses_host_clock(connection: BaseDatabaseWrapper) -> bool:
@@ -175,3 +182,44 @@ def _read_time(using: str, duration: timedelta) -> datetime:
     if settings.USE_TZ and timezone.is_naive(value):
         value = timezone.make_aware(value, UTC)
     return value  # type: ignore[no-any-return]
+
+
+def instant(value: datetime, using: str) -> datetime:
+    """``value``, a time read from database ``using``, as an instant Python compares exactly.
+
+    PostgreSQL keeps instants (``timestamptz``), and judges them so in SQL.
+    Under ``USE_TZ=False`` Django hands them over as naive wall times of
+    ``TIME_ZONE``: the hour a daylight-saving change repeats has each wall
+    time twice (the second marked ``fold=1``, which Python's comparisons of
+    naive times ignore), and the hour it skips makes a difference an hour
+    too long. Those come back as UTC, their fold honoured. Everything else
+    is returned as it is: aware times, and the naive ones of SQLite and
+    MySQL, whose columns hold wall times, compared so by their SQL too.
+    """
+    if value.tzinfo is not None:
+        return value
+    connection = connections[using]
+    if connection.vendor != "postgresql":
+        return value
+    return value.replace(tzinfo=zoneinfo.ZoneInfo(connection.timezone_name)).astimezone(UTC)
+
+
+def time_left(record: IdempotencyRecord, until: datetime) -> timedelta:
+    """From the database's time of the read that found ``record`` to ``until``, one of its times.
+
+    Negative once ``until`` has passed. Judged at ``record.read_at``, this
+    host's time where the database's clock is this host's.
+    """
+    using = record._state.db or "default"
+    now = record.read_at if record.read_at is not None else timezone.now()
+    return instant(until, using) - instant(now, using)
+
+
+def shifted(value: datetime, duration: timedelta, using: str) -> datetime:
+    """``value`` plus ``duration`` (exact seconds, as the database adds), as Django reads it."""
+    moment = instant(value, using) + duration
+    if moment.tzinfo is None or value.tzinfo is not None:
+        return moment
+    # A PostgreSQL wall time (USE_TZ=False): back to one, in TIME_ZONE.
+    zone = zoneinfo.ZoneInfo(connections[using].timezone_name)
+    return moment.astimezone(zone).replace(tzinfo=None)

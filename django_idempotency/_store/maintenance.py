@@ -19,7 +19,12 @@ from django.db.models.expressions import RawSQL
 from django_idempotency._store import wait_bounds
 from django_idempotency._store.claims import Claim, forgotten, lease_owner
 from django_idempotency._store.conditional import delete_where, take_over_where
-from django_idempotency._store.database_time import DatabaseNow, database_now, with_read_time
+from django_idempotency._store.database_time import (
+    DatabaseNow,
+    database_now,
+    shifted,
+    with_read_time,
+)
 from django_idempotency._store.errors import is_serialization_failure
 from django_idempotency._store.sealing import (
     UnreadableRecord,
@@ -62,7 +67,7 @@ def take_over_next_stale(*, lease: timedelta, using: str) -> tuple[IdempotencyRe
             # As seen by the SELECT, a moment before the UPDATE: never later
             # than the lease really ends.
             if record.read_at is not None:
-                record.lease_expires_at = record.read_at + lease
+                record.lease_expires_at = shifted(record.read_at, lease, using)
             scope = Scope(record.tenant, record.operation, record.key)
             return record, Claim(record.pk, token, scope, using, provider_key=record.provider_key)
 
