@@ -269,6 +269,21 @@ def test_a_body_larger_than_the_protection_fingerprints_keeps_the_original_403(
     assert not [q["sql"] for q in queries.captured_queries if "django_idempotency" in q["sql"]]
 
 
+def test_project_code_that_fails_for_a_refused_caller_keeps_the_original_403() -> None:
+    """The tenant resolver assumes the permission checks passed: it raises for a refused caller.
+
+    The narrow path runs it only to look for a replay; what it raises is no
+    reason to answer a refused request with anything but the refusal.
+    """
+    outsider = UserFactory.create()  # in no organisation: refused, and no tenant
+    charge = charge_of(outsider)
+
+    refused = refund(client_of(outsider), f"/member/charges/{charge.pk}")
+
+    assert (refused.status_code, refused.get("Idempotent-Replayed")) == (403, None)
+    assert not IdempotencyRecord.objects.exists()
+
+
 def test_an_anonymous_caller_gets_the_original_401() -> None:
     user = UserFactory.create()
     charge = charge_of(user)

@@ -71,6 +71,19 @@ logger = logging.getLogger("django_idempotency")
 _NO_REPLAY = (IdempotencyRefusal, APIException, NonCanonicalValue, DatabaseError)
 
 
+def _unexpected(request: HttpRequest, why: str) -> None:
+    """Log the failure of the project's code on the narrow path; the refusal stands.
+
+    The path runs the view's tenant, operation, key and fingerprint code
+    (callables, ``IDEMPOTENCY["TENANT"]``) on a request DRF has just
+    refused, which such code may rightly assume never happens (the caller's
+    organisation, for a caller in none): what it raises is no reason to
+    answer the refusal with a 500. Logged with its traceback, since it
+    would fail the same way on a request that passes the checks.
+    """
+    logger.warning("No replay %s for %s: looking for it failed.", why, request.path, exc_info=True)
+
+
 def principal_of(request: HttpRequest) -> str | None:
     """Who sent the request, named as ``scope.default_tenant`` names a client.
 
@@ -112,6 +125,9 @@ def key_of(request: HttpRequest, options: Options) -> str | None:
         return options.key.read(request, idempotency_settings.KEY_MAX_LENGTH)
     except (IdempotencyRefusal, APIException):
         return None
+    except Exception:  # a key callable's failure: the refusal stands (_unexpected)
+        _unexpected(request, "past a refusal")
+        return None
 
 
 def replay_past_permission_refusal(
@@ -141,6 +157,9 @@ def replay_past_permission_refusal(
         record = store.lookup(scope, using=database_for(scope, request=request))
     except _NO_REPLAY as exc:
         logger.info("No replay past a refused permission for %s: %s", request.path, exc)
+        return None
+    except Exception:  # the project's code, refused callers unforeseen: the 403 stands
+        _unexpected(request, "past a refused permission")
         return None
     if (
         record is None
@@ -181,6 +200,9 @@ def replay_past_authentication_failure(
         )
     except _NO_REPLAY as exc:
         logger.info("No replay past a failed authentication for %s: %s", request.path, exc)
+        return None
+    except Exception:  # the project's code, unauthenticated callers unforeseen: the 401 stands
+        _unexpected(request, "past a failed authentication")
         return None
     if len(found) != 1:
         return None  # none, or one per tenant: which one is not the credential's to say

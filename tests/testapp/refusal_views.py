@@ -120,6 +120,25 @@ class OrganisationRefund(MixinRefund):
     idempotency_tenant = organisation
 
 
+def organisation_of_member(request: Any) -> str:
+    """The caller's organisation, its group: callers in none are refused by ``OrganisationMember``.
+
+    Project code that assumes the permission checks passed (raises
+    ``Group.DoesNotExist`` for a caller in no group).
+    """
+    return "organisation:" + request.user.groups.get().name
+
+
+class OrganisationMember(BasePermission):
+    def has_permission(self, request: Any, view: Any) -> bool:
+        return bool(request.user.groups.exists())
+
+
+class MemberRefund(MixinRefund):
+    permission_classes = [IsAuthenticated, OrganisationMember]
+    idempotency_tenant = organisation_of_member
+
+
 class OnePerMinute(UserRateThrottle):
     rate = "1/min"
 
@@ -201,6 +220,7 @@ urlpatterns = [
     path("method/charges/<int:pk>", MethodRefund.as_view()),
     path("organisation/charges/<int:pk>", OrganisationRefund.as_view()),
     path("audited/charges/<int:pk>", AuditedRefund.as_view()),
+    path("member/charges/<int:pk>", MemberRefund.as_view()),
     path("throttled/charges/<int:pk>", ThrottledRefund.as_view()),
     path("mixin/rotate", MixinRotation.as_view()),
     path("method/rotate", MethodRotation.as_view()),
