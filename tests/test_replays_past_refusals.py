@@ -37,6 +37,7 @@ from django_idempotency import idempotent
 from django_idempotency.models import IdempotencyRecord
 from tests.factories import UserFactory
 from tests.testapp.models import Charge
+from tests.testapp.refusal_views import PERMITTED
 
 pytestmark = [
     pytest.mark.django_db(transaction=True),
@@ -88,6 +89,38 @@ def test_a_retry_refused_by_a_permission_reading_what_the_first_changed_gets_the
     assert retry["Idempotency-Key"] == "k1"
     # Without a key, the same retry is what DRF refuses.
     assert client.post(url, {"amount": 10}, format="json").status_code == 403
+
+
+@pytest.mark.parametrize("kind", ["mixin", "method"])
+def test_code_after_drfs_checks_in_a_subclass_initial_never_runs_for_a_refused_retry(
+    kind: str,
+) -> None:
+    """The replay answers the refusal where DRF would: nothing after the checks runs."""
+    PERMITTED.clear()
+    user = UserFactory.create()
+    client, charge = client_of(user), charge_of(user)
+    url = f"/audit-trail/{kind}/charges/{charge.pk}"
+
+    first = refund(client, url)
+    retry = refund(client, url)
+
+    assert (retry.status_code, retry.get("Idempotent-Replayed")) == (201, "true")
+    assert retry.content == first.content
+    assert [f"POST {url}"] == PERMITTED  # the first request only
+
+
+def test_a_retry_refused_by_a_permission_gets_the_replay_in_the_optimistic_mode() -> None:
+    user = UserFactory.create()
+    client, charge = client_of(user), charge_of(user)
+    url = f"/optimistic/charges/{charge.pk}"
+
+    first = refund(client, url)
+    retry = refund(client, url)
+
+    assert first.status_code == 201
+    assert (retry.status_code, retry.get("Idempotent-Replayed")) == (201, "true")
+    assert retry.content == first.content
+    assert IdempotencyRecord.objects.get().principal_digest is not None
 
 
 def test_the_retry_of_a_delete_whose_permission_reads_the_deleted_row_gets_the_stored_204() -> None:
