@@ -97,6 +97,16 @@ def principal_of(request: HttpRequest) -> str | None:
     return None if principal == "anonymous" else principal
 
 
+def sent_by(record: IdempotencyRecord, principal: str | None) -> bool:
+    """Whether ``principal`` (``principal_of``) sent the request that created ``record``.
+
+    A record that names no principal (a plain Django view's, an anonymous
+    request's, one written before 0008) was sent by nobody in particular:
+    False here, and the status view lets its tenant read it as before.
+    """
+    return principal is not None and _one_of(record.principal_digest, principal_digests(principal))
+
+
 def sender_of(request: HttpRequest, options: Options) -> Sender:
     """What the claim of ``request`` keeps of who sent it: digests, for DRF requests only.
 
@@ -165,7 +175,7 @@ def replay_past_permission_refusal(
         record is None
         or not _finished_within_retention(record)
         or not fingerprint.matches(record.fingerprint)
-        or not _one_of(record.principal_digest, principal_digests(principal))
+        or not sent_by(record, principal)
     ):
         return None
     return _replayed(request, options, fingerprint, record, "a permission check refused")
