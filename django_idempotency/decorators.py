@@ -48,6 +48,7 @@ __all__ = [
     "idempotent",
     "mark_refused_retries_answered",
     "mark_views_non_atomic",
+    "replay_owed",
 ]
 
 ViewFunc = TypeVar("ViewFunc", bound=Callable[..., Any])
@@ -239,17 +240,19 @@ REFUSED_IN_INITIAL = (
 def answer_refused_retry(
     view: APIView, request: Request, refusal: APIException, args: Any, kwargs: Any
 ) -> bool:
-    """Whether a retry refused in DRF's ``initial()`` is answered with its replay.
+    """Whether a retry refused in DRF's ``initial()`` is owed its replay.
 
-    If it is, the view's handler for the method is swapped for one that
-    returns the replay, as ``IdempotentMixin`` swaps in its protected
-    handler. Only for a method the view protects and a request with a key:
-    a permission refused to the principal that sent the first request, or
-    (views with ``credential_rotation``) a failed authentication with the
-    credential the first request presented. The view's throttles run
-    first (they may raise ``Throttled``), so that a throttled request runs
-    no SQL. Looked up once per refusal, however many ``initial()`` wrappers
-    it passes.
+    If it is, the replay travels with ``refusal``, which the caller raises
+    on: it leaves every ``initial()`` as DRF's refusal would, so that no
+    code written after DRF's checks runs (a subclass's ``initial()`` that
+    loads what the checks allowed), and the view's ``handle_exception()``
+    answers with the replay (``replay_owed``). Only for a method the view
+    protects and a request with a key: a permission refused to the
+    principal that sent the first request, or (views with
+    ``credential_rotation``) a failed authentication with the credential
+    the first request presented. The view's throttles run first (they may
+    raise ``Throttled``), so that a throttled request runs no SQL. Looked
+    up once per refusal, however many ``initial()`` wrappers it passes.
     """
     if getattr(refusal, "_idempotency_looked_up", False):
         return False
@@ -278,8 +281,17 @@ def answer_refused_retry(
         )
     if replay is None:
         return False
-    setattr(view, (request.method or "").lower(), lambda *args, **kwargs: replay)
+    refusal._idempotency_replay = replay  # type: ignore[attr-defined]
     return True
+
+
+def replay_owed(exc: Exception) -> HttpResponseBase | None:
+    """The replay a refusal of DRF's ``initial()`` carries (``answer_refused_retry``), or None.
+
+    For a view's ``handle_exception()``: a refusal that carries one is
+    answered with it, instead of DRF's 403 or 401.
+    """
+    return cast("HttpResponseBase | None", getattr(exc, "_idempotency_replay", None))
 
 
 def _options_for(view: APIView, request: Request) -> Options | None:
@@ -300,14 +312,17 @@ def mark_refused_retries_answered(view_class: type) -> None:
     """Answer the retries DRF refuses in ``initial()`` where the class protects a handler.
 
     For DRF views with ``@idempotent`` methods (``IdempotentMixin`` does it
-    in its own ``initial()``): ``initial`` gets a wrapper that hands a
-    refused permission or a failed authentication to
-    ``answer_refused_retry``. A plain Django view,
-    or a class of handlers that is no view, is left alone.
+    in its own ``initial()`` and ``handle_exception()``): ``initial`` gets a
+    wrapper that hands a refused permission or a failed authentication to
+    ``answer_refused_retry``, and ``handle_exception`` one that answers a
+    refusal carrying a replay with it. A plain Django view, or a class of
+    handlers that is no view, is left alone.
     """
     inherited = getattr(view_class, "initial", None)
+    handle = getattr(view_class, "handle_exception", None)
     if (
         inherited is None
+        or handle is None
         or not hasattr(view_class, "check_throttles")  # not a DRF view
         or hasattr(view_class, "idempotency_protects")  # IdempotentMixin: its own
         or getattr(inherited, "_idempotency_initial", False)  # here or on a base already
@@ -318,14 +333,22 @@ def mark_refused_retries_answered(view_class: type) -> None:
         try:
             inherited(self, request, *args, **kwargs)
         except REFUSED_IN_INITIAL as refusal:
-            if not answer_refused_retry(self, request, refusal, args, kwargs):
-                raise
+            answer_refused_retry(self, request, refusal, args, kwargs)
+            raise  # with its replay, if owed: answered by handle_exception
 
-    initial.__name__ = "initial"
-    initial.__qualname__ = f"{view_class.__qualname__}.initial"
-    initial.__doc__ = inherited.__doc__
+    def handle_exception(self: Any, exc: Exception) -> Any:
+        replay = replay_owed(exc)
+        return handle(self, exc) if replay is None else replay
+
+    for name, function, wrapped in (
+        ("initial", initial, inherited),
+        ("handle_exception", handle_exception, handle),
+    ):
+        function.__name__ = name
+        function.__qualname__ = f"{view_class.__qualname__}.{name}"
+        function.__doc__ = wrapped.__doc__
+        setattr(view_class, name, function)
     initial._idempotency_initial = True  # type: ignore[attr-defined]
-    view_class.initial = initial  # type: ignore[attr-defined]
 
 
 def _dispatch_protected(view: APIView, dispatch: Callable[[], Any]) -> Any:

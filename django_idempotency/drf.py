@@ -16,6 +16,7 @@ from django_idempotency.decorators import (
     IdempotentView,
     answer_refused_retry,
     mark_views_non_atomic,
+    replay_owed,
 )
 from django_idempotency.fingerprint import FingerprintSpec
 from django_idempotency.outcomes import Outcome
@@ -103,10 +104,10 @@ class IdempotentMixin:
             super().initial(request, *args, **kwargs)  # type: ignore[misc]
         except REFUSED_IN_INITIAL as refusal:
             # A retry that its own first run makes a permission refuse, or
-            # (credential_rotation) whose credential it revoked: answered
-            # with its replay, if it has one (narrow paths).
-            if answer_refused_retry(self, request, refusal, args, kwargs):  # type: ignore[arg-type]
-                return
+            # (credential_rotation) whose credential it revoked: its replay,
+            # if it has one (narrow paths), travels with the refusal past
+            # any code after DRF's checks, to handle_exception().
+            answer_refused_retry(self, request, refusal, args, kwargs)  # type: ignore[arg-type]
             raise
         method = (request.method or "").lower()
         handler = getattr(self, method, None)
@@ -118,6 +119,13 @@ class IdempotentMixin:
         ):
             options = type(self).idempotency_options()
             setattr(self, method, IdempotentView(function, options).__get__(self))
+
+    def handle_exception(self, exc: Exception) -> Any:
+        # A refusal of initial() that carries its retry's replay is answered with it.
+        replay = replay_owed(exc)
+        if replay is not None:
+            return replay
+        return super().handle_exception(exc)  # type: ignore[misc]
 
 
 def protection_of(view_class: type, handler_name: str, method: str) -> Options | None:

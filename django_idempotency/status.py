@@ -40,6 +40,7 @@ import json
 import logging
 from typing import Any
 
+from django.db.models import Q
 from django.utils.http import parse_header_parameters
 from django.utils.translation import gettext_lazy as _
 from rest_framework import serializers, status
@@ -55,7 +56,9 @@ from django_idempotency._protection.answers import (
     problem_response,
 )
 from django_idempotency._protection.keys import parse_key
+from django_idempotency._protection.refused import principal_of, sent_by
 from django_idempotency._store.database_time import with_read_time
+from django_idempotency._store.digests import principal_digests
 from django_idempotency._store.routing import database_for
 from django_idempotency.conf import idempotency_settings
 from django_idempotency.exceptions import (
@@ -172,10 +175,11 @@ class OperationStatusView(APIView):
         # With routers choosing the database, they get the scope as hints; a
         # router that needs the operation needs the client to name it.
         database = database_for(Scope(tenant, operation or "", key), request=request)
+        principal = principal_of(request)
         try:
-            records = _records(tenant, operation, key, database)
+            records = _records(tenant, operation, key, database, principal)
             if len(records) > 1:
-                return _ambiguous(tenant, key, database)
+                return _ambiguous(tenant, key, database, principal)
         except UNREACHABLE_ERRORS as exc:
             raise StoreUnavailable(retry_after=UNAVAILABLE_RETRY_AFTER) from exc
         if not records or store.handed_back(records[0]):
@@ -199,25 +203,51 @@ class OperationStatusView(APIView):
 
 
 def _records(
-    tenant: str, operation: str | None, key: str, database: str
+    tenant: str, operation: str | None, key: str, database: str, principal: str | None
 ) -> list[IdempotencyRecord]:
     """The caller's records under ``key`` (of ``operation`` if named), two at most.
 
     One query either way, on the unique index (tenant, operation, key), and
     the same query whoever else holds the key: the tenant is in it, so
-    another tenant's row is never read.
+    another tenant's row is never read. Of the tenant's records, those
+    another principal sent are not the caller's (``_readable_by``).
     """
     if operation is not None:
         record = store.lookup(Scope(tenant, operation, key), using=database)
-        return [] if record is None else [record]
-    records = IdempotencyRecord.objects.using(database).filter(tenant=tenant, key=key)
+        if record is None or not _readable_by(record, principal):
+            return []
+        return [record]
+    records = IdempotencyRecord.objects.using(database).filter(
+        _readable_by_q(principal), tenant=tenant, key=key
+    )
     return list(with_read_time(records.order_by("operation"))[:2])
 
 
-def _ambiguous(tenant: str, key: str, database: str) -> Response:
+def _readable_by(record: IdempotencyRecord, principal: str | None) -> bool:
+    """Whether the caller, of the record's tenant, may read it.
+
+    A tenant may be coarser than a principal (one per organisation, or per
+    OAuth application): a colleague who learns a key must not read the
+    response another principal was given (with a retry it would need the
+    same input too, and past a refused permission it gets nothing). A
+    record that names no principal (a plain Django view's, one written
+    before 0008) is read by its tenant, as it always was.
+    """
+    return record.principal_digest is None or sent_by(record, principal)
+
+
+def _readable_by_q(principal: str | None) -> Q:
+    """``_readable_by`` as a filter: the same statement whoever holds the key."""
+    readable = Q(principal_digest__isnull=True)
+    if principal is not None:
+        readable |= Q(principal_digest__in=principal_digests(principal))
+    return readable
+
+
+def _ambiguous(tenant: str, key: str, database: str, principal: str | None) -> Response:
     operations = (
         IdempotencyRecord.objects.using(database)
-        .filter(tenant=tenant, key=key)
+        .filter(_readable_by_q(principal), tenant=tenant, key=key)
         .order_by("operation")
         .values_list("operation", flat=True)[:MAX_LISTED_OPERATIONS]
     )

@@ -172,6 +172,34 @@ def test_another_tenants_key_is_answered_exactly_as_an_unknown_key(
     assert status(bob, "bobs-key", **more).status_code == 200
 
 
+def one_organisation(request: Any) -> str:
+    """Every caller is one tenant: a tenant coarser than the principal (an organisation)."""
+    return "organisation:acme"
+
+
+@pytest.mark.parametrize("with_operation", [True, False], ids=["operation", "key-only"])
+def test_a_colleague_of_the_same_tenant_is_answered_as_for_an_unknown_key(
+    alice: TokenClient, bob: TokenClient, settings: Any, with_operation: bool
+) -> None:
+    """The stored response goes to the principal that sent the request, as a replay does.
+
+    A retry needs the key and the same input, and past a refused permission
+    only its own principal gets the replay; asking needs the key alone.
+    """
+    settings.IDEMPOTENCY = {"TENANT": "tests.test_operation_status.one_organisation"}
+    first = post(alice, "/api-view/charges", {"amount": 7}, "k1")
+    more = {"operation": CHARGES} if with_operation else {}
+
+    bobs = status(bob, "k1", **more)
+    unknown = status(bob, "nobody-has-it", **more)
+    alices = status(alice, "k1", **more)
+
+    assert first.status_code == 201
+    assert (bobs.status_code, bobs.content) == (404, unknown.content)
+    assert alices.status_code == 200
+    assert alices.json()["response"]["body"] == first.json()
+
+
 def test_a_found_operation_costs_one_query(alice: TokenClient) -> None:
     RecordFactory.create(tenant=tenant_of(alice), key="mine", operation=CHARGES)
 

@@ -37,6 +37,7 @@ from django_idempotency import idempotent
 from django_idempotency.models import IdempotencyRecord
 from tests.factories import UserFactory
 from tests.testapp.models import Charge
+from tests.testapp.refusal_views import PERMITTED
 
 pytestmark = [
     pytest.mark.django_db(transaction=True),
@@ -88,6 +89,38 @@ def test_a_retry_refused_by_a_permission_reading_what_the_first_changed_gets_the
     assert retry["Idempotency-Key"] == "k1"
     # Without a key, the same retry is what DRF refuses.
     assert client.post(url, {"amount": 10}, format="json").status_code == 403
+
+
+@pytest.mark.parametrize("kind", ["mixin", "method"])
+def test_code_after_drfs_checks_in_a_subclass_initial_never_runs_for_a_refused_retry(
+    kind: str,
+) -> None:
+    """The replay answers the refusal where DRF would: nothing after the checks runs."""
+    PERMITTED.clear()
+    user = UserFactory.create()
+    client, charge = client_of(user), charge_of(user)
+    url = f"/audit-trail/{kind}/charges/{charge.pk}"
+
+    first = refund(client, url)
+    retry = refund(client, url)
+
+    assert (retry.status_code, retry.get("Idempotent-Replayed")) == (201, "true")
+    assert retry.content == first.content
+    assert [f"POST {url}"] == PERMITTED  # the first request only
+
+
+def test_a_retry_refused_by_a_permission_gets_the_replay_in_the_optimistic_mode() -> None:
+    user = UserFactory.create()
+    client, charge = client_of(user), charge_of(user)
+    url = f"/optimistic/charges/{charge.pk}"
+
+    first = refund(client, url)
+    retry = refund(client, url)
+
+    assert first.status_code == 201
+    assert (retry.status_code, retry.get("Idempotent-Replayed")) == (201, "true")
+    assert retry.content == first.content
+    assert IdempotencyRecord.objects.get().principal_digest is not None
 
 
 def test_the_retry_of_a_delete_whose_permission_reads_the_deleted_row_gets_the_stored_204() -> None:
@@ -267,6 +300,21 @@ def test_a_body_larger_than_the_protection_fingerprints_keeps_the_original_403(
 
     assert refused.status_code == 403
     assert not [q["sql"] for q in queries.captured_queries if "django_idempotency" in q["sql"]]
+
+
+def test_project_code_that_fails_for_a_refused_caller_keeps_the_original_403() -> None:
+    """The tenant resolver assumes the permission checks passed: it raises for a refused caller.
+
+    The narrow path runs it only to look for a replay; what it raises is no
+    reason to answer a refused request with anything but the refusal.
+    """
+    outsider = UserFactory.create()  # in no organisation: refused, and no tenant
+    charge = charge_of(outsider)
+
+    refused = refund(client_of(outsider), f"/member/charges/{charge.pk}")
+
+    assert (refused.status_code, refused.get("Idempotent-Replayed")) == (403, None)
+    assert not IdempotencyRecord.objects.exists()
 
 
 def test_an_anonymous_caller_gets_the_original_401() -> None:

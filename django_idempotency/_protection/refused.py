@@ -71,6 +71,19 @@ logger = logging.getLogger("django_idempotency")
 _NO_REPLAY = (IdempotencyRefusal, APIException, NonCanonicalValue, DatabaseError)
 
 
+def _unexpected(request: HttpRequest, why: str) -> None:
+    """Log the failure of the project's code on the narrow path; the refusal stands.
+
+    The path runs the view's tenant, operation, key and fingerprint code
+    (callables, ``IDEMPOTENCY["TENANT"]``) on a request DRF has just
+    refused, which such code may rightly assume never happens (the caller's
+    organisation, for a caller in none): what it raises is no reason to
+    answer the refusal with a 500. Logged with its traceback, since it
+    would fail the same way on a request that passes the checks.
+    """
+    logger.warning("No replay %s for %s: looking for it failed.", why, request.path, exc_info=True)
+
+
 def principal_of(request: HttpRequest) -> str | None:
     """Who sent the request, named as ``scope.default_tenant`` names a client.
 
@@ -82,6 +95,16 @@ def principal_of(request: HttpRequest) -> str | None:
     except ImproperlyConfigured:
         return None
     return None if principal == "anonymous" else principal
+
+
+def sent_by(record: IdempotencyRecord, principal: str | None) -> bool:
+    """Whether ``principal`` (``principal_of``) sent the request that created ``record``.
+
+    A record that names no principal (a plain Django view's, an anonymous
+    request's, one written before 0008) was sent by nobody in particular:
+    False here, and the status view lets its tenant read it as before.
+    """
+    return principal is not None and _one_of(record.principal_digest, principal_digests(principal))
 
 
 def sender_of(request: HttpRequest, options: Options) -> Sender:
@@ -111,6 +134,9 @@ def key_of(request: HttpRequest, options: Options) -> str | None:
     try:
         return options.key.read(request, idempotency_settings.KEY_MAX_LENGTH)
     except (IdempotencyRefusal, APIException):
+        return None
+    except Exception:  # a key callable's failure: the refusal stands (_unexpected)
+        _unexpected(request, "past a refusal")
         return None
 
 
@@ -142,11 +168,14 @@ def replay_past_permission_refusal(
     except _NO_REPLAY as exc:
         logger.info("No replay past a refused permission for %s: %s", request.path, exc)
         return None
+    except Exception:  # the project's code, refused callers unforeseen: the 403 stands
+        _unexpected(request, "past a refused permission")
+        return None
     if (
         record is None
         or not _finished_within_retention(record)
         or not fingerprint.matches(record.fingerprint)
-        or not _one_of(record.principal_digest, principal_digests(principal))
+        or not sent_by(record, principal)
     ):
         return None
     return _replayed(request, options, fingerprint, record, "a permission check refused")
@@ -181,6 +210,9 @@ def replay_past_authentication_failure(
         )
     except _NO_REPLAY as exc:
         logger.info("No replay past a failed authentication for %s: %s", request.path, exc)
+        return None
+    except Exception:  # the project's code, unauthenticated callers unforeseen: the 401 stands
+        _unexpected(request, "past a failed authentication")
         return None
     if len(found) != 1:
         return None  # none, or one per tenant: which one is not the credential's to say
