@@ -78,6 +78,23 @@ _may_decrypt: ContextVar[bool] = ContextVar("django_idempotency_may_decrypt", de
 COUNT_CAP = 10_000
 
 
+def _indented_json(raw: bytes) -> str:
+    """A stored JSON body, indented for the change page; ValueError if it is no JSON.
+
+    Non-ASCII text is shown as it is, but for a lone surrogate (a plain
+    view's ``JsonResponse`` writes a client's ``"\\ud800"`` escaped, and it
+    parses into one), which the page could not be encoded with: that body
+    is shown with every non-ASCII character escaped.
+    """
+    value = json.loads(raw)
+    text = json.dumps(value, indent=2, ensure_ascii=False)
+    try:
+        text.encode("utf-8")
+    except UnicodeEncodeError:
+        return json.dumps(value, indent=2)
+    return text
+
+
 def capped_count(queryset: QuerySet[Any]) -> tuple[int, bool]:
     """(count, whether it reached the cap), counting at most COUNT_CAP + 1 rows."""
     count = queryset.order_by()[: COUNT_CAP + 1].count()
@@ -505,8 +522,9 @@ class IdempotencyRecordAdmin(admin.ModelAdmin):  # type: ignore[type-arg]
         if raw is None:
             return "-" if not record.is_resolved else _("(not stored: too large or streamed)")
         text = raw.decode("utf-8", errors="replace")
-        with contextlib.suppress(ValueError):
-            text = json.dumps(json.loads(raw), indent=2, ensure_ascii=False)
+        # A body too deep to parse here (RecursionError) is shown as it is.
+        with contextlib.suppress(ValueError, RecursionError):
+            text = _indented_json(raw)
         return format_html('<pre class="idempotency-body">{}</pre>', text)
 
     def change_view(

@@ -199,7 +199,7 @@ def _file_token(file: File[Any]) -> str:
     Read in chunks from the start, and rewound for the view. A file that
     cannot be rewound (a pipe) would reach the view empty: it is refused.
     """
-    if not file.seekable():  # closed files included
+    if not _rewindable(file):
         raise NonCanonicalValue(
             gettext(
                 "The request holds a file (%(name)s) that cannot be read twice, once for its "
@@ -213,6 +213,22 @@ def _file_token(file: File[Any]) -> str:
         digest.update(chunk.encode() if isinstance(chunk, str) else chunk)
     file.seek(0)
     return f"file({json.dumps(file.name)},{digest.hexdigest()})"
+
+
+def _rewindable(file: File[Any]) -> bool:
+    """Whether ``file`` can be read for its fingerprint and then again by the view.
+
+    Not a closed file, nor a pipe; nor a ``File`` over an object that is no
+    full file: a parser may wrap the stream it is given (the request itself,
+    which has no ``closed``, ``seekable()`` or ``seek()``), and Django's
+    ``File`` then raises AttributeError where it asks.
+    """
+    if not callable(getattr(file.file, "seek", None)):
+        return False
+    try:
+        return bool(file.seekable())  # False for a closed file
+    except (AttributeError, ValueError):
+        return False
 
 
 def _text_token(value: datetime.date | datetime.time | uuid.UUID) -> str:

@@ -21,14 +21,15 @@ A stored body is given in the form a client can use at once, and says which
 (``body_encoding``):
 
 - ``"json"``: the stored ``Content-Type`` is JSON (``application/json`` or
-  ``*/*+json``) and the body parses as such: the parsed value. Equal to the
+  ``*/*+json``) and the body parses into strict JSON (no ``1e999``, no lone
+  surrogate, which the answer could not be rendered with): the parsed value. Equal to the
   original as JSON, not byte for byte (a replay of the request itself gives
   the bytes);
 - ``"text"``: a textual media type (``text/*``, XML, form data, or JSON that
   does not parse), decoded with its ``charset`` (UTF-8 if none), and an
   empty body of any type;
 - ``"base64"``: anything else (an image, a PDF, text in an unknown
-  charset), the bytes in standard base64;
+  charset or one decoding into lone surrogates), the bytes in standard base64;
 - ``"omitted"``: the body was not stored (larger than ``MAX_STORED_BODY``,
   or streamed); ``body`` is null.
 """
@@ -304,8 +305,8 @@ def encode_body(headers: list[list[str]], body: bytes | None) -> tuple[str, Any]
     is_json = media_type == "application/json" or media_type.endswith("+json")
     if is_json:
         try:
-            return "json", json.loads(body.decode("utf-8"), parse_constant=_refuse_constant)
-        except (UnicodeDecodeError, ValueError, RecursionError):
+            return "json", _json_value(body)
+        except (ValueError, RecursionError):  # UnicodeDecodeError and UnicodeEncodeError too
             pass  # as text, if it decodes
     if (
         is_json
@@ -314,10 +315,35 @@ def encode_body(headers: list[list[str]], body: bytes | None) -> tuple[str, Any]
         or (media_type in _TEXTUAL)
     ):
         try:
-            return "text", body.decode(parameters.get("charset") or "utf-8")
-        except (LookupError, UnicodeDecodeError):
+            return "text", _text(body, parameters.get("charset") or "utf-8")
+        except (LookupError, ValueError):  # ValueError: a NUL in the codec's name too
             pass
     return "base64", base64.b64encode(body).decode("ascii")
+
+
+def _json_value(body: bytes) -> Any:
+    """The stored JSON body as a value the answer can carry, or ValueError.
+
+    Parsing is not enough: ``1e999`` parses as inf, which no JSON renderer
+    writes, and an escaped lone surrogate (``"\\ud800"``, as a plain view's
+    ``JsonResponse`` writes a client's string) as a string UTF-8 cannot
+    encode. Either would fail the rendering of the answer (a 500): written
+    here as the renderer writes, such a body is given as text instead.
+    """
+    value = json.loads(body.decode("utf-8"), parse_constant=_refuse_constant)
+    json.dumps(value, ensure_ascii=False, allow_nan=False).encode("utf-8")
+    return value
+
+
+def _text(body: bytes, charset: str) -> str:
+    """The stored body decoded with ``charset``, if UTF-8 can encode it, else ValueError.
+
+    Some codecs (``utf-7``, ``unicode_escape``) decode bytes into lone
+    surrogates, which UTF-8 cannot encode: such a body is given in base64.
+    """
+    text = body.decode(charset)
+    text.encode("utf-8")
+    return text
 
 
 def status_of(

@@ -167,6 +167,28 @@ def test_change_page_shows_the_stored_response_and_timeline() -> None:
         assert label in text
 
 
+@pytest.mark.parametrize(
+    ("body", "shown"),
+    [
+        # A plain view's JsonResponse writes a client's "\ud800" escaped: it
+        # parses into a lone surrogate, which the page could not encode.
+        (b'{"note": "\\ud800"}', "\\ud800"),
+        # Deeper than the pretty printer recurses (the parser goes further).
+        (b"[" * 900 + b"]" * 900, "[[[["),
+    ],
+    ids=["lone-surrogate", "deep"],
+)
+def test_the_change_page_shows_a_stored_body_a_client_shaped(body: bytes, shown: str) -> None:
+    record = RecordFactory.create(
+        response_body=body, response_headers=[["Content-Type", "application/json"]]
+    )
+
+    page = staff().get(f"{CHANGELIST}{record.pk}/change/")
+
+    assert page.status_code == 200
+    assert shown in page.content.decode()
+
+
 def test_nothing_can_be_added_edited_or_deleted() -> None:
     record = RecordFactory.create()
     client = staff(*PERMISSION_OF.values())

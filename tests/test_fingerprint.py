@@ -8,10 +8,12 @@ import json
 import math
 import random
 import struct
+from collections.abc import Callable
 from decimal import Decimal
 from typing import IO, Any, cast
 
 import pytest
+from django.test import RequestFactory
 from hypothesis import assume, given, settings
 from hypothesis import strategies as st
 from rest_framework.parsers import JSONParser
@@ -602,6 +604,34 @@ def test_a_file_that_cannot_be_rewound_has_no_fingerprint() -> None:
 
     with pytest.raises(NonCanonicalValue, match="cannot be read twice"):
         fingerprint(File(cast(IO[bytes], Pipe()), name="pipe"))
+
+
+class _ReadOnly:
+    """A stream with read() alone: no seek(), no seekable(), no closed."""
+
+    def read(self, size: int = -1) -> bytes:
+        return b""
+
+
+@pytest.mark.parametrize(
+    "stream",
+    [
+        # A parser handing on the stream DRF gives it: the request itself.
+        lambda: RequestFactory().post("/", b"abc", content_type="application/octet-stream"),
+        _ReadOnly,
+    ],
+    ids=["the-request-stream", "read-only"],
+)
+def test_a_file_over_a_stream_that_is_no_full_file_object_has_no_fingerprint(
+    stream: Callable[[], Any],
+) -> None:
+    """Django's File asks the stream for ``closed``, which neither has: an AttributeError, a 500."""
+    from django.core.files.base import File
+
+    from django_idempotency.fingerprint import NonCanonicalValue
+
+    with pytest.raises(NonCanonicalValue, match="cannot be read twice"):
+        fingerprint(File(stream(), name="upload"))
 
 
 def test_dates_times_and_uuids_are_their_exact_text_tagged_with_their_type() -> None:

@@ -341,6 +341,9 @@ def test_a_body_that_was_not_stored_says_so(alice: TokenClient) -> None:
         ("application/pdf", b"%PDF\x00", ("base64", base64.b64encode(b"%PDF\x00").decode())),
         ("", b"", ("text", "")),
         ("application/json", None, ("omitted", None)),
+        # A NUL in the charset's name: a ValueError of its own, was a 500.
+        # (PostgreSQL cannot store it; SQLite and MariaDB can.)
+        ("text/plain; charset=\x00", b"abc", ("base64", "YWJj")),
     ],
 )
 def test_stored_bodies_are_given_as_json_text_or_base64(
@@ -348,6 +351,40 @@ def test_stored_bodies_are_given_as_json_text_or_base64(
 ) -> None:
     headers = [["Content-Type", content_type]] if content_type else []
     assert encode_body(headers, body) == expected
+
+
+@pytest.mark.parametrize(
+    ("content_type", "body", "expected"),
+    [
+        # JSON that parses, but into a value no JSON answer can carry: an
+        # overflowing number (inf) and a lone surrogate (a plain view's
+        # JsonResponse writes a client's "\ud800" escaped, as ASCII).
+        ("application/json", b'{"a": 1e999}', ("text", '{"a": 1e999}')),
+        ("application/json", b'{"note": "\\ud800"}', ("text", '{"note": "\\ud800"}')),
+        ("application/json", b'{"\\udc00": 1}', ("text", '{"\\udc00": 1}')),
+        # Text whose charset decodes it into lone surrogates.
+        ("text/plain; charset=utf-7", b"+2AA-", ("base64", base64.b64encode(b"+2AA-").decode())),
+        ("text/plain; charset=unicode_escape", b"\\ud800", ("base64", "XHVkODAw")),
+    ],
+    ids=["json-inf", "json-surrogate", "json-surrogate-name", "utf-7", "unicode-escape"],
+)
+def test_a_stored_body_the_answer_could_not_carry_as_parsed_is_given_as_text_or_base64(
+    alice: TokenClient, content_type: str, body: bytes, expected: tuple[str, Any]
+) -> None:
+    # Each was a 500: DRF's JSON renderer refuses inf, and a lone surrogate
+    # cannot be encoded in UTF-8.
+    RecordFactory.create(
+        tenant=tenant_of(alice),
+        key="odd",
+        response_headers=[["Content-Type", content_type]],
+        response_body=body,
+    )
+
+    answer = status(alice, "odd")
+
+    assert answer.status_code == 200, answer.content[:300]
+    response = answer.json()["response"]
+    assert (response["body_encoding"], response["body"]) == expected
 
 
 def test_a_binary_body_round_trips_through_base64(alice: TokenClient) -> None:
