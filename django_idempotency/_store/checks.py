@@ -273,8 +273,9 @@ def check_late_retries(
     """
     if not reconciled or "TOMBSTONE_TTL" in user_settings:
         return
+    operations = "1 operation" if len(reconciled) == 1 else f"{len(reconciled)} operations"
     yield Warning(
-        f"Reconcilers are registered for {len(reconciled)} operations (the project calls "
+        f"Reconcilers are registered for {operations} (the project calls "
         "providers), but IDEMPOTENCY['TOMBSTONE_TTL'] is not set: once a record's "
         "retention (TTL) has ended and the purge deleted it, a late retry of the same key "
         "and body runs it again (a second payment).",
