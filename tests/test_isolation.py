@@ -66,7 +66,9 @@ def test_a_store_lost_after_begin_external_says_uncertain_not_not_run(api: APICl
     assert response.json()["code"] == "idempotency_outcome_uncertain"
     assert IdempotencyRecord.objects.get().state == State.UNCERTAIN
     retry = post(api, URL, body, "k")
-    assert retry.status_code == 409  # until a reconciler settles it
+    # Until a reconciler settles it, the outcome stays unknown.
+    assert retry.status_code == 503
+    assert retry.json()["code"] == "idempotency_outcome_uncertain"
 
 
 @pytest.fixture
