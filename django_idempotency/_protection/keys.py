@@ -292,7 +292,7 @@ def parse_key(raw: str, max_length: int) -> str:
             raise KeyInvalid("A quoted Idempotency-Key must be a plain string.")
         value = parsed
     if not value:
-        raise KeyInvalid("The Idempotency-Key header is empty.")
+        raise KeyInvalid("The Idempotency-Key is empty.")  # a header, or the status view's key=
     return check_key(value, max_length, "The Idempotency-Key")
 
 
