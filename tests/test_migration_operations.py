@@ -944,7 +944,7 @@ class _TableHeld:
 
 
 def _claim_waiting_at_most(seconds: int) -> None:
-    """A record INSERTed as a claim does, giving up after ``seconds`` of waiting for a lock."""
+    """Insert a record as a claim does, giving up after ``seconds`` of waiting for a lock."""
     with connection.cursor() as cursor:
         if connection.vendor == "postgresql":
             cursor.execute(f"SET lock_timeout = '{seconds}s'")
