@@ -30,6 +30,7 @@ from django_idempotency._protection.answers import (
     in_flight,
     store_unavailable,
 )
+from django_idempotency._protection.body_limit import refuse_a_body_too_large
 from django_idempotency._protection.keys import KeySource
 from django_idempotency._protection.optimistic import run_optimistically
 from django_idempotency._protection.outcome import Tally, announce, finish
@@ -42,7 +43,6 @@ from django_idempotency._store.errors import is_contention
 from django_idempotency._store.routing import database_for
 from django_idempotency.conf import as_timedelta, idempotency_settings
 from django_idempotency.exceptions import (
-    BodyTooLarge,
     IdempotencyRefusal,
     InputUnreadable,
     KeyMissing,
@@ -207,7 +207,7 @@ def _protect(
 ) -> HttpResponseBase:
     conf = idempotency_settings
     if options.key.reads_body:
-        _refuse_a_body_too_large(request)  # before it is read for the key
+        refuse_a_body_too_large(request)  # before it is read for the key
     try:
         key = options.key.read(request, conf.KEY_MAX_LENGTH)
     except NonCanonicalValue as exc:  # a body too deeply nested to find the key in
@@ -225,7 +225,7 @@ def _protect(
     )
     tally.scope = scope
     view = traced_view(scope, view)
-    _refuse_a_body_too_large(request)
+    refuse_a_body_too_large(request)
     try:
         fingerprint = request_fingerprint(request, options.fingerprint, view_args, view_kwargs)
     except NonCanonicalValue as exc:  # NestedTooDeeply included
@@ -267,24 +267,6 @@ def _describe_claim(span: Any, attempt: store.Attempt) -> None:
         span.set_attribute("idempotency.outcome", "held")
         state = attempt.last_seen if attempt.record is None else attempt.record.state
         span.set_attribute("idempotency.record.state", state)
-
-
-def _refuse_a_body_too_large(request: HttpRequest) -> None:
-    limit = idempotency_settings.MAX_FINGERPRINTED_BODY
-    if _declared_length(request) > limit:
-        raise BodyTooLarge(
-            f"The request body is larger than the {limit} bytes an idempotent request may have."
-        )
-
-
-def _declared_length(request: HttpRequest) -> int:
-    """The body's length, as declared; 0 for multipart (uploads are hashed as streams)."""
-    if (request.content_type or "").startswith("multipart/"):
-        return 0
-    try:
-        return int(request.headers.get("content-length") or 0)
-    except ValueError:
-        return 0
 
 
 def _claim_or_answer(

@@ -40,6 +40,7 @@ from rest_framework.request import Request
 
 from django_idempotency import _store as store
 from django_idempotency._protection.answers import answer_settled
+from django_idempotency._protection.body_limit import refuse_a_body_too_large
 from django_idempotency._protection.outcome import Tally, announce, finish
 from django_idempotency._store.digests import (
     NOBODY,
@@ -161,8 +162,7 @@ def replay_past_permission_refusal(
             operation=resolve_operation(request, options.operation),
             key=key,
         )
-        if _too_large(request):
-            return None
+        refuse_a_body_too_large(request)  # as the protection would: no fingerprint read
         fingerprint = request_fingerprint(request, options.fingerprint, view_args, view_kwargs)
         record = store.lookup(scope, using=database_for(scope, request=request))
     except _NO_REPLAY as exc:
@@ -202,8 +202,7 @@ def replay_past_authentication_failure(
     assert window is not None
     try:
         operation = resolve_operation(request, options.operation)
-        if _too_large(request):
-            return None
+        refuse_a_body_too_large(request)  # as the protection would: no fingerprint read
         fingerprint = request_fingerprint(request, options.fingerprint, view_args, view_kwargs)
         found = store.finished_for_credential(
             operation, key, credential_digests(credential), created_within=window
@@ -262,14 +261,3 @@ def _finished_within_retention(record: IdempotencyRecord) -> bool:
         and not store.past_retention(record)
         and not store.kept_as_tombstone(record)
     )
-
-
-def _too_large(request: HttpRequest) -> bool:
-    """A body the protection would refuse to fingerprint (``MAX_FINGERPRINTED_BODY``)."""
-    if (request.content_type or "").startswith("multipart/"):
-        return False  # uploads are hashed as streams
-    try:
-        declared = int(request.headers.get("content-length") or 0)
-    except ValueError:
-        return True
-    return declared > idempotency_settings.MAX_FINGERPRINTED_BODY
