@@ -138,7 +138,10 @@ class IdempotentView:
         except IdempotencyRefusal as exc:
             return render_refusal(request, exc, drf_view=drf_view)
         except RuntimeError as exc:
-            raise _named(exc, self.view) from exc
+            named = _durable_block_named(exc, self.view)
+            if named is None:
+                raise  # the view's own error, its cause kept
+            raise named from exc
 
 
 def _async_view(func: Callable[..., Any], options: Options) -> Callable[..., Any]:
@@ -163,7 +166,10 @@ def _async_view(func: Callable[..., Any], options: Options) -> Callable[..., Any
             except IdempotencyRefusal as exc:
                 return render_refusal(request, exc)
             except RuntimeError as exc:
-                raise _named(exc, func) from exc
+                named = _durable_block_named(exc, func)
+                if named is None:
+                    raise  # the view's own error, its cause kept
+                raise named from exc
 
         return await sync_to_async(run, thread_sensitive=True)()
 
@@ -172,8 +178,10 @@ def _async_view(func: Callable[..., Any], options: Options) -> Callable[..., Any
     return view
 
 
-def _named(error: RuntimeError, view: Callable[..., Any]) -> RuntimeError:
-    """``error``, or for Django's refusal of a durable block, one naming the view and the fix.
+def _durable_block_named(
+    error: RuntimeError, view: Callable[..., Any]
+) -> DurableTransactionInView | None:
+    """For Django's refusal of a durable block, an error naming the view and the fix; else None.
 
     Raised after the protection released the claim (the refused block ran
     nothing): every retry would fail the same way, and Django's message
@@ -181,7 +189,7 @@ def _named(error: RuntimeError, view: Callable[..., Any]) -> RuntimeError:
     """
     database = durable_block_refused(error)
     if database is None:
-        return error
+        return None
     return DurableTransactionInView(
         f"{view.__module__}.{view.__qualname__} opened transaction.atomic(durable=True) on "
         f"database {database!r}, where a protected view runs inside the transaction that "

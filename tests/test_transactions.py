@@ -237,6 +237,16 @@ def test_under_atomic_requests_a_raised_drf_error_is_still_a_stored_failure(
     assert IdempotencyRecord.objects.get().state == State.FAILED
 
 
+def test_another_runtime_error_of_a_protected_view_is_raised_as_it_was(api: APIClient) -> None:
+    """Only a refused durable block is renamed: the view's own error keeps its cause."""
+    with pytest.raises(RuntimeError, match="the view's own failure") as raised:
+        api.patch("/cbv/durable", {"amount": 1}, format="json", HTTP_IDEMPOTENCY_KEY="k")
+
+    assert type(raised.value) is RuntimeError
+    assert isinstance(raised.value.__cause__, ValueError)
+    assert not IdempotencyRecord.objects.exists()
+
+
 @pytest.mark.parametrize("method", ["post", "put"], ids=["default", "optimistic"])
 def test_a_durable_block_in_a_protected_view_is_refused_naming_the_view_and_the_fix(
     api: APIClient, method: str

@@ -304,6 +304,15 @@ class DurableBlockView(APIView):
     def put(self, request: Request) -> Response:
         return self.charge(request)
 
+    @idempotent
+    def patch(self, request: Request) -> Response:
+        """A RuntimeError of the view's own, with a cause of its own."""
+        try:
+            int("not a number")
+        except ValueError as exc:
+            raise RuntimeError("the view's own failure") from exc
+        return Response(status=status.HTTP_200_OK)
+
 
 @api_view(["POST"])
 @idempotent
