@@ -55,7 +55,13 @@ from django_idempotency._store.routing import database_for
 from django_idempotency.conf import idempotency_settings
 from django_idempotency.exceptions import IdempotencyRefusal
 from django_idempotency.fingerprint import NonCanonicalValue, request_fingerprint
-from django_idempotency.scope import Scope, default_tenant, resolve_operation, resolve_tenant
+from django_idempotency.scope import (
+    ANONYMOUS_TENANT,
+    Scope,
+    default_tenant,
+    resolve_operation,
+    resolve_tenant,
+)
 
 if TYPE_CHECKING:
     from django.http import HttpRequest, HttpResponseBase
@@ -95,7 +101,7 @@ def principal_of(request: HttpRequest) -> str | None:
         principal = default_tenant(request)
     except ImproperlyConfigured:
         return None
-    return None if principal == "anonymous" else principal
+    return None if principal == ANONYMOUS_TENANT else principal
 
 
 def sent_by(record: IdempotencyRecord, principal: str | None) -> bool:
