@@ -8,8 +8,8 @@ request, from the route Django joins while resolving.
 
 Private; imported only by the system checks and ``apps`` (which hands
 ``protected_operations`` to the metrics). It imports the glue
-(``decorators``, ``drf``) to recognise protected views, so nothing below
-the glue may import it.
+(``decorators``, ``drf``, and ``_ninja`` where Django Ninja is installed)
+to recognise protected views, so nothing below the glue may import it.
 """
 
 from __future__ import annotations
@@ -33,9 +33,13 @@ class ProtectedHandler:
     """One method a URL's view protects: ``PATCH`` by ``partial_update``, say."""
 
     method: str
-    #: The view's method (``"post"``) or, for a viewset, the action's name.
+    #: The view's method (``"post"``) or, for a viewset, the action's name
+    #: (a Ninja operation's: its function's).
     handler: str
     options: Options
+    #: The handler's own function, where the view's class does not lead to
+    #: it (a Ninja operation's); None: found from the view.
+    function: Callable[..., Any] | None = None
 
 
 @dataclass(frozen=True)
@@ -50,6 +54,8 @@ class ProtectedURL:
     view: str
     callback: Callable[..., Any]
     handlers: tuple[ProtectedHandler, ...]
+    #: Whether the view is a Django Ninja path's, whose handlers are its operations.
+    ninja: bool = False
 
     def operation(self, handler: ProtectedHandler, style: str) -> str | None:
         """The operation name of the handler's records; None when a callable computes it."""
@@ -85,21 +91,62 @@ def protected_urls(urlconf: str | None = None) -> Iterator[ProtectedURL]:
 
 
 def _walk(
-    patterns: Sequence[Any], route: str, namespaces: tuple[str, ...]
+    patterns: Sequence[Any],
+    route: str,
+    namespaces: tuple[str, ...],
+    seen: set[tuple[str, int]] | None = None,
 ) -> Iterator[ProtectedURL]:
     from django.urls import URLPattern, URLResolver
 
+    seen = set() if seen is None else seen
     for entry in patterns:
         joined = _join_route(route, str(entry.pattern))
         if isinstance(entry, URLResolver):
             inner = (*namespaces, entry.namespace) if entry.namespace else namespaces
-            yield from _walk(entry.url_patterns, joined, inner)
+            yield from _walk(entry.url_patterns, joined, inner, seen)
         elif isinstance(entry, URLPattern):
-            handlers = tuple(_protected_handlers(entry.callback))
+            found = _ninja_handlers(entry.callback)
+            if found is not None:
+                handlers, view, path_view = found
+                # Ninja gives each operation of a path a pattern of its own,
+                # all with the path view's one route: the first resolves.
+                if (joined, id(path_view)) in seen:
+                    continue
+                seen.add((joined, id(path_view)))
+            else:
+                handlers, view = tuple(_protected_handlers(entry.callback)), None
             if handlers:
                 name = ":".join((*namespaces, entry.name)) if entry.name else None
-                view = _view_path(entry.callback)
-                yield ProtectedURL(joined, name, view, entry.callback, handlers)
+                view = view or _view_path(entry.callback)
+                yield ProtectedURL(
+                    joined, name, view, entry.callback, handlers, ninja=found is not None
+                )
+
+
+def _ninja_handlers(
+    callback: Any,
+) -> tuple[tuple[ProtectedHandler, ...], str, object] | None:
+    """A Ninja URL's protected operations, view name and path view; None: no Ninja view."""
+    try:
+        from django_idempotency._ninja.urls import path_view_of, protected_operations
+    except ImportError:
+        return None  # Django Ninja is not installed: no view is one of its
+    operations = protected_operations(callback)
+    if operations is None:
+        return None
+    handlers = tuple(
+        ProtectedHandler(method, _inner(operation).__name__, protection.options, _inner(operation))
+        for operation, protection in operations
+        for method in _UNSAFE_METHODS
+        if method in operation.methods
+    )
+    names = dict.fromkeys(_view_path(_inner(operation)) for operation, _ in operations)
+    return handlers, ", ".join(names), path_view_of(callback)
+
+
+def _inner(operation: Any) -> Any:
+    """A protected Ninja operation's own function."""
+    return getattr(operation.view_func, "inner", operation.view_func)
 
 
 def _join_route(outer: str, inner: str) -> str:

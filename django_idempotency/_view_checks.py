@@ -30,6 +30,20 @@ if TYPE_CHECKING:
     from django_idempotency._routes import ProtectedURL
 
 
+_ATOMIC_HINT = (
+    "For an @api_view, put @transaction.non_atomic_requests above @api_view. For a class "
+    "whose own dispatch() is overridden, decorate that dispatch with "
+    "@transaction.non_atomic_requests. @idempotent then opens the view's transaction "
+    "itself, after committing the claim."
+)
+_NINJA_ATOMIC_HINT = (
+    "Mount the Ninja API's URLs with django_idempotency.ninja.non_atomic_requests: "
+    'path("api/", non_atomic_requests(api.urls)). The protection then opens the '
+    "operation's transaction itself, after committing the claim; the API's unprotected "
+    "operations keep Django's."
+)
+
+
 def check_atomic_requests(app_configs: Any = None, **kwargs: Any) -> list[CheckMessage]:
     # Only the records' database matters: the claim commits on its own
     # unless that database's request transaction is already open.
@@ -52,10 +66,7 @@ def check_atomic_requests(app_configs: Any = None, **kwargs: Any) -> list[CheckM
                 "begin_external() no longer commits the intent before the external call: a "
                 "crash during the call leaves no record of it, and the retry calls the "
                 "provider again.",
-                hint="For an @api_view, put @transaction.non_atomic_requests above "
-                "@api_view. For a class whose own dispatch() is overridden, decorate "
-                "that dispatch with @transaction.non_atomic_requests. @idempotent then "
-                "opens the view's transaction itself, after committing the claim.",
+                hint=_NINJA_ATOMIC_HINT if url.ninja else _ATOMIC_HINT,
                 obj=url.view,
                 id="django_idempotency.W002",
             )
@@ -88,7 +99,8 @@ def check_optimistic_views(app_configs: Any = None, **kwargs: Any) -> list[Check
             if not handler.options.optimistic or (url.view, handler.handler) in seen:
                 continue
             seen.add((url.view, handler.handler))
-            calls = sorted(_calls_out(_handler_function(url, handler.handler)))
+            function = handler.function or _handler_function(url, handler.handler)
+            calls = sorted(_calls_out(function))
             if calls:
                 messages.append(
                     error(

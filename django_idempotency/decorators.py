@@ -138,7 +138,7 @@ class IdempotentView:
         except IdempotencyRefusal as exc:
             return render_refusal(request, exc, drf_view=drf_view)
         except RuntimeError as exc:
-            named = _durable_block_named(exc, self.view)
+            named = durable_block_named(exc, self.view)
             if named is None:
                 raise  # the view's own error, its cause kept
             raise named from exc
@@ -166,7 +166,7 @@ def _async_view(func: Callable[..., Any], options: Options) -> Callable[..., Any
             except IdempotencyRefusal as exc:
                 return render_refusal(request, exc)
             except RuntimeError as exc:
-                named = _durable_block_named(exc, func)
+                named = durable_block_named(exc, func)
                 if named is None:
                     raise  # the view's own error, its cause kept
                 raise named from exc
@@ -178,7 +178,7 @@ def _async_view(func: Callable[..., Any], options: Options) -> Callable[..., Any
     return view
 
 
-def _durable_block_named(
+def durable_block_named(
     error: RuntimeError, view: Callable[..., Any]
 ) -> DurableTransactionInView | None:
     """For Django's refusal of a durable block, an error naming the view and the fix; else None.
@@ -497,10 +497,51 @@ def idempotent(
             ``credential_rotation`` is not a positive duration of an hour
             at most.
     """
+    options = options_from(
+        fingerprint=fingerprint,
+        operation=operation,
+        required=required,
+        ttl=ttl,
+        optimistic=optimistic,
+        key=key,
+        outcome=outcome,
+        tenant=tenant,
+        verify=verify,
+        credential_rotation=credential_rotation,
+    )
+
+    def decorate(func: Callable[..., Any]) -> Any:
+        if iscoroutinefunction(func):
+            return _async_view(func, options)
+        return IdempotentView(func, options)
+
+    return decorate(view) if view is not None else decorate
+
+
+def options_from(
+    *,
+    fingerprint: FingerprintSpec,
+    operation: OperationSpec,
+    required: bool | None,
+    ttl: timedelta | float | None,
+    optimistic: bool,
+    key: KeySpec,
+    outcome: Outcome | None,
+    tenant: Callable[[Any], str] | None,
+    verify: Callable[[Any], HttpResponseBase | None] | None,
+    credential_rotation: timedelta | float | None = None,
+) -> Options:
+    """``idempotent()``'s keyword arguments as ``Options``, checked (its Raises section)."""
     for name, value in (("outcome", outcome), ("tenant", tenant), ("verify", verify)):
         if value is not None and not callable(value):
             raise ImproperlyConfigured(f"idempotent({name}={value!r}) must be a callable.")
-    options = Options(
+    if isinstance(fingerprint, str):
+        raise ImproperlyConfigured(
+            "idempotent(fingerprint=...) takes a list of field names, not a string."
+        )
+    if ttl is not None and as_timedelta(ttl) <= timedelta(0):
+        raise ImproperlyConfigured(f"idempotent(ttl={ttl!r}) must be a positive duration.")
+    return Options(
         fingerprint=fingerprint,
         operation=operation,
         required=required,
@@ -512,16 +553,3 @@ def idempotent(
         verify=verify,
         credential_rotation=credential_rotation,
     )
-
-    def decorate(func: Callable[..., Any]) -> Any:
-        if isinstance(fingerprint, str):
-            raise ImproperlyConfigured(
-                "idempotent(fingerprint=...) takes a list of field names, not a string."
-            )
-        if ttl is not None and as_timedelta(ttl) <= timedelta(0):
-            raise ImproperlyConfigured(f"idempotent(ttl={ttl!r}) must be a positive duration.")
-        if iscoroutinefunction(func):
-            return _async_view(func, options)
-        return IdempotentView(func, options)
-
-    return decorate(view) if view is not None else decorate

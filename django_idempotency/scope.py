@@ -99,10 +99,24 @@ def default_tenant(request: HttpRequest) -> str:
     """
     user = getattr(request, "user", None)
     if user is not None and user.is_authenticated:
-        if getattr(user, "pk", None) is None:
-            _no_identity(user)  # every such user would be one tenant, "user:None"
-        return f"user:{user.pk}"
-    auth = getattr(request, "auth", None)
+        return user_tenant(user)
+    return credential_tenant(getattr(request, "auth", None))
+
+
+def user_tenant(user: object) -> str:
+    """``"user:<pk>"``: the tenant of an authenticated user (``default_tenant``'s, Ninja's)."""
+    pk = getattr(user, "pk", None)
+    if pk is None:
+        _no_identity(user)  # every such user would be one tenant, "user:None"
+    return f"user:{pk}"
+
+
+def credential_tenant(auth: object) -> str:
+    """The tenant of a credential object (a token model), or ``ANONYMOUS_TENANT`` for None.
+
+    ``default_tenant``'s for a request authenticated without a user; the
+    Ninja glue's for an authentication result that is no user.
+    """
     # A token authenticating a client whose user is not (or not yet) the
     # request's user: the token's user is the client.
     user_id = getattr(auth, "user_id", None)

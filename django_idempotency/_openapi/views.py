@@ -12,7 +12,6 @@ status that is stored and so may be a replay, ``Retry-After`` on 409 and 503.
 
 from __future__ import annotations
 
-import copy
 import functools
 from typing import Any
 
@@ -24,9 +23,9 @@ from drf_spectacular.types import OpenApiTypes
 from drf_spectacular.utils import OpenApiParameter
 
 from django_idempotency._protection.flow import Options
+from django_idempotency._schema_parts import REFUSALS, headers_for, key_description
 from django_idempotency.conf import idempotency_settings
 from django_idempotency.drf import IdempotentMixin, protection_of
-from django_idempotency.responses import REPLAYED_HEADER, RETENTION_HEADER, RETRYABLE_STATUSES
 
 _ERROR = build_object_type(
     properties={
@@ -49,61 +48,14 @@ _PROBLEM = build_object_type(
 # with the key's refusals, so nothing is required and more may come. (An
 # empty "required" list is invalid OpenAPI 3.0: `spectacular --validate`.)
 _ERROR_OR_VALIDATION = build_object_type(properties=_ERROR["properties"], additionalProperties=True)
-_ERRORS = {
-    "400": "Idempotency-Key missing (idempotency_key_missing) or malformed "
-    "(idempotency_key_invalid), or a body with no canonical form (parse_error).",
-    "409": "A request with this Idempotency-Key is still in progress "
-    "(idempotency_request_in_progress); retry after Retry-After.",
-    "422": "This Idempotency-Key was used with a different request (idempotency_key_reused), "
-    "or its request's outcome is past retention (idempotency_key_expired).",
-    "413": "The request body is larger than an idempotent request may be "
-    "(idempotency_body_too_large).",
-    "503": "The idempotency record store is unreachable (idempotency_store_unavailable): "
-    "the request was not run; or the request was run and its outcome is not known yet "
-    "(idempotency_outcome_uncertain): retry with the same key to learn it. Retry after "
-    "Retry-After.",
-}
-
-
-_REPLAYED = {
-    "description": "true when this is the stored response of an earlier request with the "
-    "same Idempotency-Key and input, replayed; absent on a first execution.",
-    "schema": {"type": "string", "enum": ["true"]},
-}
-_RETENTION = {
-    "description": "For how many more seconds (counted from this response) a retry with the "
-    "same Idempotency-Key and input is answered with this outcome.",
-    "schema": {"type": "integer", "minimum": 0},
-}
-_RETRY_AFTER = {
-    "description": "Seconds to wait before retrying with the same Idempotency-Key.",
-    "schema": {"type": "integer", "minimum": 0},
-}
-#: Statuses answered with Retry-After: a request in flight, a store unavailable.
-_RETRY_AFTER_STATUSES = ("409", "503")
-
-
-def _may_be_replayed(code: str) -> bool:
-    """Whether a response of this status may be stored, and so replayed."""
-    if code.isdigit():
-        number = int(code)
-        return number < 500 and number not in RETRYABLE_STATUSES
-    return code[:1] in ("2", "3", "4")  # "2XX" and the like; not "default"
 
 
 def _with_headers(responses: dict[str, Any]) -> dict[str, Any]:
     """``responses`` with the headers protection adds declared; the view's own win."""
     for code, response in responses.items():
-        added: dict[str, Any] = {}
-        if _may_be_replayed(code):
-            added[REPLAYED_HEADER] = _REPLAYED
-            if idempotency_settings.ADVERTISE_RETENTION:
-                added[RETENTION_HEADER] = _RETENTION
-        if code in _RETRY_AFTER_STATUSES:
-            added["Retry-After"] = _RETRY_AFTER
+        added = headers_for(code)
         if added:
-            # Copies: a YAML dump would write an object met twice as an alias.
-            headers = {**copy.deepcopy(added), **response.get("headers", {})}
+            headers = {**added, **response.get("headers", {})}
             responses[code] = {**response, "headers": headers}
     return responses
 
@@ -134,12 +86,7 @@ class IdempotencySchemaMixin:
                     type=OpenApiTypes.STR,
                     location=OpenApiParameter.HEADER,
                     required=required,
-                    description=(
-                        "A unique key for this operation (a UUID is a good choice). "
-                        "Retries with the same key and input get the original response, "
-                        "marked Idempotent-Replayed: true; the operation runs once. At most "
-                        f"{conf.KEY_MAX_LENGTH} visible ASCII characters."
-                    ),
+                    description=key_description(),
                 )
             )
         return parameters
@@ -150,7 +97,7 @@ class IdempotencySchemaMixin:
             problem = idempotency_settings.ERROR_FORMAT == "problem"
             media_type = "application/problem+json" if problem else "application/json"
             schema = _PROBLEM if problem else _ERROR
-            for code, description in _ERRORS.items():
+            for code, description in REFUSALS.items():
                 body = _ERROR_OR_VALIDATION if code == "400" and not problem else schema
                 responses.setdefault(
                     code,

@@ -13,7 +13,10 @@ every release writes the version.
 
 The principal that sent a record's first request, and (views that rotate
 it) the credential it presented, are kept the same way: a bare hash of a
-user id or of a short API key would be reversed by trying them.
+user id or of a short API key would be reversed by trying them. So is the
+tenant of a client whose authentication names it by a bare string (a Django
+Ninja API key): the tenant column is shown in the admin and kept for the
+records' retention.
 """
 
 from __future__ import annotations
@@ -44,6 +47,7 @@ class _Secret:
     provider_key_mac: hmac.HMAC
     principal_mac: hmac.HMAC
     credential_mac: hmac.HMAC
+    tenant_mac: hmac.HMAC
 
 
 def _derive(purpose: str, secret: bytes) -> bytes:
@@ -60,6 +64,7 @@ def _secrets(keys: tuple[tuple[str | None, bytes], ...]) -> tuple[_Secret, ...]:
             hmac.new(_derive("provider-key", secret), digestmod="sha256"),
             hmac.new(_derive("principal", secret), digestmod="sha256"),
             hmac.new(_derive("credential", secret), digestmod="sha256"),
+            hmac.new(_derive("tenant", secret), digestmod="sha256"),
         )
         for version, secret in keys
     )
@@ -167,6 +172,15 @@ def credential_digest(credential: str) -> str:
 def credential_digests(credential: str) -> tuple[str, ...]:
     """``credential_digest()`` under every active secret: what a stored one may be."""
     return tuple(_versioned(secret, "credential_mac", credential) for secret in active_secrets())
+
+
+def tenant_digest(credential: str) -> str:
+    """A versioned HMAC of a credential that names a tenant (an API key), newest secret.
+
+    Stable while the newest secret is: a tenant is the key space of every
+    record its client makes, so it must come out the same at each request.
+    """
+    return _versioned(active_secrets()[0], "tenant_mac", credential)
 
 
 def _versioned(secret: _Secret, purpose: str, text: str) -> str:
