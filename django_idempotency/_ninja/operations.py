@@ -29,7 +29,7 @@ from asgiref.sync import async_to_sync, sync_to_async
 from django.core.exceptions import ImproperlyConfigured
 from django.db import DatabaseError
 from ninja.errors import ValidationError
-from ninja.operation import Operation
+from ninja.operation import AsyncOperation, Operation
 
 from django_idempotency._ninja.answers import refusal_response
 from django_idempotency._ninja.schema import documented
@@ -128,7 +128,9 @@ def install(operation: Operation, options: Options, level: Level) -> None:
         inner, own_extra = copied.inner, copied.own_extra
     else:
         inner, own_extra = copied, operation.openapi_extra
-    call_class = AsyncProtectedCall if operation.is_async else ProtectedCall
+    # Not operation.is_async: Ninja before 1.6 sets it after making the
+    # operation, after @idempotent's callback ran.
+    call_class = AsyncProtectedCall if isinstance(operation, AsyncOperation) else ProtectedCall
     operation.view_func = call_class(inner, operation, protection, own_extra)
     _document(operation, protection)
 
