@@ -25,10 +25,9 @@ from django.http import HttpResponseBase
 
 try:
     from ninja.decorators import decorate_view
-except ImportError as exc:  # pragma: no cover  (the test extra installs Ninja)
-    raise ImportError(
-        "django_idempotency.ninja protects Django Ninja operations, and Django Ninja is not "
-        'installed: pip install "django-idempotency[ninja]"'
+except ImportError as exc:  # pragma: no cover - depends on the installed extras
+    raise ImproperlyConfigured(
+        'django_idempotency.ninja needs Django Ninja: pip install "django-idempotency[ninja]"'
     ) from exc
 
 from django_idempotency._ninja.operations import Installer, Level, install, operation_of_run
