@@ -209,6 +209,15 @@ def test_a_failed_authentication_is_answered_401_before_any_claim(
     assert (Charge.objects.count(), records()) == (0, [])
 
 
+def test_a_request_ninjas_throttle_refuses_is_answered_429_before_any_claim(
+    client: Client,
+) -> None:
+    response = post(client, URL, {"amount": 100}, "order-1", **{"X-Throttle": "refuse"})
+
+    assert response.status_code == 429
+    assert (Charge.objects.count(), records()) == (0, [])
+
+
 def test_url_arguments_are_input_and_a_literal_operation_name_is_the_records(
     client: Client,
 ) -> None:
@@ -385,6 +394,34 @@ def test_add_decorator_protects_every_unsafe_operation_of_a_router(client: Clien
     assert [record.operation for record in records()] == ["POST ninja/routed/notes"]
 
 
+def test_add_decorator_on_the_api_protects_its_operations_with_its_options(
+    client: Client,
+) -> None:
+    keyless = client.put(
+        "/ninja/api-level",
+        json.dumps({"amount": 5}),
+        content_type="application/json",
+        headers={"X-API-Key": KEY_A},
+    )
+    first, retry = (
+        client.put(
+            "/ninja/api-level",
+            json.dumps({"amount": 5}),
+            content_type="application/json",
+            headers={"X-API-Key": KEY_A, "Idempotency-Key": "put-1"},
+        )
+        for _ in range(2)
+    )
+
+    assert keyless.status_code == 201  # the API's required=False
+    assert first.status_code == 201 and retry["Idempotent-Replayed"] == "true"
+    assert retry.content == first.content
+    assert [record.operation for record in records()] == ["PUT ninja/api-level"]
+    # Under it, the router's own add_decorator (required=True) wins
+    # (test_add_decorator_protects_every_unsafe_operation_of_a_router), and
+    # an operation's own @idempotent wins over both (the next test).
+
+
 def test_an_operations_own_decorator_keeps_its_options_under_a_protected_router(
     client: Client,
 ) -> None:
@@ -440,6 +477,9 @@ def test_the_openapi_schema_has_the_key_header_and_the_refusals() -> None:
     assert "Retry-After" in by_code["409"]["headers"]
     assert "Idempotent-Replayed" in by_code["201"]["headers"]
     assert "$ref" in by_code["201"]["content"]["application/json"]["schema"]  # Ninja's own
+    routed_notes = paths["/ninja/routed/notes"]["post"]
+    [routed] = [p for p in routed_notes["parameters"] if p["in"] == "header"]
+    assert routed["required"] is True  # the router's add_decorator(idempotent(required=True))
     [optional] = [p for p in own_options["parameters"] if p["in"] == "header"]
     assert optional["required"] is False
     assert "parameters" not in paths["/ninja/routed/notes"]["get"] or not [

@@ -15,6 +15,7 @@ from django.http import HttpRequest
 from ninja import NinjaAPI, Router, Schema
 from ninja.errors import HttpError
 from ninja.security import APIKeyHeader, HttpBearer
+from ninja.throttling import BaseThrottle
 from rest_framework.authtoken.models import Token
 
 from django_idempotency.models import IdempotencyRecord
@@ -40,6 +41,16 @@ class TokenUser(HttpBearer):
     def authenticate(self, request: HttpRequest, token: str) -> Any:
         found = Token.objects.select_related("user").filter(key=token).first()
         return None if found is None else found.user
+
+
+class RefusedWhenAsked(BaseThrottle):
+    """Throttles a request that asks for it (``X-Throttle: refuse``): no shared counter."""
+
+    def allow_request(self, request: HttpRequest) -> bool:
+        return request.headers.get("X-Throttle") != "refuse"
+
+    def wait(self) -> float:
+        return 7
 
 
 class ChargeIn(Schema):
@@ -69,9 +80,12 @@ def _tenant(request: HttpRequest) -> str:
 
 
 api = NinjaAPI(urls_namespace="ninja_tests", auth=ApiKey())
+# Every unsafe operation of the API, keys optional; its routers' and its
+# operations' own options win.
+api.add_decorator(idempotent(required=False), mode="view")
 
 
-@api.post("/charges", response={201: ChargeOut})
+@api.post("/charges", response={201: ChargeOut}, throttle=RefusedWhenAsked())
 @idempotent
 def create_charge(request: HttpRequest, charge: ChargeIn) -> dict[str, Any]:
     return _charge(request, charge)
@@ -96,6 +110,12 @@ async def create_charge_async(request: HttpRequest, charge: ChargeIn) -> dict[st
     if charge.fail:
         raise HttpError(charge.fail, f"failed with {charge.fail} after writing")
     return {"id": row.pk, "amount": row.amount, "tenant": _tenant(request)}
+
+
+@api.put("/api-level", response={201: ChargeOut})
+def api_level_charge(request: HttpRequest, charge: ChargeIn) -> dict[str, Any]:
+    """Protected by the API's add_decorator alone."""
+    return _charge(request, charge, tenant="api level")
 
 
 #: Set by a request to ``/held`` once it runs; it then waits for ``release``.
