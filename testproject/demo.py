@@ -11,10 +11,11 @@ payment provider simulator (its own process and ledger,
 ``testproject/demo-provider.sqlite3``) and the test project under gunicorn
 (3 processes x 4 threads) on free ports, and plays a client against them: a
 double click, a lost response, a reused key, two tenants, the domain guard,
-refunds, a provider that charged but never answered (settled by recovery)
-and a declined card. Every expectation is checked; the exit status is 0
-when all of them hold, 1 when one fails, 2 when the servers could not be
-set up. The servers are always stopped at the end.
+refunds, a provider that charged but never answered (settled by recovery),
+a declined card and a refund through the Django Ninja API. Every
+expectation is checked; the exit status is 0 when all of them hold, 1 when
+one fails, 2 when the servers could not be set up. The servers are always
+stopped at the end.
 """
 
 from __future__ import annotations
@@ -422,6 +423,26 @@ def refunds(client: Client, payment: dict[str, Any]) -> None:
     )
 
 
+def ninja_refund(client: Client, payment: dict[str, Any]) -> None:
+    path = f"/ninja/v1/payments/{payment['id']}/refunds"
+    heading(f"j. A refund of payment {payment['id']} through the Django Ninja API")
+    key = new_key("ninja-refund")
+    first = client.request("alice", "POST", path, key=key, body={"amount": 500})
+    check(
+        first.status_code == 201 and not is_replay(first),
+        "the Ninja operation refunds",
+        f"{first.status_code} {first.text}",
+    )
+    again = client.request("alice", "POST", path, key=key, body={"amount": 500})
+    check(
+        again.status_code == 201 and is_replay(again) and again.content == first.content,
+        "its retry is a replay, the same bytes: no second refund",
+        f"{again.status_code} {again.text}",
+    )
+    other = client.request("alice", "POST", path, key=key, body={"amount": 600})
+    check_refusal(other, 422, "idempotency_key_reused", ", in Ninja's error shape")
+
+
 def provider_charges(provider_url: str, order_id: str) -> list[dict[str, Any]]:
     """The provider's charges for one of alice's orders, from its own ledger."""
     try:
@@ -740,6 +761,7 @@ def main(argv: list[str] | None = None) -> int:
                 missing_key(client)
                 provider_timeout(client, provider_url, env)
                 declined_card(client, provider_url)
+                ninja_refund(client, payment)
     except ExpectationFailed as exc:
         say()
         say(f"FAILED: {exc}")
@@ -767,6 +789,7 @@ def main(argv: list[str] | None = None) -> int:
     say("  h. a charge whose answer was lost: 502, then 503 until recovery asked the provider,")
     say("     then the replayed 201; one charge, one payment")
     say("  i. a declined card: a 402 stored and replayed, nothing charged")
+    say("  j. a refund through the Django Ninja API ran once; its retry was replayed")
     return 0
 
 

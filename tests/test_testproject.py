@@ -374,6 +374,74 @@ class TestTwoStepPayment:
         assert Payment.objects.filter(order_id=ORDER["order_id"]).count() == 1
 
 
+class TestNinjaRefunds:
+    """The refunds again through the demo's Django Ninja API (payments/ninja_api.py)."""
+
+    pytestmark = api
+
+    @pytest.fixture
+    def payment_id(self, alice: Tenant) -> int:
+        payment = Payment.objects.create(owner=alice.user, order_id="ORD-1", amount=2500)
+        return payment.pk
+
+    def refund(self, tenant: Tenant, payment_id: int, body: dict[str, Any], key: str | None) -> Any:
+        headers = {"Idempotency-Key": key} if key is not None else {}
+        path = f"/ninja/v1/payments/{payment_id}/refunds"
+        return tenant.post(path, body, format="json", headers=headers)
+
+    def test_a_refund_runs_once_per_key_in_the_users_tenant(
+        self, alice: Tenant, payment_id: int
+    ) -> None:
+        first = self.refund(alice, payment_id, {"amount": 1000}, "r-1")
+        retry = self.refund(alice, payment_id, {"amount": 1000}, "r-1")
+
+        assert first.status_code == 201
+        assert first.json() == {
+            "id": Refund.objects.get().pk,
+            "payment_id": payment_id,
+            "amount": 1000,
+        }
+        assert replayed(retry) and retry.content == first.content
+        assert Refund.objects.count() == 1
+        stored = record("r-1")
+        # The same tenant as through the DRF API: the token's user.
+        assert stored.tenant == alice.tenant
+        assert stored.operation == "POST ninja/v1/payments/<int:payment_id>/refunds"
+
+    def test_a_refund_over_the_payment_is_a_stored_failure(
+        self, alice: Tenant, payment_id: int
+    ) -> None:
+        first = self.refund(alice, payment_id, {"amount": 9000}, "r-1")
+        retry = self.refund(alice, payment_id, {"amount": 9000}, "r-1")
+
+        assert first.status_code == 400 and "2500 left" in first.json()["detail"]
+        assert replayed(retry) and retry.content == first.content
+        assert record("r-1").state == State.FAILED
+
+    def test_refusals_and_authentication(self, alice: Tenant, payment_id: int) -> None:
+        missing = self.refund(alice, payment_id, {"amount": 100}, None)
+        self.refund(alice, payment_id, {"amount": 100}, "r-1")
+        reused = self.refund(alice, payment_id, {"amount": 200}, "r-1")
+        anonymous = APIClient().post(
+            f"/ninja/v1/payments/{payment_id}/refunds",
+            {"amount": 100},
+            format="json",
+            headers={"Idempotency-Key": "r-2"},
+        )
+
+        assert (missing.status_code, missing.json()["code"]) == (400, "idempotency_key_missing")
+        assert (reused.status_code, reused.json()["code"]) == (422, "idempotency_key_reused")
+        assert anonymous.status_code == 401
+        assert Refund.objects.count() == 1
+
+    def test_the_schema_documents_the_key_and_the_refusals(self, db: None) -> None:
+        schema = APIClient().get("/ninja/v1/openapi.json").json()
+        operation = schema["paths"]["/ninja/v1/payments/{payment_id}/refunds"]["post"]
+
+        assert "Idempotency-Key" in [parameter["name"] for parameter in operation["parameters"]]
+        assert {"409", "422"} <= set(operation["responses"])
+
+
 @pytest.mark.django_db
 def test_seed_demo_is_idempotent() -> None:
     call_command("seed_demo", stdout=io.StringIO())
