@@ -8,8 +8,10 @@ The APIs are tests/testapp/ninja_api.py, served by their own URLconf
 from __future__ import annotations
 
 import json
+import sys
 import threading
-from collections.abc import Iterator
+import types
+from collections.abc import Callable, Iterator
 from typing import Any
 
 import pytest
@@ -18,17 +20,19 @@ from django.core.exceptions import ImproperlyConfigured
 from django.db import connections
 from django.http import HttpRequest, HttpResponse
 from django.test import AsyncClient, Client, RequestFactory
+from django.urls import URLPattern, path
 from ninja import NinjaAPI, Router
 
 from django_idempotency import recovery
 from django_idempotency._ninja.answers import refusal_response
 from django_idempotency._observability.labels import OTHER, operation_label
+from django_idempotency._protection.flow import Options
 from django_idempotency._routes import protected_operations
 from django_idempotency._store.digests import tenant_digest
 from django_idempotency._view_checks import check_atomic_requests, check_operations
 from django_idempotency.exceptions import IdempotencyRefusal, RequestInProgress
 from django_idempotency.models import IdempotencyRecord
-from django_idempotency.ninja import idempotent
+from django_idempotency.ninja import idempotent, protect_view
 from django_idempotency.recovery import Completed
 from tests.factories import TokenFactory
 from tests.testapp import ninja_api
@@ -456,6 +460,72 @@ def test_idempotent_above_the_route_decorator_is_refused() -> None:
         @router.post("/above")
         def above(request: HttpRequest) -> int:
             return 1
+
+
+@pytest.fixture
+def project_wide(settings: Any) -> Iterator[list[Callable[..., Any]]]:
+    """A NinjaAPI nothing protects yet, at ``/project/`` in a URLconf of its own; its views."""
+    api = NinjaAPI(urls_namespace="ninja_project_wide", auth=ninja_api.ApiKey())
+
+    @api.post("/plain", response={201: ninja_api.ChargeOut})
+    def plain(request: HttpRequest, charge: ninja_api.ChargeIn) -> dict[str, Any]:
+        return ninja_api._charge(request, charge, tenant="plain")
+
+    @api.get("/plain", response=int)
+    def count(request: HttpRequest) -> int:
+        return Charge.objects.count()
+
+    @api.post("/own", response={201: ninja_api.ChargeOut})
+    @idempotent(required=False, operation="its own name")
+    def own(request: HttpRequest, charge: ninja_api.ChargeIn) -> dict[str, Any]:
+        return ninja_api._charge(request, charge, tenant="own")
+
+    @api.post("/excused", response={201: ninja_api.ChargeOut})
+    def excused(request: HttpRequest, charge: ninja_api.ChargeIn) -> dict[str, Any]:
+        return ninja_api._charge(request, charge, tenant="excused")
+
+    urls = api.urls
+    urlconf = types.ModuleType("tests.ninja_project_wide_urls")
+    urlconf.urlpatterns = [path("project/", urls)]  # type: ignore[attr-defined]
+    sys.modules[urlconf.__name__] = urlconf
+    settings.ROOT_URLCONF = urlconf.__name__
+    try:
+        yield [pattern.callback for pattern in urls[0] if isinstance(pattern, URLPattern)]
+    finally:
+        del sys.modules[urlconf.__name__]
+
+
+def test_protect_view_protects_each_unsafe_operation_once_for_project_wide_protection(
+    client: Client, project_wide: list[Callable[..., Any]]
+) -> None:
+    """What a project-wide middleware calls with a URL's view, at each request."""
+    views = project_wide
+
+    def excused(function: Callable[..., Any]) -> bool:
+        return getattr(function, "__name__", "") == "excused"
+
+    for _ in range(2):  # again at the next request: nothing changes
+        ninja_views = {view for view in views if protect_view(view, Options(), exempt=excused)}
+        # One URL pattern per operation; the API's docs and schema views are no Ninja path's.
+        assert len(ninja_views) == 4 and len(views) > 4
+
+    missing = post(client, "/project/plain", {"amount": 5}, None)
+    first, retry = (post(client, "/project/plain", {"amount": 5}, "k-1") for _ in range(2))
+    own_keyless = post(client, "/project/own", {"amount": 5}, None)
+    own = post(client, "/project/own", {"amount": 5}, "k-1")
+    excused_keyless = post(client, "/project/excused", {"amount": 5}, None)
+    listed = client.get("/project/plain", headers={"X-API-Key": KEY_A})
+
+    assert missing.status_code == 400
+    assert first.status_code == 201 and retry["Idempotent-Replayed"] == "true"
+    assert (own_keyless.status_code, own.status_code) == (201, 201)  # its own options
+    assert excused_keyless.status_code == 201
+    assert listed.status_code == 200
+    assert [record.operation for record in records()] == ["POST project/plain", "its own name"]
+    # Exempt from ATOMIC_REQUESTS where an operation is protected (the
+    # protection opens its transactions): all but the excused one's path.
+    exempt = [view for view in ninja_views if hasattr(view, "_non_atomic_requests")]
+    assert len(exempt) == 3
 
 
 # -- what describes the operations -------------------------------------------------------
