@@ -14,6 +14,7 @@ import types
 from collections.abc import Callable, Iterator
 from typing import Any
 
+import ninja
 import pytest
 from asgiref.sync import sync_to_async
 from django.core.exceptions import ImproperlyConfigured
@@ -526,6 +527,18 @@ def test_protect_view_protects_each_unsafe_operation_once_for_project_wide_prote
     # protection opens its transactions): all but the excused one's path.
     exempt = [view for view in ninja_views if hasattr(view, "_non_atomic_requests")]
     assert len(exempt) == 3
+
+
+@pytest.mark.skipif(not hasattr(ninja, "JSONL"), reason="Ninja streams responses from 1.6")
+def test_protecting_an_operation_that_streams_its_response_is_refused() -> None:
+    router = Router()
+
+    with pytest.raises(ImproperlyConfigured, match="streams its response"):
+
+        @router.post("/stream", response=ninja.JSONL[int])
+        @idempotent
+        def stream(request: HttpRequest) -> Iterator[int]:
+            yield 1
 
 
 # -- what describes the operations -------------------------------------------------------

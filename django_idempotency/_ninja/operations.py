@@ -67,7 +67,9 @@ class Level(enum.IntEnum):
 class Protection:
     """How an operation is protected, and by whom; its call reads it at each request."""
 
-    def __init__(self, options: Options, level: Level) -> None:
+    def __init__(self, options: Options, level: Level, own_extra: dict[str, Any] | None) -> None:
+        #: The operation's own ``openapi_extra``, before protection added to it.
+        self.own_extra = own_extra
         self.set(options, level)
 
     def set(self, options: Options, level: Level) -> None:
@@ -101,6 +103,8 @@ def install(operation: Operation, options: Options, level: Level) -> None:
     if not PROTECTED_METHODS.intersection(operation.methods):
         return
     if getattr(operation, "stream_format", None) is not None:
+        if level is Level.PROJECT:
+            return  # protection everywhere it can be: a streamed answer cannot
         raise ImproperlyConfigured(
             f"The Ninja operation {_name(operation)} streams its response, which cannot be "
             "stored and replayed: leave it unprotected (move it out of the router that "
@@ -113,8 +117,6 @@ def install(operation: Operation, options: Options, level: Level) -> None:
         current.set(options, level)
         _document(operation, current)
         return
-    protection = Protection(options, level)
-    setattr(operation, _PROTECTION, protection)
     unwrapped = getattr(operation, RUN_OUTSIDE_DJANGOS_BLOCKS, None)
     if unwrapped is not None:
         # Protected after its URL was exempted (by the middleware, at its
@@ -125,21 +127,21 @@ def install(operation: Operation, options: Options, level: Level) -> None:
     if isinstance(copied, ProtectedCall):
         # A copy of a protected operation (a second mount): the original's
         # call came along, bound to the original; bind one to the copy.
-        inner, own_extra = copied.inner, copied.own_extra
+        inner, own_extra = copied.inner, copied.protection.own_extra
     else:
         inner, own_extra = copied, operation.openapi_extra
+    protection = Protection(options, level, own_extra)
+    setattr(operation, _PROTECTION, protection)
     # Not operation.is_async: Ninja before 1.6 sets it after making the
     # operation, after @idempotent's callback ran.
     call_class = AsyncProtectedCall if isinstance(operation, AsyncOperation) else ProtectedCall
-    operation.view_func = call_class(inner, operation, protection, own_extra)
+    operation.view_func = call_class(inner, operation, protection)
     _document(operation, protection)
 
 
 def _document(operation: Operation, protection: Protection) -> None:
-    call = operation.view_func
-    assert isinstance(call, ProtectedCall)
     operation.openapi_extra = documented(
-        call.own_extra, protection.options, operation.response_models
+        protection.own_extra, protection.options, operation.response_models
     )
 
 
@@ -190,19 +192,13 @@ class ProtectedCall:
     """What a protected operation calls as its view function: the protected run."""
 
     def __init__(
-        self,
-        inner: Callable[..., Any],
-        operation: Operation,
-        protection: Protection,
-        own_extra: dict[str, Any] | None,
+        self, inner: Callable[..., Any], operation: Operation, protection: Protection
     ) -> None:
         # Ninja names URLs and OpenAPI operations after the view function.
         functools.update_wrapper(self, inner, updated=())
         self.inner = inner
         self.operation = operation
         self.protection = protection
-        #: The operation's own ``openapi_extra``, before protection added to it.
-        self.own_extra = own_extra
 
     def __call__(self, request: HttpRequest, *args: Any, **values: Any) -> HttpResponseBase:
         return self.protected(request, lambda: self.inner(request, *args, **values), values)
