@@ -11,6 +11,8 @@ connections are in tests/live/test_client_recipe_live.py.
 
 from __future__ import annotations
 
+import contextlib
+import threading
 import time
 import uuid
 from collections.abc import Callable, Iterator
@@ -20,9 +22,11 @@ from typing import Any
 import httpx
 import pytest
 from django.core.handlers.wsgi import WSGIHandler
+from django.db import connection
 from django.utils import timezone
 
 from django_idempotency.models import IdempotencyRecord
+from django_idempotency.outcomes import Verdict, by_status
 from docs.examples.idempotent_client import Outcome, send_idempotent
 from tests.testapp.models import Charge
 
@@ -41,6 +45,33 @@ def client() -> Iterator[httpx.Client]:
 
 def charge(client: httpx.Client, body: dict[str, Any], key: str, deadline: float = 10) -> Outcome:
     return send_idempotent(client, "POST", CHARGES, json=body, key=key, deadline=deadline)
+
+
+@contextlib.contextmanager
+def left_unsettled(key: str, **fields: Any) -> Iterator[None]:
+    """The key's COMPLETED record set to ``fields`` for a while, then put back.
+
+    Put back after 4 seconds, unless the block ended first: a recipe that
+    ignored its deadline would get the replay then, and fail the test
+    rather than retry forever.
+    """
+    record = IdempotencyRecord.objects.filter(key=key)
+    saved = record.values("state", "lease_owner", "lease_expires_at").get()
+    record.update(**fields)
+    done = threading.Event()
+
+    def put_back() -> None:
+        if not done.wait(4):
+            record.update(**saved)
+        connection.close()
+
+    restorer = threading.Thread(target=put_back, name="put-back")
+    restorer.start()
+    try:
+        yield
+    finally:
+        done.set()
+        restorer.join()
 
 
 def test_a_repeated_operation_is_answered_from_the_record_and_says_so(
@@ -85,6 +116,20 @@ def test_a_server_error_is_retried_under_the_same_key_until_the_operation_runs(
     assert IdempotencyRecord.objects.get(key=key).state == State.COMPLETED
 
 
+def test_a_replay_is_the_outcome_whatever_its_status(
+    client: httpx.Client, new_key: Callable[[], str], settings: Any
+) -> None:
+    # A policy that stores a 503 as the operation's outcome: the first answer
+    # is retried (it could be a passing outage), its replay is final.
+    settings.IDEMPOTENCY = {"OUTCOME": by_status({503: Verdict.FAILED})}
+    key = new_key()
+
+    outcome = charge(client, {"amount": 100, "status": 503}, key, deadline=5)
+
+    assert (outcome.response.status_code, outcome.replayed, outcome.attempts) == (503, True, 2)
+    assert Charge.objects.count() == 1
+
+
 @pytest.mark.parametrize(
     ("body", "key", "status", "says"),
     [
@@ -124,13 +169,15 @@ def test_a_request_in_progress_is_retried_after_retry_after_until_the_deadline(
 ) -> None:
     key = new_key()
     charge(client, {"amount": 100}, key)
-    # As its first request left it, still running: its owner holds the lease.
-    IdempotencyRecord.objects.filter(key=key).update(
-        state=State.CLAIMED, lease_expires_at=timezone.now() + timedelta(minutes=5)
-    )
+    # As if its first request still ran: its owner holds the lease.
+    in_progress = {
+        "state": State.CLAIMED,
+        "lease_expires_at": timezone.now() + timedelta(minutes=5),
+    }
 
     started = time.monotonic()
-    outcome = charge(client, {"amount": 100}, key, deadline=2.5)
+    with left_unsettled(key, **in_progress):
+        outcome = charge(client, {"amount": 100}, key, deadline=2.5)
     elapsed = time.monotonic() - started
 
     assert outcome.response.status_code == 409
@@ -146,12 +193,11 @@ def test_an_uncertain_outcome_is_returned_when_its_retry_after_ends_past_the_dea
 ) -> None:
     key = new_key()
     charge(client, {"amount": 100}, key)
-    IdempotencyRecord.objects.filter(key=key).update(
-        state=State.UNCERTAIN, lease_owner="", lease_expires_at=timezone.now()
-    )
+    uncertain = {"state": State.UNCERTAIN, "lease_owner": "", "lease_expires_at": timezone.now()}
 
     started = time.monotonic()
-    outcome = charge(client, {"amount": 100}, key, deadline=4)
+    with left_unsettled(key, **uncertain):
+        outcome = charge(client, {"amount": 100}, key, deadline=4)
 
     # Retry-After: 5 (recovery looks again then) ends past the deadline: the
     # 503 is returned at once, for the caller to come back with the same key.

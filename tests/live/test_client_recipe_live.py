@@ -379,14 +379,14 @@ class Report:
         charges = self.stack.database.charge_ids(op.key)
         records = self.stack.database.records(op.key)
         executions = [e for e in history if e.status == 201 and not e.replayed]
-        if answer.error is not None:
-            return f"the recipe raised {answer.error}"
-        if (answer.status, answer.replayed) != (201, REPLAYED[op.hazard]):
-            return f"answered {answer.status}, replayed={answer.replayed}"
         if len(charges) != 1:
             return f"{len(charges)} charges"
         if [(r["state"], r["response_status"]) for r in records] != [("COMPLETED", 201)]:
             return f"records {records}"
+        if answer.error is not None:
+            return f"the recipe raised {answer.error}"
+        if (answer.status, answer.replayed) != (201, REPLAYED[op.hazard]):
+            return f"answered {answer.status}, replayed={answer.replayed}"
         if json.loads(answer.body)["id"] != charges[0] or len(executions) != 1:
             return "the answer is not the one execution's"
         if answer.replayed and answer.body != executions[0].body:
