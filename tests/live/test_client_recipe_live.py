@@ -69,7 +69,7 @@ PROJECT = Project(
 CHARGES = "/api-view/charges"
 LEASE = 2.0
 #: Seconds the view sleeps after the claim, for the faults that strike then.
-VIEW_SLEEP = {Fault.CUT_AFTER_CLAIM: 0.8, Fault.WORKER_KILLED: 1.0}
+VIEW_SLEEP = {Fault.CUT_AFTER_CLAIM: 0.8, Fault.WORKER_KILLED: 1.5}
 #: Each attempt's own bound: longer than any wait behind the other requests,
 #: so that no answer is lost to the client's impatience.
 ATTEMPT_TIMEOUT = 30.0
