@@ -10,8 +10,10 @@ What a worker process is told by its environment:
 - ``IDEMPOTENCY_TEST_MARKER_DIR``: every start of a body leaves a marker
   file ``<key>.<pid>.<n>`` there, after its insert (then still
   uncommitted), so a test knows when to kill the worker;
-- ``IDEMPOTENCY_TEST_BODY_SLEEP``: seconds the body sleeps at that point,
-  widening the window for a duplicate or a kill;
+- ``IDEMPOTENCY_TEST_FIRST_START_SLEEP``: seconds the first start of a
+  body for a key sleeps at that point, widening the window for a duplicate
+  or a kill (a later start, which took a dead worker's claim over, does
+  not sleep);
 - ``IDEMPOTENCY_TEST_PROVIDER_DIR``: the payout provider's files (below).
 
 The lease is short (``LEASE``), so that a dead worker's claim can be
@@ -37,7 +39,7 @@ except ImportError:  # Django 5.2: the backport
     from django_tasks import TaskContext, task  # type: ignore[no-redef,assignment,unused-ignore]
 
 MARKER_DIR_ENV = "IDEMPOTENCY_TEST_MARKER_DIR"
-BODY_SLEEP_ENV = "IDEMPOTENCY_TEST_BODY_SLEEP"
+FIRST_START_SLEEP_ENV = "IDEMPOTENCY_TEST_FIRST_START_SLEEP"
 PROVIDER_DIR_ENV = "IDEMPOTENCY_TEST_PROVIDER_DIR"
 
 #: Seconds a run holds its key: a killed worker's claim is free after this.
@@ -50,11 +52,13 @@ def body_starts(marker_dir: Path, key: str) -> list[Path]:
 
 
 def _started(key: str) -> None:
-    """Leave this start's marker, then sleep if the test asked for it."""
+    """Leave this start's marker; the key's first start then sleeps if the test asked."""
     directory = os.environ.get(MARKER_DIR_ENV)
-    if directory:
-        (Path(directory) / f"{key}.{os.getpid()}.{time.time_ns()}").touch()
-    time.sleep(float(os.environ.get(BODY_SLEEP_ENV) or 0))
+    if not directory:
+        return
+    (Path(directory) / f"{key}.{os.getpid()}.{time.time_ns()}").touch()
+    if len(body_starts(Path(directory), key)) == 1:
+        time.sleep(float(os.environ.get(FIRST_START_SLEEP_ENV) or 0))
 
 
 class ChargeDeclined(Exception):
@@ -141,7 +145,9 @@ def send_payout(
 ) -> dict[str, Any]:
     """Pays through the provider; ``answer_lost``: the provider's answer never comes back."""
     claim = task_idempotency()
-    provider_key = claim.begin_external()  # IN_PROGRESS and the key, committed now
+    # IN_PROGRESS and the key, committed now; held for the task's lease (without
+    # lease=, begin_external() holds the record for IDEMPOTENCY["LEASE"]).
+    provider_key = claim.begin_external(lease=LEASE)
     transfer = PayoutProvider.from_environment().transfer(amount, provider_key)
     _started(payout_id)  # the transfer is made; the worker may die here
     if answer_lost:
