@@ -1,8 +1,9 @@
 """Smoke test of an installed django-idempotency (run from outside the repository).
 
 Configures a minimal project in memory, migrates an SQLite database,
-sends a protected request twice through Django's test client, and runs a
-function protected by ``idempotent_task`` twice (Celery not installed).
+sends a protected request twice through Django's test client, runs a
+function protected by ``idempotent_task`` twice (Celery not installed), and
+imports the Django Ninja glue without Django Ninja (it names its extra).
 """
 
 from __future__ import annotations
@@ -115,6 +116,19 @@ def ship(order_id):  # type: ignore[no-untyped-def]
 
 assert ship(7) == ship(7) == {"shipped": 7} and shipped == [7], shipped
 assert "celery" not in sys.modules
+
+# The Django Ninja glue without its extra: importing it names the extra to install.
+from importlib.util import find_spec  # noqa: E402
+
+from django.core.exceptions import ImproperlyConfigured  # noqa: E402
+
+if find_spec("ninja") is None:
+    try:
+        import django_idempotency.ninja
+    except ImproperlyConfigured as exc:
+        assert "django-idempotency[ninja]" in str(exc), exc
+    else:
+        raise AssertionError("django_idempotency.ninja imported without Django Ninja")
 from django.contrib.auth.models import User  # noqa: E402
 
 client.force_login(User.objects.create_superuser("smoke", "smoke@example.com", "x"))
