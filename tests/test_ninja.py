@@ -427,6 +427,14 @@ def test_add_decorator_on_the_api_protects_its_operations_with_its_options(
     # an operation's own @idempotent wins over both (the next test).
 
 
+def test_a_nested_routers_add_decorator_wins_over_its_parents(client: Client) -> None:
+    keyless = post(client, "/ninja/routed/nested/notes", {"amount": 5}, None)  # required=False
+    keyed = post(client, "/ninja/routed/nested/notes", {"amount": 5}, "note-1")
+
+    assert (keyless.status_code, keyed.status_code) == (201, 201)
+    assert [record.operation for record in records()] == ["ninja nested note"]
+
+
 def test_an_operations_own_decorator_keeps_its_options_under_a_protected_router(
     client: Client,
 ) -> None:

@@ -167,6 +167,17 @@ def list_notes(request: HttpRequest) -> list[int]:
     return list(Charge.objects.filter(tenant="note").values_list("pk", flat=True))
 
 
+# A router nested in it, with an add_decorator of its own: the nearer one wins.
+nested = Router()
+nested.add_decorator(idempotent(required=False, operation="ninja nested note"), mode="view")
+
+
+@nested.post("/notes", response={201: ChargeOut})
+def create_nested_note(request: HttpRequest, charge: ChargeIn) -> dict[str, Any]:
+    return _charge(request, charge, tenant="nested note")
+
+
+routed.add_router("/nested", nested)
 api.add_router("/routed", routed)
 
 
