@@ -4,6 +4,9 @@ The names most projects need, importable from here::
 
     from django_idempotency import idempotent, IdempotentMixin, idempotent_task
 
+and ``idempotent_exempt``, which leaves a view out of what
+``django_idempotency.middleware.IdempotencyMiddleware`` protects.
+
 Each is loaded at first use, so that ``import django_idempotency`` works
 before ``django.setup()`` (settings files and AppConfig discovery import
 the package) and without the extras a name needs (``idempotent_task``
@@ -16,15 +19,16 @@ import importlib
 from typing import TYPE_CHECKING, Any
 
 __version__ = "1.0.0rc1"
-__all__ = ["IdempotentMixin", "idempotent", "idempotent_task"]
+__all__ = ["IdempotentMixin", "idempotent", "idempotent_exempt", "idempotent_task"]
 
 if TYPE_CHECKING:
-    from django_idempotency.decorators import idempotent
+    from django_idempotency.decorators import idempotent, idempotent_exempt
     from django_idempotency.drf import IdempotentMixin
     from django_idempotency.tasks import idempotent_task
 
 _HOMES = {
     "idempotent": "django_idempotency.decorators",
+    "idempotent_exempt": "django_idempotency.decorators",
     "IdempotentMixin": "django_idempotency.drf",
     "idempotent_task": "django_idempotency.tasks",
 }
