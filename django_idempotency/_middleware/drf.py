@@ -21,9 +21,9 @@ import threading
 import types
 import weakref
 from collections.abc import Callable, Iterable
-from inspect import iscoroutinefunction
 from typing import Any
 
+from django.core.exceptions import ImproperlyConfigured
 from django.http import HttpRequest, HttpResponseBase
 from rest_framework.request import Request
 from rest_framework.views import APIView
@@ -116,18 +116,7 @@ class DrfView:
         handler_name = dict(self.unsafe_methods()).get(method)
         if handler_name is None:
             return unprotected("no handler (405)")
-        handler = getattr(self.view_class, handler_name, None)
-        own = own_protection(self.view_class, handler)
-        if own is not None:
-            return Coverage(by=own[0], options=own[1])
-        if _exempt(self.callback, self.view_class, handler):
-            return unprotected("idempotent_exempt")
-        credential = _credential_view(self.view_class)
-        if credential is not None:
-            return unprotected(f"issues credentials ({credential})")
-        if iscoroutinefunction(self.callback):
-            return unprotected("async view: use IdempotentMixin")
-        return Coverage(by=MIDDLEWARE, options=middleware_options())
+        return judge(self.view_class, handler_name, self.callback)
 
     def left_alone(self, request: HttpRequest) -> bool:
         return False  # known only once DRF has authenticated: MiddlewareProtection decides
@@ -143,6 +132,33 @@ class DrfView:
                 view = view_class.as_view(**initkwargs)
             self._protected = view
         return self._protected
+
+
+def judge(view_class: type[APIView], handler_name: str, callback: Any = None) -> Coverage:
+    """What protects the handler ``handler_name`` of ``view_class``.
+
+    ``callback``: the route's ``as_view()`` callable, which may be exempt
+    on its own; None where only the class is known (the OpenAPI schema).
+    """
+    handler = getattr(view_class, handler_name, None)
+    own = own_protection(view_class, handler)
+    if own is not None:
+        return Coverage(by=own[0], options=own[1])
+    if _exempt(callback, view_class, handler):
+        return unprotected("idempotent_exempt")
+    credential = _credential_view(view_class)
+    if credential is not None:
+        return unprotected(f"issues credentials ({credential})")
+    if _is_async(view_class):
+        return unprotected("async view: use IdempotentMixin")
+    return Coverage(by=MIDDLEWARE, options=middleware_options())
+
+
+def _is_async(view_class: type[APIView]) -> bool:
+    try:
+        return bool(view_class.view_is_async)
+    except ImproperlyConfigured:  # sync and async handlers mixed: Django refuses it itself
+        return False
 
 
 def own_protection(view_class: type, handler: Any) -> tuple[ProtectedBy, Options] | None:

@@ -23,8 +23,16 @@ import weakref
 from collections.abc import Callable
 from typing import Any
 
+from rest_framework.views import APIView
+
 from django_idempotency._middleware import drf, plain
-from django_idempotency._middleware.coverage import Coverage, RoutedView, unprotected
+from django_idempotency._middleware.coverage import (
+    UNSAFE_METHODS,
+    Coverage,
+    RoutedView,
+    unprotected,
+)
+from django_idempotency._protection.flow import Options
 
 #: How each framework recognises its views; None: not one of its views.
 FRAMEWORKS: tuple[Callable[[Callable[..., Any]], RoutedView | None], ...] = (drf.routed_view,)
@@ -91,3 +99,17 @@ def static_coverage(
     if coverage.by_middleware and not middleware:
         return unprotected(NOT_INSTALLED)
     return coverage
+
+
+def protection_by_middleware(view_class: type, handler_name: str, method: str) -> Options | None:
+    """The options the installed middleware protects a DRF class's handler with, or None.
+
+    For what reads view classes, not routes (the OpenAPI schema): an
+    ``idempotent_exempt`` on one route's ``as_view()`` is not seen here.
+    """
+    if method.upper() not in UNSAFE_METHODS or not installed():
+        return None
+    if not (isinstance(view_class, type) and issubclass(view_class, APIView)):
+        return None
+    coverage = drf.judge(view_class, handler_name)
+    return coverage.options if coverage.by_middleware else None
