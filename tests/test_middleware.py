@@ -232,7 +232,7 @@ def test_safe_methods_are_not_protected(client: TokenClient) -> None:
 def test_a_keyless_request_runs_unprotected_is_counted_and_names_its_client_in_the_log(
     client: TokenClient, counted: Callable[..., float], caplog: pytest.LogCaptureFixture
 ) -> None:
-    caplog.set_level(logging.INFO, logger="django_idempotency.keyless")
+    caplog.set_level(logging.INFO, logger="django_idempotency.middleware")
     token = Token.objects.get(user=client.user).key
 
     first = post(client, "/api/payments", {"amount": 5}, None)
@@ -243,7 +243,7 @@ def test_a_keyless_request_runs_unprotected_is_counted_and_names_its_client_in_t
     assert Charge.objects.count() == 2
     assert IdempotencyRecord.objects.count() == 0
     assert counted("idempotency.keyless_requests", operation="POST api/payments") == 2
-    lines = [r.getMessage() for r in caplog.records if r.name == "django_idempotency.keyless"]
+    lines = [r.getMessage() for r in caplog.records if r.name == "django_idempotency.middleware"]
     assert len(lines) == 2
     assert f"sent by user:{client.user.pk}" in lines[0]
     assert "POST api/payments" in lines[0]

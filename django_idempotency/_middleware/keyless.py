@@ -28,7 +28,7 @@ if TYPE_CHECKING:
     from django.http import HttpRequest, HttpResponseBase
 
 #: Its own logger, so that it can be routed, kept or silenced apart.
-logger = logging.getLogger("django_idempotency.keyless")
+logger = logging.getLogger("django_idempotency.middleware")
 
 _NOTED = "_idempotency_keyless"
 
