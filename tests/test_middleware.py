@@ -399,6 +399,19 @@ def test_a_plain_view_outside_the_prefixes_or_exempt_is_left_alone(
     assert IdempotencyRecord.objects.count() == 0
 
 
+def test_a_prefix_longer_than_a_routes_literal_part_is_matched_against_the_path(
+    settings: Any, session: Client
+) -> None:
+    """``plain-api/<str:version>/charges`` under ``/plain-api/v1/``: v1's requests only."""
+    configure(settings, MIDDLEWARE_PLAIN_VIEW_PREFIXES=["/plain-api/v1/"])
+    for version in ("v1", "v2"):
+        plain_post(session, f"/plain-api/{version}/charges", "k")
+        plain_post(session, f"/plain-api/{version}/charges", "k")
+
+    assert Charge.objects.count() == 3
+    assert records() == [("POST plain-api/<str:version>/charges", State.COMPLETED)]
+
+
 def test_a_plain_view_keyless_request_is_refused_in_required_mode(
     keys_required: None, session: Client
 ) -> None:

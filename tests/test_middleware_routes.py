@@ -262,6 +262,19 @@ def test_the_command_says_what_protects_each_route_and_why_not(middleware: None)
     ]
 
 
+def test_the_command_says_when_a_prefix_covers_part_of_a_routes_paths(settings: Any) -> None:
+    configure(settings, MIDDLEWARE_PLAIN_VIEW_PREFIXES=["/plain-api/v1/"])
+    text = routes()
+
+    assert section(text, "plain-api/<str:version>/charges")[0] == (
+        "POST                    protected by the middleware, operation POST "
+        "plain-api/<str:version>/charges (where the path is under MIDDLEWARE_PLAIN_VIEW_PREFIXES)"
+    )
+    assert section(text, "plain-api/charges")[0].endswith(
+        "not protected: plain Django view outside MIDDLEWARE_PLAIN_VIEW_PREFIXES"
+    )
+
+
 def test_the_command_without_the_middleware_says_so(no_middleware: None) -> None:
     text = routes()
 

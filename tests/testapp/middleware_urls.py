@@ -33,6 +33,7 @@ urlpatterns = [
     path("plain-api/charges", views.plain_charge),
     path("plain-api/class-charges", views.PlainChargeView.as_view()),
     path("plain-api/exempt", views.exempt_plain_charge),
+    path("plain-api/<str:version>/charges", views.versioned_plain_charge),
     path("forms/charges", views.plain_charge),
     path("many/", include("tests.testapp.many_views")),
     path("idempotency/", include("django_idempotency.urls")),

@@ -125,6 +125,11 @@ def plain_charge(request: HttpRequest) -> JsonResponse:
     return JsonResponse({"id": charge.pk, "amount": charge.amount}, status=code)
 
 
+@csrf_exempt
+def versioned_plain_charge(request: HttpRequest, version: str) -> JsonResponse:
+    return plain_charge(request)
+
+
 @idempotent_exempt
 @csrf_exempt
 def exempt_plain_charge(request: HttpRequest) -> JsonResponse:
