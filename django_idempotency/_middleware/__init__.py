@@ -15,8 +15,10 @@ gives the callable the middleware runs in the view's place.
 ``checks`` validates the middleware's place in ``MIDDLEWARE`` and its
 settings.
 
-Read by the middleware at run time, and by what lists the protected
-views (``_routes``: the system checks, the metrics' labels, the OpenAPI
-schema, ``manage.py idempotency_routes``). Private: below the public
-middleware, above the glue it reuses (``drf``, ``decorators``).
+Imported by the middleware (``django_idempotency.middleware``) at run
+time, and by what lists the protected views: ``_routes`` (the system
+checks, the metrics' labels, ``manage.py idempotency_routes``), the
+OpenAPI schema (``_openapi``) and ``checks``. It imports the glue it
+reuses (``drf``, ``decorators``) and the request path below it, never
+what imports it. Private: its modules may change in any release.
 """
