@@ -191,6 +191,25 @@ def test_a_concurrent_duplicate_is_refused_with_409_while_the_first_holds_its_cl
     assert records() == [("POST api/held", State.COMPLETED)]
 
 
+def test_the_claim_comes_after_drfs_authentication_permissions_and_throttles(
+    settings: Any, client: TokenClient
+) -> None:
+    """Refused by DRF, a request claims nothing, even with anonymous requests protected."""
+    configure(settings, TENANT=lambda request: "everyone")
+    url = "/api/guarded/payments"
+
+    anonymous = post(APIClient(), url, {"amount": 5}, "k-anonymous")
+    forged = APIClient()
+    forged.credentials(HTTP_AUTHORIZATION="Token not-a-token")
+    unknown = post(forged, url, {"amount": 5}, "k-forged")
+    first = post(client, url, {"amount": 5}, "k-1")
+    throttled = post(client, url, {"amount": 5}, "k-2")
+
+    assert [r.status_code for r in (anonymous, unknown, first, throttled)] == [401, 401, 201, 429]
+    assert records() == [("POST api/guarded/payments", State.COMPLETED)]
+    assert IdempotencyRecord.objects.get().key == "k-1"
+
+
 @pytest.mark.parametrize(
     ("method", "url", "body", "status"),
     [

@@ -17,6 +17,7 @@ router.register("api/viewset/payments", views.PaymentViewSet, basename="payment"
 urlpatterns = [
     path("admin/", admin.site.urls),
     path("api/payments", views.PaymentView.as_view()),
+    path("api/guarded/payments", views.GuardedPaymentView.as_view()),
     path("api/generic/payments", views.PaymentCreateView.as_view()),
     path("api/function/payments", views.payment_api_view),
     path("api/exempt/class", views.ExemptView.as_view()),

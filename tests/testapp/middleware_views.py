@@ -18,8 +18,10 @@ from django.views import View
 from django.views.decorators.csrf import csrf_exempt
 from rest_framework import generics, serializers, status, viewsets
 from rest_framework.decorators import action, api_view
+from rest_framework.permissions import IsAuthenticated
 from rest_framework.request import Request
 from rest_framework.response import Response
+from rest_framework.throttling import UserRateThrottle
 from rest_framework.views import APIView
 
 from django_idempotency import idempotent, idempotent_exempt
@@ -81,6 +83,17 @@ class PaymentViewSet(viewsets.ModelViewSet[Charge]):
     def note(self, request: Request, pk: str | None = None) -> Response:
         Charge.objects.create(tenant=_tenant(request), amount=0, note="note")
         return Response({"noted": True}, status=status.HTTP_201_CREATED)
+
+
+class OncePerMinute(UserRateThrottle):
+    rate = "1/min"
+
+
+class GuardedPaymentView(PaymentView):
+    """Authenticated callers only, once a minute each: DRF's checks, before any claim."""
+
+    permission_classes = [IsAuthenticated]
+    throttle_classes = [OncePerMinute]
 
 
 @api_view(["POST"])
