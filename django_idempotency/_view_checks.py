@@ -22,6 +22,7 @@ from django.conf import settings
 from django.core.checks import CheckMessage, Warning
 
 from django_idempotency._checks import error
+from django_idempotency._middleware.coverage import MIDDLEWARE
 from django_idempotency._store.routing import routed_record_databases
 from django_idempotency.conf import idempotency_settings
 from django_idempotency.scope import OPERATION_NAMES
@@ -52,13 +53,19 @@ def check_atomic_requests(app_configs: Any = None, **kwargs: Any) -> list[CheckM
     atomic = {alias for alias in every if settings.DATABASES.get(alias, {}).get("ATOMIC_REQUESTS")}
     if not atomic or not getattr(settings, "ROOT_URLCONF", None):
         return []
+    from django_idempotency._middleware.frameworks import installed
     from django_idempotency._routes import protected_urls
 
+    middleware = installed()
     messages: list[CheckMessage] = []
     for url in protected_urls():
         exempt: set[str] = getattr(url.callback, "_non_atomic_requests", set())
         if all(alias in exempt for alias in atomic):
             continue
+        if all(handler.by == MIDDLEWARE for handler in url.handlers):
+            continue  # the middleware runs its own class, exempt where it protects
+        if url.framework == "ninja" and middleware:
+            continue  # the middleware exempts every Ninja URL with a protected operation
         messages.append(
             Warning(
                 f"The view {url.view} at {url.route!r} is protected by @idempotent but "
@@ -66,7 +73,7 @@ def check_atomic_requests(app_configs: Any = None, **kwargs: Any) -> list[CheckM
                 "begin_external() no longer commits the intent before the external call: a "
                 "crash during the call leaves no record of it, and the retry calls the "
                 "provider again.",
-                hint=_NINJA_ATOMIC_HINT if url.ninja else _ATOMIC_HINT,
+                hint=_NINJA_ATOMIC_HINT if url.framework == "ninja" else _ATOMIC_HINT,
                 obj=url.view,
                 id="django_idempotency.W002",
             )
@@ -216,7 +223,8 @@ def _unknown_operation(
     hint = f"Register it under a protected operation's name{_closest(operation, named)}."
     return Warning(
         f"A reconciler is registered for {operation!r}, but no view protected by "
-        "@idempotent or IdempotentMixin has this operation, so it is never called.",
+        "@idempotent, IdempotentMixin or IdempotencyMiddleware has this operation, so it is "
+        "never called.",
         hint=hint,
         obj=reconciler,
         id="django_idempotency.W004",

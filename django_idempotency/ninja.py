@@ -21,7 +21,7 @@ from datetime import timedelta
 from typing import Any, TypeVar, overload
 
 from django.core.exceptions import ImproperlyConfigured
-from django.http import HttpResponseBase
+from django.http import HttpRequest, HttpResponseBase
 
 try:
     from ninja.decorators import decorate_view
@@ -30,7 +30,13 @@ except ImportError as exc:  # pragma: no cover - depends on the installed extras
         'django_idempotency.ninja needs Django Ninja: pip install "django-idempotency[ninja]"'
     ) from exc
 
-from django_idempotency._ninja.operations import Installer, Level, install, operation_of_run
+from django_idempotency._ninja.operations import (
+    Installer,
+    Level,
+    function_of,
+    install,
+    operation_of_run,
+)
 from django_idempotency._ninja.urls import exempt_from_atomic_requests, path_view_of
 from django_idempotency._protection.flow import Options
 from django_idempotency._protection.keys import KeySpec
@@ -183,20 +189,24 @@ def non_atomic_requests(urls: URLs) -> URLs:
 
 def protect_view(
     view: Callable[..., Any],
-    options: Options,
+    options: Options | Callable[[], Options],
     *,
     exempt: Callable[[Callable[..., Any]], bool] = lambda function: False,
+    left_alone: Callable[[HttpRequest], bool] | None = None,
 ) -> bool:
     """Protect the unsafe-method operations of a Ninja URL's view, for project-wide protection.
 
-    For a middleware's ``process_view``, which gets the URL pattern's view
-    before Django opens ``ATOMIC_REQUESTS``'s transaction: each POST, PUT,
-    PATCH or DELETE operation behind ``view`` whose function ``exempt``
-    does not excuse is protected with ``options``, at the lowest precedence
-    (its own ``@idempotent`` and its routers' ``add_decorator`` keep theirs;
-    an operation is protected once), and the view is exempted from
-    ``ATOMIC_REQUESTS`` when it has a protected operation. Calling it again
-    changes nothing.
+    For ``IdempotencyMiddleware``'s ``process_view``, which gets the URL
+    pattern's view before Django opens ``ATOMIC_REQUESTS``'s transaction:
+    each POST, PUT, PATCH or DELETE operation behind ``view`` whose function
+    ``exempt`` does not excuse is protected with ``options`` (or what the
+    callable gives at each request), at the lowest precedence (its own
+    ``@idempotent`` and its routers' ``add_decorator`` keep theirs; an
+    operation is protected once), and the view is exempted from
+    ``ATOMIC_REQUESTS`` when it has a protected operation. The protection
+    sits inside the operation, after Ninja's authentication, where
+    ``left_alone`` may let a request run unprotected (an anonymous one).
+    Calling it again with the same arguments changes nothing.
 
     Returns:
         Whether ``view`` is a Ninja view (protected or not).
@@ -205,7 +215,7 @@ def protect_view(
     if path_view is None:
         return False
     for operation in path_view.operations:
-        if not exempt(operation.view_func):
-            install(operation, options, Level.PROJECT)
+        if not exempt(function_of(operation)):
+            install(operation, options, Level.PROJECT, left_alone=left_alone)
     exempt_from_atomic_requests(view)
     return True

@@ -6,6 +6,8 @@ way what a refused request gets; ``schema`` adds the header and the
 refusals to the operation's OpenAPI description; ``tenant`` names the
 client from Ninja's authentication result; ``urls`` finds the operations
 behind a URL (for the checks, the metrics and ``ATOMIC_REQUESTS``).
-Private: ``django_idempotency.ninja`` is what users import. Imports Django
-Ninja, so nothing imports it unless Ninja is installed.
+Private: ``django_idempotency.ninja`` is what users import. Its modules
+import Django Ninja, so nothing imports them unless Ninja is installed;
+but ``tenant``, which the middleware's keyless report uses to name a Ninja
+client.
 """

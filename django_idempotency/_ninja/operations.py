@@ -22,6 +22,7 @@ from __future__ import annotations
 import dataclasses
 import enum
 import functools
+import threading
 from collections.abc import Callable
 from typing import TYPE_CHECKING, Any, cast
 
@@ -36,6 +37,7 @@ from django_idempotency._ninja.schema import documented
 from django_idempotency._ninja.tenant import ninja_tenant
 from django_idempotency._protection.answers import rendered
 from django_idempotency._protection.flow import PROTECTED_METHODS, Options, protect
+from django_idempotency._protection.transactions import run_unprotected
 from django_idempotency.conf import idempotency_settings
 from django_idempotency.decorators import durable_block_named
 from django_idempotency.exceptions import IdempotencyRefusal
@@ -48,6 +50,10 @@ if TYPE_CHECKING:
 #: clone (``Operation.clone`` copies named attributes): a copy is protected
 #: when the installer binds it.
 _PROTECTION = "_idempotency_protection"
+#: Whether a request runs unprotected, asked once Ninja has authenticated it.
+LeftAlone = Callable[["HttpRequest"], bool]
+#: Installs one at a time: the project-wide protection installs at requests.
+_installing = threading.Lock()
 #: Where an unprotected operation of a URL exempt from ATOMIC_REQUESTS
 #: keeps its run before ``urls`` put it in Django's blocks.
 RUN_OUTSIDE_DJANGOS_BLOCKS = "_idempotency_run_outside_djangos_blocks"
@@ -67,25 +73,50 @@ class Level(enum.IntEnum):
 class Protection:
     """How an operation is protected, and by whom; its call reads it at each request."""
 
-    def __init__(self, options: Options, level: Level, own_extra: dict[str, Any] | None) -> None:
+    def __init__(
+        self,
+        options: Options | Callable[[], Options],
+        level: Level,
+        own_extra: dict[str, Any] | None,
+        left_alone: LeftAlone | None = None,
+    ) -> None:
         #: The operation's own ``openapi_extra``, before protection added to it.
         self.own_extra = own_extra
-        self.set(options, level)
+        self.set(options, level, left_alone)
 
-    def set(self, options: Options, level: Level) -> None:
-        self.options = options
+    def set(
+        self,
+        options: Options | Callable[[], Options],
+        level: Level,
+        left_alone: LeftAlone | None = None,
+    ) -> None:
+        #: The options, or what gives them at each request (the middleware's
+        #: depend on a setting: ``override_settings`` must be seen).
+        self.given = options
         self.level = level
-        # The same options with the tenant Ninja's authentication names, for
-        # a project that leaves IDEMPOTENCY["TENANT"] unset.
-        self._authenticated = options
-        if options.tenant is None:
-            self._authenticated = dataclasses.replace(options, tenant=ninja_tenant)
+        #: Asked after Ninja's authentication: True runs the request unprotected.
+        self.left_alone = left_alone
+        self._with_tenant: dict[int, tuple[Options, Options]] = {}
+
+    @property
+    def options(self) -> Options:
+        given = self.given
+        return given() if callable(given) else given
 
     def options_now(self) -> Options:
-        """The options for this request: the project's TENANT, if it set one, is respected."""
-        if "TENANT" in idempotency_settings.user_settings:
-            return self.options
-        return self._authenticated
+        """The options for this request, with the tenant Ninja's authentication names.
+
+        Unless the options name a tenant of their own, or the project set
+        ``IDEMPOTENCY["TENANT"]``, which is then respected.
+        """
+        options = self.options
+        if options.tenant is not None or "TENANT" in idempotency_settings.user_settings:
+            return options
+        made = self._with_tenant.get(id(options))
+        if made is None or made[0] is not options:
+            made = (options, dataclasses.replace(options, tenant=ninja_tenant))
+            self._with_tenant[id(options)] = made
+        return made[1]
 
 
 def protection_of(operation: object) -> Protection | None:
@@ -93,13 +124,31 @@ def protection_of(operation: object) -> Protection | None:
     return cast("Protection | None", getattr(operation, _PROTECTION, None))
 
 
-def install(operation: Operation, options: Options, level: Level) -> None:
+def install(
+    operation: Operation,
+    options: Options | Callable[[], Options],
+    level: Level,
+    *,
+    left_alone: LeftAlone | None = None,
+) -> None:
     """Protect ``operation``'s unsafe methods with ``options``, unless a nearer level did.
 
-    An operation answering only safe methods is left alone. A streamed
-    answer cannot be stored, so a streaming operation with an unsafe method
-    is refused.
+    ``options`` may be a callable giving them at each request;
+    ``left_alone``, asked after Ninja's authentication, may leave a request
+    unprotected. An operation answering only safe methods is left alone. A
+    streamed answer cannot be stored, so a streaming operation with an
+    unsafe method is refused (left alone by the project-wide protection).
     """
+    with _installing:
+        _install(operation, options, level, left_alone)
+
+
+def _install(
+    operation: Operation,
+    options: Options | Callable[[], Options],
+    level: Level,
+    left_alone: LeftAlone | None,
+) -> None:
     if not PROTECTED_METHODS.intersection(operation.methods):
         return
     if getattr(operation, "stream_format", None) is not None:
@@ -112,9 +161,11 @@ def install(operation: Operation, options: Options, level: Level) -> None:
         )
     current = protection_of(operation)
     if current is not None:
-        if current.level > level or (current.level == level and current.options == options):
+        if current.level > level:
             return  # the operation's own @idempotent, or a nearer router's, wins
-        current.set(options, level)
+        if (current.level, current.given, current.left_alone) == (level, options, left_alone):
+            return  # again: the project-wide protection asks at each request
+        current.set(options, level, left_alone)
         _document(operation, current)
         return
     unwrapped = getattr(operation, RUN_OUTSIDE_DJANGOS_BLOCKS, None)
@@ -130,7 +181,7 @@ def install(operation: Operation, options: Options, level: Level) -> None:
         inner, own_extra = copied.inner, copied.protection.own_extra
     else:
         inner, own_extra = copied, operation.openapi_extra
-    protection = Protection(options, level, own_extra)
+    protection = Protection(options, level, own_extra, left_alone)
     setattr(operation, _PROTECTION, protection)
     # Not operation.is_async: Ninja before 1.6 sets it after making the
     # operation, after @idempotent's callback ran.
@@ -176,6 +227,12 @@ class Installer:
         return run
 
 
+def function_of(operation: Operation) -> Callable[..., Any]:
+    """The operation's own function: under its protection, if it has one."""
+    function = operation.view_func
+    return function.inner if isinstance(function, ProtectedCall) else function
+
+
 def operation_of_run(run: object) -> Operation | None:
     """The operation whose bound ``run`` this is, under decorators that kept ``__wrapped__``."""
     for _ in range(50):  # a cycle of __wrapped__ is not ours to loop on
@@ -212,6 +269,9 @@ class ProtectedCall:
         def view() -> HttpResponseBase:
             return _finished(operation, request, call, values)
 
+        left_alone = self.protection.left_alone
+        if left_alone is not None and left_alone(request):
+            return run_unprotected(view)
         match = request.resolver_match
         url_kwargs = match.kwargs if match is not None else {}
         try:

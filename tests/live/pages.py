@@ -128,7 +128,11 @@ def session_script(blocks: list[Block], out: Path, port: int) -> tuple[str, list
                     continue
                 lines.append("start_server" if line.strip() == RUNSERVER else line)
         elif block.lang == "console":
-            commands = [line[2:] for line in block.body.splitlines() if line.startswith("$ ")]
+            commands = [
+                line[2:].replace(PAGE_ADDRESS, f"127.0.0.1:{port}")
+                for line in block.body.splitlines()
+                if line.startswith("$ ")
+            ]
             shown = "".join(
                 line + "\n" for line in block.body.splitlines() if not line.startswith("$ ")
             )
