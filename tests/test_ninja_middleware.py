@@ -121,11 +121,13 @@ def test_a_keyless_request_runs_unprotected_is_counted_and_names_its_client(
     client: Client, counted: Callable[..., float], caplog: pytest.LogCaptureFixture
 ) -> None:
     caplog.set_level(logging.INFO, logger="django_idempotency.middleware")
+    post(client, ORDERS, "order-1")  # the operation is protected from here on
 
     responses = [post(client, ORDERS, None) for _ in range(2)]
 
     assert [response.status_code for response in responses] == [201, 201]
-    assert Charge.objects.count() == 2 and records() == []
+    assert Charge.objects.count() == 3
+    assert records() == [("POST ninja-mw/orders", State.COMPLETED)]  # the keyed one's
     assert counted("idempotency.keyless_requests", operation="POST ninja-mw/orders") == 2
     [line, _] = [
         r.getMessage() for r in caplog.records if r.name == "django_idempotency.middleware"

@@ -35,7 +35,7 @@ from django_idempotency._protection.flow import Options
 #: How each framework recognises its views; None: not one of its views.
 FRAMEWORKS: tuple[Callable[[Callable[..., Any]], RoutedView | None], ...] = (drf.routed_view,)
 #: What a framework does once per URLconf, before the first view it routes runs.
-PREPARE: tuple[Callable[[str], None], ...] = ()
+PREPARE: tuple[Callable[[object], None], ...] = ()
 
 try:
     from django_idempotency._middleware import ninja
@@ -84,7 +84,7 @@ def prepare(request: HttpRequest) -> None:
 
         urlconf = getattr(request, "urlconf", None) or settings.ROOT_URLCONF
         for each in PREPARE:
-            each(str(urlconf))
+            each(urlconf)
 
 
 def installed() -> bool:

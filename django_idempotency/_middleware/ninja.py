@@ -10,7 +10,8 @@ lowest precedence (an operation's own ``@idempotent`` and its routers'
 ``add_decorator`` keep their options: it is protected once), exempts the
 view from ``ATOMIC_REQUESTS`` (before Django would open it), and lets
 Django run the view as routed. The protection, once Ninja has
-authenticated, reads the middleware's options at each request and leaves
+authenticated, reads the middleware's options at each request (a
+request without a key then runs unprotected, report-only) and leaves
 anonymous requests alone as the middleware does everywhere. Sync and async
 operations alike.
 
@@ -23,7 +24,7 @@ from __future__ import annotations
 
 import threading
 from collections.abc import Callable, Iterable, Iterator
-from typing import Any
+from typing import Any, cast
 
 from ninja.operation import Operation, PathView
 
@@ -102,10 +103,7 @@ class NinjaView:
     def protected(self) -> None:
         """Protect the path's operations in place: Django then runs the view as routed."""
         protect_view(
-            self.callback,
-            middleware_options,
-            exempt=_exempt,
-            left_alone=left_alone_as_anonymous,
+            self.callback, middleware_options, exempt=_exempt, left_alone=left_alone_as_anonymous
         )
 
 
@@ -114,19 +112,21 @@ def _exempt(function: Callable[..., Any]) -> bool:
     return getattr(function, EXEMPT_ATTRIBUTE, False) is True
 
 
-_prepared: set[str] = set()
+_prepared: set[object] = set()
 _preparing = threading.Lock()
 
 
-def protect_every_view(urlconf: str) -> None:
-    """Protect every Ninja view of ``urlconf``: once per URLconf and process."""
+def protect_every_view(urlconf: object) -> None:
+    """Protect every Ninja view of ``urlconf`` (a dotted path or a module): once per process."""
     if urlconf in _prepared:
         return
     from django.urls import get_resolver
 
     with _preparing:
         if urlconf not in _prepared:
-            for callback in _callbacks(get_resolver(urlconf).url_patterns):
+            # A dotted path, or a module (a request's own urlconf may be one).
+            resolver = get_resolver(cast(str, urlconf))
+            for callback in _callbacks(resolver.url_patterns):
                 found = routed_view(callback)
                 if found is not None:
                     found.protected()
