@@ -200,12 +200,15 @@ async def test_a_retryable_answer_releases_the_claim_and_rolls_the_writes_back(
 
 
 @pytest.mark.parametrize("url", STEERED.values(), ids=STEERED.keys())
-async def test_a_raising_view_releases_the_claim(url: str) -> None:
+async def test_a_raising_view_releases_the_claim_and_the_retry_runs(url: str) -> None:
     client = AsyncClient(raise_request_exception=False)
-    response = await send(url, {"amount": 1, "raise": True}, "k", client=client)
+    failed = await send(url, {"amount": 1}, "k", client=client, headers={"X-Raise": "1"})
 
-    assert response.status_code == 500
+    assert failed.status_code == 500
     assert await charges() == 0 and await records() == []
+    retry = await send(url, {"amount": 1}, "k")
+    assert retry.status_code == 201 and "Idempotent-Replayed" not in retry
+    assert await charges() == 1
 
 
 @pytest.mark.parametrize("url", STEERED.values(), ids=STEERED.keys())

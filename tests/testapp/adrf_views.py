@@ -1,12 +1,12 @@
 """Protected async views of every kind adrf offers (tests/test_adrf.py).
 
 The body steers them as it does ``views.perform``: ``amount``, ``status``
-(answer with it after writing), ``raise`` (write, then raise), ``invalid``
+(answer with it after writing), ``invalid``
 (DRF's ValidationError), ``external`` (write, then ``await request.idempotency.abegin_external()``),
 ``hold`` (the name of a ``Hold`` to wait on after writing, while a test
-sends a duplicate). The ``X-Crash`` header, which is no part of the
-fingerprint, makes the view write, then "die" (``SimulatedCrash``): its
-retry is the same request.
+sends a duplicate). Two headers, which are no part of the fingerprint,
+make the view write, then fail, so that its retry is the same request:
+``X-Raise`` (an error) and ``X-Crash`` (the worker "dies": ``SimulatedCrash``).
 """
 
 from __future__ import annotations
@@ -65,7 +65,7 @@ async def charge(request: Request) -> Response:
         await hold.released.wait()
     if request.headers.get("X-Crash"):
         raise SimulatedCrash("the worker died after writing")
-    if data.get("raise"):
+    if request.headers.get("X-Raise"):
         raise RuntimeError("the async view failed after writing")
     code = int(data.get("status", status.HTTP_201_CREATED))
     return Response(body, status=code, headers={"Location": f"/charges/{created.pk}"})
