@@ -1,12 +1,13 @@
 """Protected async views of every kind adrf offers (tests/test_adrf.py).
 
 The body steers them as it does ``views.perform``: ``amount``, ``status``
-(answer with it after writing), ``invalid``
-(DRF's ValidationError), ``external`` (write, then ``await request.idempotency.abegin_external()``),
-``hold`` (the name of a ``Hold`` to wait on after writing, while a test
-sends a duplicate). Two headers, which are no part of the fingerprint,
-make the view write, then fail, so that its retry is the same request:
-``X-Raise`` (an error) and ``X-Crash`` (the worker "dies": ``SimulatedCrash``).
+(answer with it after writing), ``invalid`` (DRF's ValidationError),
+``external`` (write, then ``await request.idempotency.abegin_external()``),
+``sleep`` (seconds to hold the claim, for the live race), ``hold`` (the
+name of a ``Hold`` to wait on after writing, while a test sends a
+duplicate). Two headers, which are no part of the fingerprint, make the
+view write, then fail, so that its retry is the same request: ``X-Raise``
+(an error) and ``X-Crash`` (the worker "dies": ``SimulatedCrash``).
 """
 
 from __future__ import annotations
@@ -59,6 +60,8 @@ async def charge(request: Request) -> Response:
     body: dict[str, Any] = {"id": created.pk, "amount": created.amount}
     if data.get("external"):
         body["provider_key"] = await idempotency_of(request).abegin_external()
+    if data.get("sleep"):
+        await asyncio.sleep(float(data["sleep"]))
     if data.get("hold"):
         hold = holds[data["hold"]]
         hold.entered.set()
