@@ -29,11 +29,13 @@ the ASGI server uses). uvicorn picks uvloop and httptools when installed
 
    interleaved: ``--rounds`` rounds, each running every endpoint for
    ``--duration`` seconds, the order rotating from round to round;
-4. prints the requests/s and the p50 and p99 latency of each endpoint
-   (medians over the rounds) and the ratios that answer the question
-   (medians of the per-round ratios): async against sync for first
-   executions, replays and unprotected requests; and, within each stack,
-   what the protection costs (mixin against unprotected);
+4. prints the requests/s, the p50 and p99 latency and the application's CPU
+   per request (the server's processes and threads, read from /proc: the
+   figure a machine shared with other work disturbs least) of each
+   endpoint, medians over the rounds, and the ratios that answer the
+   question (medians of the per-round ratios): async against sync for
+   first executions, replays and unprotected requests; and, within each
+   stack, what the protection costs (mixin against unprotected);
 5. checks what it measured: no error or non-2xx answer, every first
    execution wrote one row, no replay wrote any;
 6. stops both servers and drops the database.
@@ -74,6 +76,7 @@ from benchmarks.benchlib import (  # noqa: E402
     median,
     migrate,
     postgres_url,
+    process_tree_cpu_seconds,
     server_facts,
 )
 
@@ -136,6 +139,8 @@ class Run:
     requests_per_s: float
     p50_ms: float
     p99_ms: float
+    #: The application server's CPU per request (master, workers, their threads).
+    cpu_ms: float
     requests: int
     rows_written: int
     errors: int
@@ -149,10 +154,12 @@ class Results:
     def of(self, endpoint: Endpoint) -> list[Run]:
         return [run for run in self.runs if run.endpoint == endpoint.name]
 
-    def ratio(self, endpoint: Endpoint, reference: Endpoint) -> float:
-        """Median over the rounds of this round's requests/s ratio."""
-        by_round = {run.round: run.requests_per_s for run in self.of(reference)}
-        return median([run.requests_per_s / by_round[run.round] for run in self.of(endpoint)])
+    def ratio(
+        self, endpoint: Endpoint, reference: Endpoint, figure: str = "requests_per_s"
+    ) -> float:
+        """Median over the rounds of this round's ratio of ``figure``."""
+        by_round = {run.round: getattr(run, figure) for run in self.of(reference)}
+        return median([getattr(run, figure) / by_round[run.round] for run in self.of(endpoint)])
 
 
 def wrk(url: str, endpoint: Endpoint, args: argparse.Namespace, prefix: str) -> dict[str, Any]:
@@ -193,7 +200,7 @@ def rows(connection: Any) -> int:
     )
 
 
-def settle(connection: Any, quiet: float = 0.5, limit: float = 30.0) -> None:
+def settle(connection: Any, quiet: float = 1.0, limit: float = 30.0) -> None:
     """Wait until the requests wrk left queued when it stopped have run."""
     deadline, last = time.monotonic() + limit, rows(connection)
     while time.monotonic() < deadline:
@@ -204,7 +211,9 @@ def settle(connection: Any, quiet: float = 0.5, limit: float = 30.0) -> None:
         last = now
 
 
-def measure(args: argparse.Namespace, urls: dict[str, str], database: Database) -> Results:
+def measure(
+    args: argparse.Namespace, urls: dict[str, str], pids: dict[str, int], database: Database
+) -> Results:
     results = Results()
     run_id = uuid.uuid4().hex[:8]
     replay_keys = {e.name: f"{run_id}-replay-{e.server}{e.path}" for e in ENDPOINTS}
@@ -228,7 +237,9 @@ def measure(args: argparse.Namespace, urls: dict[str, str], database: Database) 
                 for table in TABLES:
                     connection.execute(f"VACUUM (ANALYZE) {table}")
                 before = rows(connection)
+                cpu_before = process_tree_cpu_seconds(pids[endpoint.server])
                 outcome = load(endpoint, f"r{round_}")
+                cpu = process_tree_cpu_seconds(pids[endpoint.server]) - cpu_before
                 errors = sum(int(outcome[name]) for name in WRK_ERRORS)
                 run = Run(
                     endpoint=endpoint.name,
@@ -236,6 +247,7 @@ def measure(args: argparse.Namespace, urls: dict[str, str], database: Database) 
                     requests_per_s=outcome["requests"] / (outcome["duration_us"] / 1e6),
                     p50_ms=outcome["p50_us"] / 1000,
                     p99_ms=outcome["p99_us"] / 1000,
+                    cpu_ms=1000 * cpu / max(1, int(outcome["requests"])),
                     requests=int(outcome["requests"]),
                     rows_written=rows(connection) - before,
                     errors=errors,
@@ -245,6 +257,7 @@ def measure(args: argparse.Namespace, urls: dict[str, str], database: Database) 
                 print(
                     f"round {round_}  {endpoint.name:<26} {run.requests_per_s:8.1f} req/s  "
                     f"p50 {run.p50_ms:6.2f} ms  p99 {run.p99_ms:6.2f} ms  "
+                    f"CPU {run.cpu_ms:5.2f} ms/request  "
                     f"({run.requests} requests, {run.rows_written} rows, {run.errors} errors)",
                     flush=True,
                 )
@@ -273,7 +286,9 @@ def report(results: Results, args: argparse.Namespace, facts: dict[str, str]) ->
         f"-c{args.connections}; gunicorn {args.workers} sync workers; uvicorn {args.workers} "
         f"workers ({facts['uvicorn']}), Django's connection pool"
     )
-    header = f"{'endpoint':<28}{'server':>8}{'req/s':>9}{'p50 ms':>9}{'p99 ms':>9}"
+    header = (
+        f"{'endpoint':<28}{'server':>8}{'req/s':>9}{'p50 ms':>9}{'p99 ms':>9}{'CPU ms/request':>16}"
+    )
     print(header)
     print("-" * len(header))
     for endpoint in ENDPOINTS:
@@ -282,20 +297,23 @@ def report(results: Results, args: argparse.Namespace, facts: dict[str, str]) ->
             "requests_per_s": median([run.requests_per_s for run in runs]),
             "p50_ms": median([run.p50_ms for run in runs]),
             "p99_ms": median([run.p99_ms for run in runs]),
+            "cpu_ms": median([run.cpu_ms for run in runs]),
             "per_round_requests_per_s": [round(run.requests_per_s, 1) for run in runs],
         }
         summary["endpoints"][endpoint.name] = figures
         server = "gunicorn" if endpoint.server == "wsgi" else "uvicorn"
         print(
             f"{endpoint.name:<28}{server:>8}{figures['requests_per_s']:9.1f}"
-            f"{figures['p50_ms']:9.2f}{figures['p99_ms']:9.2f}"
+            f"{figures['p50_ms']:9.2f}{figures['p99_ms']:9.2f}{figures['cpu_ms']:16.2f}"
         )
     print()
-    print("ratios of requests/s (medians of the per-round ratios):")
+    print("ratios (medians of the per-round ratios):")
+    print(f"  {'':<58}{'req/s':>8}{'CPU/request':>13}")
     for what, endpoint, reference in RATIOS:
-        ratio = results.ratio(endpoint, reference)
-        summary["ratios"][what] = ratio
-        print(f"  {what:<58}{ratio:6.2f}x")
+        throughput = results.ratio(endpoint, reference)
+        cpu = results.ratio(endpoint, reference, "cpu_ms")
+        summary["ratios"][what] = {"requests_per_s": throughput, "cpu_ms": cpu}
+        print(f"  {what:<58}{throughput:7.2f}x{cpu:12.2f}x")
     if results.problems:
         print("\nPROBLEMS:")
         for problem in results.problems:
@@ -345,7 +363,10 @@ def main(argv: list[str] | None = None) -> int:
             Gunicorn(database, workers=args.workers) as wsgi,
             Uvicorn(database, workers=args.workers, env=pool) as asgi,
         ):
-            results = measure(args, {"wsgi": wsgi.url, "asgi": asgi.url}, database)
+            assert wsgi.process is not None and asgi.process is not None
+            urls = {"wsgi": wsgi.url, "asgi": asgi.url}
+            pids = {"wsgi": wsgi.process.pid, "asgi": asgi.process.pid}
+            results = measure(args, urls, pids, database)
             results.problems.extend(f"gunicorn log: {line}" for line in wsgi.problems()[:10])
             results.problems.extend(f"uvicorn log: {line}" for line in asgi.problems()[:10])
         facts["load_after"] = load_average()

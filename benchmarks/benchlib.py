@@ -382,3 +382,30 @@ class Uvicorn:
         loop = "uvloop" if importlib.util.find_spec("uvloop") else "asyncio"
         http = "httptools" if importlib.util.find_spec("httptools") else "h11"
         return f"{loop}, {http}"
+
+
+def process_tree_cpu_seconds(root: int) -> float:
+    """CPU time (user + system) used so far by ``root`` and its descendants, threads included.
+
+    Read from /proc (Linux): a server's master and its workers, so that the
+    CPU a request costs in the application can be compared apart from how
+    busy the machine is. Children that already exited are not counted.
+    """
+    ticks = os.sysconf("SC_CLK_TCK")
+    parents: dict[int, int] = {}
+    used: dict[int, float] = {}
+    for entry in Path("/proc").iterdir():
+        if not entry.name.isdigit():
+            continue
+        with contextlib.suppress(OSError, ValueError, IndexError):
+            # The fields after the command's closing parenthesis (which may hold spaces).
+            fields = (entry / "stat").read_text().rpartition(")")[2].split()
+            parents[int(entry.name)] = int(fields[1])
+            used[int(entry.name)] = (int(fields[11]) + int(fields[12])) / ticks
+    tree, frontier = {root}, [root]
+    while frontier:
+        parent = frontier.pop()
+        children = [pid for pid, ppid in parents.items() if ppid == parent and pid not in tree]
+        tree.update(children)
+        frontier.extend(children)
+    return sum(used.get(pid, 0.0) for pid in tree)
