@@ -280,8 +280,11 @@ async def test_a_concurrent_duplicate_never_runs_the_view_a_second_time(url: str
             assert int(refused["Retry-After"]) >= 1
         else:
             # Released once the duplicate's claim was sent (it waits on the writer).
-            while not {statement.thread for statement in sent} - first_threads:
-                await asyncio.sleep(0.01)
+            async def duplicate_claiming() -> None:
+                while not {statement.thread for statement in sent} - first_threads:
+                    await asyncio.sleep(0.01)
+
+            await asyncio.wait_for(duplicate_claiming(), timeout=30)
             hold.released.set()
             original, replay = await asyncio.wait_for(asyncio.gather(first, duplicate), 30)
 
