@@ -1,15 +1,19 @@
 """The URLs whose views are protected, and the operation names they give records.
 
+Protected by their own glue (``@idempotent``, ``IdempotentMixin``) or, when
+it is installed, by ``IdempotencyMiddleware``: each callback is read as
+the middleware reads it (``_middleware.frameworks``), so that both agree.
 Read by the system checks: a reconciler must be registered under a name
 that a protected operation has, and ``ATOMIC_REQUESTS`` must not wrap a
-protected view; and by the metrics, which label these names alone. The
-names are computed as ``scope.default_operation`` computes them for a
-request, from the route Django joins while resolving.
+protected view; by the metrics, which label these names alone; and by
+``manage.py idempotency_routes``. The names are computed as
+``scope.default_operation`` computes them for a request, from the route
+Django joins while resolving.
 
-Private; imported only by the system checks and ``apps`` (which hands
-``protected_operations`` to the metrics). It imports the glue
-(``decorators``, ``drf``) to recognise protected views, so nothing below
-the glue may import it.
+Private; imported by the system checks, the command and ``apps`` (which
+hands ``protected_operations`` to the metrics). It imports the glue
+(``decorators``, ``drf``, the middleware's machinery) to recognise
+protected views, so nothing below the glue may import it.
 """
 
 from __future__ import annotations
@@ -18,14 +22,17 @@ from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
+from django_idempotency._middleware.coverage import (
+    Coverage,
+    ProtectedBy,
+    literal_path,
+    view_path,
+)
+from django_idempotency._middleware.frameworks import installed, routed_view, static_coverage
 from django_idempotency.scope import operation_name
 
 if TYPE_CHECKING:
     from django_idempotency._protection.flow import Options
-
-
-#: In the order a person reads them, not a set's.
-_UNSAFE_METHODS = ("POST", "PUT", "PATCH", "DELETE")
 
 
 @dataclass(frozen=True)
@@ -36,6 +43,8 @@ class ProtectedHandler:
     #: The view's method (``"post"``) or, for a viewset, the action's name.
     handler: str
     options: Options
+    #: What protects it: the middleware, the view's ``@idempotent``, its mixin.
+    by: ProtectedBy
 
 
 @dataclass(frozen=True)
@@ -79,6 +88,15 @@ def protected_operations() -> set[str]:
 
 def protected_urls(urlconf: str | None = None) -> Iterator[ProtectedURL]:
     """Every URL pattern of the URLconf whose view protects some method."""
+    middleware = installed()
+    for route, name, callback in routed_patterns(urlconf):
+        handlers = tuple(_protected_handlers(callback, route, middleware))
+        if handlers:
+            yield ProtectedURL(route, name, view_path(callback), callback, handlers)
+
+
+def routed_patterns(urlconf: str | None = None) -> Iterator[tuple[str, str | None, Any]]:
+    """(route, name with namespaces, callback) of every URL pattern, in the URLconf's order."""
     from django.urls import get_resolver
 
     yield from _walk(get_resolver(urlconf).url_patterns, "", ())
@@ -86,7 +104,7 @@ def protected_urls(urlconf: str | None = None) -> Iterator[ProtectedURL]:
 
 def _walk(
     patterns: Sequence[Any], route: str, namespaces: tuple[str, ...]
-) -> Iterator[ProtectedURL]:
+) -> Iterator[tuple[str, str | None, Any]]:
     from django.urls import URLPattern, URLResolver
 
     for entry in patterns:
@@ -95,11 +113,8 @@ def _walk(
             inner = (*namespaces, entry.namespace) if entry.namespace else namespaces
             yield from _walk(entry.url_patterns, joined, inner)
         elif isinstance(entry, URLPattern):
-            handlers = tuple(_protected_handlers(entry.callback))
-            if handlers:
-                name = ":".join((*namespaces, entry.name)) if entry.name else None
-                view = _view_path(entry.callback)
-                yield ProtectedURL(joined, name, view, entry.callback, handlers)
+            name = ":".join((*namespaces, entry.name)) if entry.name else None
+            yield joined, name, entry.callback
 
 
 def _join_route(outer: str, inner: str) -> str:
@@ -107,57 +122,38 @@ def _join_route(outer: str, inner: str) -> str:
     return outer + inner.removeprefix("^") if outer else inner
 
 
-def _protected_handlers(callback: Any) -> Iterator[ProtectedHandler]:
-    from django_idempotency.drf import protection_of
-
-    view_class = getattr(callback, "cls", getattr(callback, "view_class", None))
-    if isinstance(view_class, type):
-        # A viewset routes methods to actions; other views to same-named handlers.
-        actions = getattr(callback, "actions", None)
-        if actions:
-            routes = {method.upper(): action for method, action in actions.items()}
-        else:
-            routes = {
-                method: method.lower()
-                for method in _UNSAFE_METHODS
-                if getattr(view_class, method.lower(), None) is not None
-            }
-        for method, handler in routes.items():
-            options = protection_of(view_class, handler, method)
-            if options is not None:
-                yield ProtectedHandler(method, handler, options)
-        return
-    options = _function_options(callback)
-    if options is not None:
-        # A function view may answer any method; the ones it refuses are no
-        # operation, but cannot be told apart here.
-        name = getattr(callback, "__name__", "view")
-        yield from (ProtectedHandler(method, name, options) for method in _UNSAFE_METHODS)
+def _protected_handlers(callback: Any, route: str, middleware: bool) -> Iterator[ProtectedHandler]:
+    """The methods of ``callback`` that something protects: its own glue, or the middleware."""
+    routed = routed_view(callback)
+    path, exact = literal_path(route)
+    for method, handler in routed.unsafe_methods():
+        coverage = static_coverage(routed, method, path, exact=exact, middleware=middleware)
+        if coverage.by is not None and coverage.options is not None:
+            yield ProtectedHandler(method, handler, coverage.options, coverage.by)
 
 
-def _function_options(callback: Any) -> Options | None:
-    """The options of an ``@idempotent`` function view, under any decorators above it."""
-    from django_idempotency.decorators import IdempotentView
+@dataclass(frozen=True)
+class RouteCoverage:
+    """One URL pattern, and what protects each unsafe method its view answers, or why nothing."""
 
-    seen = 0
-    while callback is not None and seen < 50:  # a cycle of __wrapped__ is not ours to loop on
-        if isinstance(callback, IdempotentView):
-            return callback.options
-        options = getattr(callback, "idempotency_options", None)  # an async view's
-        if options is not None:
-            return options  # type: ignore[no-any-return]
-        callback, seen = getattr(callback, "__wrapped__", None), seen + 1
-    return None
+    route: str
+    route_name: str | None
+    view: str
+    #: ``"drf"`` or ``"django"``: the framework that answers for the view.
+    framework: str
+    #: (method, coverage), in the order a person reads methods; () for a
+    #: view of safe methods only.
+    methods: tuple[tuple[str, Coverage], ...]
 
 
-def _view_path(callback: Any) -> str:
-    """``module.Class`` or ``module.function``; never ``View.as_view.<locals>.view``."""
-    view_class = getattr(callback, "cls", getattr(callback, "view_class", None))
-    target = view_class if isinstance(view_class, type) else callback
-    name = getattr(target, "__qualname__", None) or type(target).__qualname__
-    short = getattr(target, "__name__", name)
-    if name.rpartition(".")[2] != short:
-        # Renamed after it was made: @api_view's class is given the
-        # function's __name__ and __module__, not its __qualname__.
-        name = short
-    return f"{getattr(target, '__module__', '?')}.{name}"
+def route_coverage(urlconf: str | None = None) -> Iterator[RouteCoverage]:
+    """Every URL pattern of the URLconf, protected or not (``manage.py idempotency_routes``)."""
+    middleware = installed()
+    for route, name, callback in routed_patterns(urlconf):
+        routed = routed_view(callback)
+        path, exact = literal_path(route)
+        methods = tuple(
+            (method, static_coverage(routed, method, path, exact=exact, middleware=middleware))
+            for method, _ in routed.unsafe_methods()
+        )
+        yield RouteCoverage(route, name, routed.view, routed.framework, methods)

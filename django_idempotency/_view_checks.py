@@ -22,6 +22,7 @@ from django.conf import settings
 from django.core.checks import CheckMessage, Warning
 
 from django_idempotency._checks import error
+from django_idempotency._middleware.coverage import MIDDLEWARE
 from django_idempotency._store.routing import routed_record_databases
 from django_idempotency.conf import idempotency_settings
 from django_idempotency.scope import OPERATION_NAMES
@@ -45,6 +46,8 @@ def check_atomic_requests(app_configs: Any = None, **kwargs: Any) -> list[CheckM
         exempt: set[str] = getattr(url.callback, "_non_atomic_requests", set())
         if all(alias in exempt for alias in atomic):
             continue
+        if all(handler.by == MIDDLEWARE for handler in url.handlers):
+            continue  # the middleware runs its own class, exempt where it protects
         messages.append(
             Warning(
                 f"The view {url.view} at {url.route!r} is protected by @idempotent but "
@@ -204,7 +207,8 @@ def _unknown_operation(
     hint = f"Register it under a protected operation's name{_closest(operation, named)}."
     return Warning(
         f"A reconciler is registered for {operation!r}, but no view protected by "
-        "@idempotent or IdempotentMixin has this operation, so it is never called.",
+        "@idempotent, IdempotentMixin or IdempotencyMiddleware has this operation, so it is "
+        "never called.",
         hint=hint,
         obj=reconciler,
         id="django_idempotency.W004",

@@ -2,7 +2,7 @@
 
 Each check lives beside what it guards (``_store/checks.py``,
 ``_protection/checks.py``, ``_observability/checks.py``,
-``_view_checks.py``); this module registers them (``apps.ready`` imports
+``_middleware/checks.py``, ``_view_checks.py``); this module registers them (``apps.ready`` imports
 it) and checks what every setting shares: that ``IDEMPOTENCY`` is a dict
 (E001) of known keys (W001), and the booleans and durations, from their
 declarations in ``conf.py``.
@@ -25,6 +25,7 @@ from django.core.checks import CheckMessage, Tags, Warning, register
 
 from django_idempotency import _view_checks
 from django_idempotency._checks import Validator, error, positive_duration
+from django_idempotency._middleware import checks as middleware
 from django_idempotency._observability import checks as observability
 from django_idempotency._protection import checks as protection
 from django_idempotency._store import checks as store
@@ -34,6 +35,7 @@ __all__ = [
     "check_atomic_requests",
     "check_celery_timeouts",
     "check_intent_databases_reach_the_records",
+    "check_middleware",
     "check_operations",
     "check_optimistic_views",
     "check_prometheus_directory",
@@ -64,6 +66,7 @@ _VALIDATORS: Mapping[str, Validator] = {
     **protection.VALIDATORS,
     **store.VALIDATORS,
     **observability.VALIDATORS,
+    **middleware.VALIDATORS,
 }
 _BY_KIND = {"boolean": _check_boolean, "duration": _check_duration}
 
@@ -140,3 +143,4 @@ def check_tombstones(app_configs: Any = None, **kwargs: Any) -> list[CheckMessag
 
 
 check_celery_timeouts = register(Tags.compatibility)(protection.check_celery_timeouts)
+check_middleware = register(Tags.compatibility)(middleware.check_middleware)

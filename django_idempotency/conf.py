@@ -53,6 +53,8 @@ Redactor = Callable[["StoredResponse"], "StoredResponse"]
 OutcomePolicy = Callable[["HttpResponseBase"], "Verdict"]
 #: The values of ``OPERATION_NAMES`` (``scope.OPERATION_NAMES`` lists them).
 OperationNames = Literal["pattern", "normalised", "route_name"]
+#: The values of ``MIDDLEWARE_KEYS``.
+MiddlewareKeys = Literal["report", "required"]
 #: What the generic checks know how to validate (see ``checks.py``); None:
 #: the setting has a check of its own beside the feature it configures.
 Kind = Literal["boolean", "duration"]
@@ -192,6 +194,10 @@ def _error_format(value: Any) -> Literal["drf", "problem"]:
     return cast(Literal["drf", "problem"], value)
 
 
+def _middleware_keys(value: Any) -> MiddlewareKeys:
+    return cast(MiddlewareKeys, value)
+
+
 def _operation_names(value: Any) -> OperationNames:
     return cast(OperationNames, value)
 
@@ -241,6 +247,28 @@ class IdempotencySettings:
         checks=("E003",),
         doc="Refuse a protected request without a key (400 `idempotency_key_missing`). "
         "`False` runs it unprotected. Per view: `idempotent(required=...)`.",
+    )
+    MIDDLEWARE_KEYS = Setting(
+        "report",
+        _middleware_keys,
+        checks=("E051",),
+        doc="What `IdempotencyMiddleware` does with an unsafe request that sends no key, on a "
+        'view it protects. `"report"`: the request runs unprotected, as without the middleware, '
+        "and is counted (`idempotency_keyless_requests_total`) and logged with its client, so "
+        'that you see who still sends none. `"required"`: it is refused with 400 '
+        "`idempotency_key_missing`. A request with a key is protected in both. Views with "
+        "`@idempotent` or `IdempotentMixin` follow their own `required` (and `REQUIRED`). See "
+        "[The middleware](middleware.md#rolling-out-keys).",
+    )
+    MIDDLEWARE_PLAIN_VIEW_PREFIXES = Setting(
+        (),
+        _names,
+        checks=("E052",),
+        doc='The URL path prefixes (`"/api/"`, each starting with `/`) under which '
+        "`IdempotencyMiddleware` protects plain Django views too; DRF views are protected "
+        "wherever they are routed. `()`: no plain view is, so the admin, login and HTML forms "
+        "stay as they are. Matched against the path the URLconf resolves (without "
+        "`SCRIPT_NAME`). See [The middleware](middleware.md#plain-django-views).",
     )
     KEY_MAX_LENGTH = Setting(
         255,

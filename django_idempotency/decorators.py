@@ -31,6 +31,7 @@ from django_idempotency._protection.transactions import (
     CallersMarks,
     durable_block_refused,
     run_as_django_would,
+    run_unprotected,
 )
 from django_idempotency.conf import as_timedelta
 from django_idempotency.exceptions import DurableTransactionInView, IdempotencyRefusal
@@ -47,6 +48,7 @@ __all__ = [
     "IdempotentView",
     "answer_refused_retry",
     "idempotent",
+    "idempotent_exempt",
     "mark_refused_retries_answered",
     "mark_views_non_atomic",
     "protected_view",
@@ -54,6 +56,12 @@ __all__ = [
 ]
 
 ViewFunc = TypeVar("ViewFunc", bound=Callable[..., Any])
+View = TypeVar("View")
+
+#: What ``idempotent_exempt`` sets on a view, a view class or a handler.
+EXEMPT_ATTRIBUTE = "idempotency_exempt"
+#: The ``__qualname__`` of the class ``@api_view`` makes for each function.
+API_VIEW_CLASS = "WrappedAPIView"
 
 #: Exceptions that DRF's ``handle_exception`` turns into responses. Raised
 #: by a protected DRF view they are its answer (a ValidationError is a 400),
@@ -95,6 +103,48 @@ def _call_drf(
     if refused_input:
         mark_input_refused(response)
     return response
+
+
+def unprotected_handler(function: Callable[..., Any]) -> Callable[..., Any]:
+    """``function``, a DRF handler, run unprotected where its class is exempt from ATOMIC_REQUESTS.
+
+    For a request that a protecting class leaves alone (the middleware's
+    anonymous requests): the blocks ``ATOMIC_REQUESTS`` would have opened
+    are opened here, and DRF's exceptions are answered inside them, as DRF
+    answers them inside Django's, so that its rollback mark lands on them.
+    """
+
+    def handler(view: APIView, request: Request, *args: Any, **kwargs: Any) -> HttpResponseBase:
+        def call() -> HttpResponseBase:
+            return cast(HttpResponseBase, function(view, request, *args, **kwargs))
+
+        return run_unprotected(lambda: _call_drf(view, request, call, args, kwargs))
+
+    return handler
+
+
+def idempotent_exempt(view: View) -> View:
+    """Leave a view out of what ``IdempotencyMiddleware`` protects, as ``csrf_exempt`` does.
+
+    Works on a function view, a DRF view class (its subclasses inherit it),
+    an ``@api_view`` function (above or below ``@api_view``), the callable
+    ``as_view()`` returns (that route only), and a handler method of a DRF
+    view or viewset (that method or action only). The view's own
+    ``@idempotent`` or ``IdempotentMixin``, if any, still applies.
+
+    Args:
+        view: The view, view class or handler.
+
+    Returns:
+        ``view`` itself, marked.
+    """
+    setattr(view, EXEMPT_ATTRIBUTE, True)
+    view_class = getattr(view, "cls", None)
+    if isinstance(view_class, type) and view_class.__qualname__ == API_VIEW_CLASS:
+        # @api_view's own class, made for this one function: marked too, so
+        # that what reads classes (the OpenAPI schema) sees it.
+        setattr(view_class, EXEMPT_ATTRIBUTE, True)
+    return view
 
 
 class IdempotentView:

@@ -120,10 +120,17 @@ class IdempotentMixin:
             and function is not None
             and not isinstance(function, IdempotentView)
         ):
-            options = type(self).idempotency_options()
-            # adrf awaits an ``async def`` handler, and only one: its
-            # protection is awaitable too.
-            setattr(self, method, protected_view(function, options).__get__(self))
+            setattr(self, method, self._idempotency_handler(request, function))
+
+    def _idempotency_handler(self, request: Request, function: Callable[..., Any]) -> Any:
+        """The handler that answers ``request``: ``function`` protected with the class's options.
+
+        Asked after DRF's checks; the middleware's classes answer some
+        requests (anonymous ones) with the handler unprotected instead.
+        """
+        # adrf awaits an ``async def`` handler, and only one: its protection
+        # is awaitable too.
+        return protected_view(function, type(self).idempotency_options()).__get__(self)
 
     def handle_exception(self, exc: Exception) -> Any:
         # A refusal of initial() that carries its retry's replay is answered with it.

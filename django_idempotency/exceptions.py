@@ -288,7 +288,9 @@ class DurableTransactionInView(IdempotencyError, RuntimeError):
 class TaskInProgress(IdempotencyError):
     """The same message is being handled by another worker right now.
 
-    Let Celery retry it later: ``autoretry_for=(TaskInProgress,)``.
+    Let Celery retry it later: ``autoretry_for=(TaskInProgress,)``. Under
+    Django's Tasks framework, which retries nothing, the run's result is
+    FAILED with this exception: enqueue the task again later.
     """
 
 

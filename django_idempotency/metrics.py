@@ -49,6 +49,15 @@ PROTECTION_DURATION = Instrument(
     "Time a protected request spent in the protection itself, the view's time taken out.",
     ("operation", "outcome"),
 )
+KEYLESS_REQUESTS = Instrument(
+    "idempotency.keyless_requests",
+    "idempotency_keyless_requests_total",
+    "counter",
+    "{request}",
+    "Unsafe requests without a key that IdempotencyMiddleware let run unprotected "
+    '(MIDDLEWARE_KEYS = "report"): the clients still to move to keys, by operation.',
+    ("operation",),
+)
 RELEASES = Instrument(
     "idempotency.releases",
     "idempotency_releases_total",
@@ -135,6 +144,7 @@ CENSUS_TIMESTAMP = Instrument(
 INSTRUMENTS = (
     REQUESTS,
     PROTECTION_DURATION,
+    KEYLESS_REQUESTS,
     RELEASES,
     UNCERTAIN,
     UNRECONCILED,

@@ -24,7 +24,8 @@ except ImportError as exc:  # pragma: no cover - depends on the installed extras
         'django_idempotency.tasks needs Celery: pip install "django-idempotency[celery]"'
     ) from exc
 
-from django_idempotency._protection.task import idempotent_task, message_id, task_idempotency
+from django_idempotency._protection.celery_task import message_id
+from django_idempotency._protection.task import idempotent_task, task_idempotency
 from django_idempotency.exceptions import (
     TaskFailed,
     TaskInProgress,

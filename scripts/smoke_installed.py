@@ -1,7 +1,8 @@
 """Smoke test of an installed django-idempotency (run from outside the repository).
 
-Configures a minimal project in memory, migrates an SQLite database, and
-sends a protected request twice through Django's test client.
+Configures a minimal project in memory, migrates an SQLite database,
+sends a protected request twice through Django's test client, and runs a
+function protected by ``idempotent_task`` twice (Celery not installed).
 """
 
 from __future__ import annotations
@@ -98,6 +99,22 @@ retry = client.post(
 assert first.status_code == 201, first.content
 assert retry["Idempotent-Replayed"] == "true" and retry.content == first.content
 assert len(calls) == 1
+
+# The task decorator with the wheel alone: neither Celery nor Django's Tasks
+# framework is installed here.
+from django_idempotency import idempotent_task  # noqa: E402
+
+shipped = []
+
+
+@idempotent_task(key="order_id")
+def ship(order_id):  # type: ignore[no-untyped-def]
+    shipped.append(order_id)
+    return {"shipped": order_id}
+
+
+assert ship(7) == ship(7) == {"shipped": 7} and shipped == [7], shipped
+assert "celery" not in sys.modules
 from django.contrib.auth.models import User  # noqa: E402
 
 client.force_login(User.objects.create_superuser("smoke", "smoke@example.com", "x"))

@@ -7,6 +7,7 @@ import sys
 from pathlib import Path
 
 import dj_database_url
+import django
 
 BASE_DIR = Path(__file__).resolve().parent
 
@@ -34,6 +35,10 @@ INSTALLED_APPS = [
     "django_idempotency",
     "tests.testapp",
     "payments",  # the demo project's app, tested in test_testproject.py
+    # Django's Tasks framework with its database backend (tests/test_tasks_framework*.py):
+    # built into Django from 6.0, the django-tasks backport's app before.
+    *(["django_tasks"] if django.VERSION < (6, 0) else []),
+    "django_tasks_db",
 ]
 
 MIDDLEWARE = [
@@ -97,6 +102,10 @@ if DATABASES["default"]["ENGINE"] == "django.db.backends.mysql":
         pymysql.install_as_MySQLdb()
 
 DEFAULT_AUTO_FIELD = "django.db.models.BigAutoField"
+
+# The database backend of the Tasks framework: its tasks are rows in the test
+# database, run by `manage.py db_worker` (in the test process or its own).
+TASKS = {"default": {"BACKEND": "django_tasks_db.DatabaseBackend"}}
 
 # The demo project's webhook endpoints (testproject/payments/*_webhooks.py).
 STRIPE_WEBHOOK_SECRET = "whsec_test_secret"

@@ -155,6 +155,7 @@ def test_every_check_is_registered_with_its_tag() -> None:
         "check_operations": "urls",
         "check_intent_databases_reach_the_records": "database",
         "check_tombstones": "compatibility",
+        "check_middleware": "compatibility",
     }
     assert set(tags) == set(checks.__all__)
     registered = registry.registry.registered_checks | registry.registry.deployment_checks
@@ -184,12 +185,18 @@ def test_the_missing_prometheus_directory_is_a_deployment_check_only(
 
 
 def test_each_declared_setting_is_checked_by_one_validator() -> None:
+    from django_idempotency._middleware import checks as middleware
     from django_idempotency._observability import checks as observability
     from django_idempotency._protection import checks as protection
     from django_idempotency._store import checks as store
     from django_idempotency.conf import SETTINGS
 
-    own = [*protection.VALIDATORS, *store.VALIDATORS, *observability.VALIDATORS]
+    own = [
+        *protection.VALIDATORS,
+        *store.VALIDATORS,
+        *observability.VALIDATORS,
+        *middleware.VALIDATORS,
+    ]
     assert len(own) == len(set(own))
     assert set(own) == {setting.name for setting in SETTINGS if setting.kind is None}
 

@@ -516,3 +516,26 @@ def test_every_reason_a_request_releases_or_leaves_uncertain_with_is_documented(
     for signal in ("claim_released", "record_uncertain"):
         [row] = [line for line in page if line.startswith(f"| `{signal}` |")]
         assert {reason for reason in given if f'`"{reason}"`' not in row} == set(), signal
+
+
+# docs/clients.md: the recipe it shows is the one the tests run.
+
+EXAMPLES = DOCS / "examples"
+TITLED_PYTHON = re.compile(r'^```python title="(?P<name>[^"]+)"\n(?P<body>.*?)^```$', re.M | re.S)
+
+
+def test_the_clients_page_shows_each_recipe_file_exactly() -> None:
+    """tests/test_client_recipe.py and tests/live/test_client_recipe_live.py run
+    docs/examples/; the page shows each of those files whole, and no other code
+    under a file name."""
+    shown = {match["name"]: match["body"] for match in TITLED_PYTHON.finditer(page("clients.md"))}
+    files = {path.name: path.read_text() for path in sorted(EXAMPLES.glob("*.py"))}
+    assert set(files) == {"idempotent_client.py", "idempotent_client_requests.py"}
+    assert shown == files
+
+
+@pytest.mark.parametrize("refusal", refusals(), ids=lambda refusal: refusal.__name__)
+def test_the_clients_page_says_what_to_do_with_each_refusal(
+    refusal: type[exceptions.IdempotencyRefusal],
+) -> None:
+    assert f"`{refusal.default_code}`" in page("clients.md")

@@ -135,7 +135,11 @@ def session_script(blocks: list[Block], out: Path, port: int) -> tuple[str, list
                     continue
                 lines.append("start_server" if line.strip() == RUNSERVER else line)
         elif block.lang == "console":
-            commands = [line[2:] for line in block.body.splitlines() if line.startswith("$ ")]
+            commands = [
+                line[2:].replace(PAGE_ADDRESS, f"127.0.0.1:{port}")
+                for line in block.body.splitlines()
+                if line.startswith("$ ")
+            ]
             shown = "".join(
                 line + "\n" for line in block.body.splitlines() if not line.startswith("$ ")
             )
@@ -161,13 +165,14 @@ def parse_exchange(raw: bytes) -> Exchange:
     return Exchange(status_line.strip(), {k.lower(): v for k, v in message.items()}, body)
 
 
-def _run_the_tutorial(workdir: Path) -> tuple[list[Expected], subprocess.CompletedProcess[str]]:
+def follow(page: Path, workdir: Path) -> tuple[list[Expected], subprocess.CompletedProcess[str]]:
+    """Follow ``page`` as a reader would, in ``workdir`` (also for other pages written so)."""
     out = workdir / "answers"
     out.mkdir()
     project = workdir / "project"
     project.mkdir()
     port = free_port()
-    script, expected = session_script(tutorial_blocks(TUTORIAL.read_text()), out, port)
+    script, expected = session_script(tutorial_blocks(page.read_text()), out, port)
     (workdir / "tutorial.sh").write_text(script)
     env = {
         name: value
@@ -216,7 +221,7 @@ def tutorial(tmp_path_factory: pytest.TempPathFactory) -> tuple[Path, list[Expec
             pytest.fail(reason, pytrace=False)
         pytest.skip(reason)
     workdir = tmp_path_factory.mktemp("tutorial")
-    expected, completed = _run_the_tutorial(workdir)
+    expected, completed = follow(TUTORIAL, workdir)
     log = workdir / "answers" / "runserver.log"
     assert completed.returncode == 0, (
         f"the tutorial's session failed:\n{completed.stdout}\n"
@@ -248,6 +253,11 @@ def test_every_answer_the_tutorial_shows_is_the_servers(
     tutorial: tuple[Path, list[Expected]],
 ) -> None:
     _, expected = tutorial
+    assert_answers_as_shown(expected)
+
+
+def assert_answers_as_shown(expected: list[Expected]) -> None:
+    """Each answer a page shows is the one its session got (headers shown, body exactly)."""
     for item in expected:
         actual = item.output.read_bytes()
         if item.kind == "console":

@@ -12,9 +12,10 @@ the same in every process of one release:
   so: ``from_code``);
 - an ``idempotent_task``'s name and an operation with a reconciler
   (``declare``, when they are decorated);
-- any name a protected view of ``ROOT_URLCONF`` gives its records
-  (``declare_source``: read from the URLconf at the first name that needs
-  it, for recovery, which finds names on records).
+- any name a protected view of ``ROOT_URLCONF`` gives its records, the
+  views ``IdempotencyMiddleware`` protects included (``declare_source``:
+  read from the URLconf at the first name that needs it, for recovery,
+  which finds names on records).
 
 Everything else, names a callable makes per request and a path with no
 route pattern, is "other". ``METRICS_OPERATIONS`` stays a per-process
@@ -105,7 +106,8 @@ def _log_ceiling(operation: str) -> None:
 
 def _forget(*, setting: str, **kwargs: Any) -> None:
     global _found, _ceiling_logged
-    if setting in ("IDEMPOTENCY", "ROOT_URLCONF"):  # OPERATION_NAMES renames, a URLconf adds
+    # OPERATION_NAMES renames; a URLconf, or the middleware, adds protected operations.
+    if setting in ("IDEMPOTENCY", "ROOT_URLCONF", "MIDDLEWARE"):
         _found = None
         _labelled.clear()
         _ceiling_logged = False

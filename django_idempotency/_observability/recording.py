@@ -12,7 +12,8 @@ Where the figures come from:
 - per request, from the request's outcome (``_protection.outcome``),
   counted once it is answered: one ``requests`` count with its outcome,
   the protection's own time (the view's time taken out), and the release
-  or the UNCERTAIN record it left, if any;
+  or the UNCERTAIN record it left, if any; and, from the middleware, the
+  unsafe requests it let run without a key (report-only);
 - per event, from recovery: releases, records it could not reconcile;
 - per run, from recovery and the purge;
 - the gauges, from ``census.take_census``, taken by ONE process (the
@@ -36,6 +37,7 @@ from django_idempotency._observability.labels import operation_label
 from django_idempotency.conf import idempotency_settings
 from django_idempotency.metrics import (
     CENSUS_TIMESTAMP,
+    KEYLESS_REQUESTS,
     OLDEST_UNRESOLVED_AGE,
     PROTECTION_DURATION,
     PURGE_BACKLOG,
@@ -168,6 +170,12 @@ def count_release(operation: str, reason: object, *, from_code: bool = False) ->
     """Count a claim given up so that a retry runs."""
     label = operation_label(operation, from_code=from_code)
     _send("add", RELEASES, 1, {"operation": label, "reason": release_label(reason)})
+
+
+def count_keyless(operation: str, *, from_code: bool) -> None:
+    """Count an unsafe request the middleware let run without a key (report-only)."""
+    label = operation_label(operation, from_code=from_code)
+    _send("add", KEYLESS_REQUESTS, 1, {"operation": label})
 
 
 def count_uncertain(operation: str, *, from_code: bool = False) -> None:

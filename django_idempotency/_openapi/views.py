@@ -1,7 +1,8 @@
 """drf-spectacular integration: protected operations document themselves.
 
 Loaded by the AppConfig when drf-spectacular is installed. Every operation
-that ``@idempotent`` or ``IdempotentMixin`` protects gets the
+that ``@idempotent``, ``IdempotentMixin`` or ``IdempotencyMiddleware``
+protects gets the
 ``Idempotency-Key`` header parameter (required or not, as configured) and
 the 400, 409, 413, 422 and 503 responses it can answer with, in the
 configured error format; handlers under ``@extend_schema`` included. Its
@@ -23,6 +24,7 @@ from drf_spectacular.settings import spectacular_settings
 from drf_spectacular.types import OpenApiTypes
 from drf_spectacular.utils import OpenApiParameter
 
+from django_idempotency._middleware.frameworks import protection_by_middleware
 from django_idempotency._protection.flow import Options
 from django_idempotency.conf import idempotency_settings
 from django_idempotency.drf import IdempotentMixin, protection_of
@@ -118,7 +120,8 @@ class IdempotencySchemaMixin:
         handler = getattr(self.view, "action", None) or self.method.lower()
         # The user's class: the replacement's handlers may be stand-ins.
         view_class = getattr(type(self.view), "_idempotency_view_class", type(self.view))
-        return protection_of(view_class, handler, self.method)
+        own = protection_of(view_class, handler, self.method)
+        return own or protection_by_middleware(view_class, handler, self.method)
 
     def get_override_parameters(self) -> list[Any]:
         parameters = list(super().get_override_parameters())  # type: ignore[misc]

@@ -8,12 +8,14 @@ default mode's claim and what a failure leaves (``owned``), the
 write-once ``optimistic`` mode, the answers to everybody who does not run the
 view and how refusals are rendered (``answers``), the transactions a view
 runs in (``transactions``), the retention header (``retention``), the
-consumer side of Celery tasks (``task``), the staged crash of the test
-helpers (``crash``) and the system checks of the settings it reads
-(``checks``).
+consumer side of tasks (``task``, the run loop every framework shares, with
+what Celery adds in ``celery_task`` and what Django's Tasks framework adds
+in ``django_task``), the staged crash of the test helpers (``crash``) and
+the system checks of the settings it reads (``checks``).
 
 Imported by the HTTP and task glue (``decorators``, ``drf``, ``tasks``,
-``status``) and by ``context``; it imports the store, observability and
+``django_tasks``, ``status``), by the package's root (``idempotent_task``)
+and by ``context``; it imports the store, observability and
 the public value modules below it, never the glue. Private: its modules
 may change in any release.
 """

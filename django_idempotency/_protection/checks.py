@@ -209,11 +209,8 @@ def check_celery_timeouts(app_configs: Any = None, **kwargs: Any) -> list[CheckM
         from celery import current_app
     except ImportError:
         return []
-    from django_idempotency._protection.task import (
-        broker_visibility_timeout,
-        idempotent_body,
-        idempotent_task_leases,
-    )
+    from django_idempotency._protection.celery_task import broker_visibility_timeout
+    from django_idempotency._protection.task import idempotent_body, idempotent_task_leases
 
     # An invalid LEASE is E006's to report: the tasks that use it are not judged.
     setting = idempotency_settings.value_of("LEASE")

@@ -1,18 +1,24 @@
-"""``idempotent_task``: a redelivered Celery message runs its side effect once.
+"""``idempotent_task``: a task run twice for one key runs its side effect once.
 
 Consumer-side deduplication, the task counterpart of ``protection`` (whose
-request flow it shares through ``store.claim_or_take_over``). The public
-path is ``django_idempotency.tasks.idempotent_task``.
+request flow it shares through ``store.claim_or_take_over``). One run loop
+for every framework that calls the decorated function: Celery
+(``celery_task`` says what it adds: a bound task's request, the message id,
+its timeouts) and Django's Tasks framework (``django_task``: the context a
+``takes_context`` task is called with). The public paths are
+``django_idempotency.idempotent_task``, ``django_idempotency.tasks`` (Celery)
+and ``django_idempotency.django_tasks``; none of them needs Celery to import.
 
 Message brokers deliver at least once: with ``acks_late`` a worker that dies
-mid-task gets its message redelivered, and producers retry too. The key
-comes from the message itself (an event id), or from the Celery message id
+mid-task gets its message redelivered, and producers retry too; a Tasks
+framework task is enqueued again by whoever wants it run. The key comes
+from the task's arguments (an event id), or from the Celery message id
 (``message_id``) when the arguments carry none.
 
 The running body reaches its claim as views do: ``self.request.idempotency``
-in a bound task, ``task_idempotency()`` anywhere in the body. A body that
-fails after ``begin_external()`` leaves the record UNCERTAIN for the
-reconciler of the task's operation; no later delivery runs it again.
+in a bound Celery task, ``task_idempotency()`` anywhere in the body. A body
+that fails after ``begin_external()`` leaves the record UNCERTAIN for the
+reconciler of the task's operation; no later run of the key runs it again.
 """
 
 from __future__ import annotations
@@ -35,6 +41,7 @@ from django.db import DatabaseError, transaction
 from django_idempotency._names import check_operation_spec
 from django_idempotency._observability import labels
 from django_idempotency._observability.tracing import describe_current_span
+from django_idempotency._protection import celery_task, django_task
 from django_idempotency._protection.crash import SimulatedCrash
 from django_idempotency._store.errors import is_contention
 from django_idempotency.conf import as_timedelta, idempotency_settings
@@ -69,18 +76,6 @@ _running: ContextVar[IdempotencyContext | None] = ContextVar("idempotent_task", 
 #: The lease of every ``idempotent_task`` decorated so far, by function
 #: (``None``: ``IDEMPOTENCY["LEASE"]``), for the visibility-timeout check.
 _leases: dict[Callable[..., Any], timedelta | None] = {}
-
-#: Tasks whose timeouts were found not to agree with their lease, warned about once.
-_warned_timeouts: set[str] = set()
-
-#: Brokers that hand an unacknowledged message to another worker after a
-#: timeout, by URL scheme, and that timeout's default (kombu's) in seconds.
-_VISIBILITY_TIMEOUT_DEFAULTS = {
-    "redis": 3600.0,
-    "rediss": 3600.0,
-    "sentinel": 3600.0,
-    "sqs": 1800.0,
-}
 
 
 def task_idempotency() -> IdempotencyContext:
@@ -117,37 +112,6 @@ def task_idempotency() -> IdempotencyContext:
             "task_idempotency() is only available while the body of an idempotent_task runs."
         )
     return context
-
-
-def message_id(*args: Any, **kwargs: Any) -> str:
-    """The id of the Celery message being run: ``@idempotent_task(key=message_id)``.
-
-    For a task whose arguments carry no id of their own. A redelivery of the
-    message (a worker died, ``acks_late``) has the same id and runs once; a
-    second publish of the same arguments is a new message with a new id, and
-    runs again: this stops redeliveries, not a producer that publishes twice.
-    A Celery retry (``self.retry()``, ``autoretry_for``) keeps the id.
-
-    Args:
-        *args: The task's arguments (ignored).
-        **kwargs: The task's keyword arguments (ignored).
-
-    Returns:
-        ``current_task.request.id``.
-
-    Raises:
-        RuntimeError: Called outside a running Celery task (the function was
-            called directly, not through Celery).
-    """
-    from celery import current_task
-
-    task_id = getattr(getattr(current_task, "request", None), "id", None) if current_task else None
-    if not task_id:
-        raise RuntimeError(
-            "idempotent_task(key=message_id) needs a Celery message: run the task through "
-            "Celery (delay(), apply_async(), apply()), not as a plain function call."
-        )
-    return str(task_id)
 
 
 def idempotent_task_leases() -> dict[Callable[..., Any], timedelta | None]:
@@ -190,6 +154,7 @@ def _key_of(key: str | Callable[..., Any], func: Callable[..., Any], args: Any, 
     from django_idempotency.models import KEY_MAX_LENGTH
 
     if callable(key):
+        # Called as the function is: a bound task's self, a context, included.
         value = str(key(*args, **kwargs))
     else:
         value = str(inspect.signature(func).bind(*args, **kwargs).arguments[key])
@@ -204,8 +169,13 @@ def _arguments(func: Callable[..., Any], args: Any, kwargs: Any) -> Any:
     bound = inspect.signature(func).bind(*args, **kwargs)
     # charge(e, 5) and charge(e, 5, fail=False) are the same call.
     bound.apply_defaults()
-    # A bound task's first argument is the Task itself, not input.
-    return {name: value for name, value in bound.arguments.items() if name != "self"}
+    # A bound task's first argument is the Task itself, a takes_context
+    # task's the TaskContext: the worker's, not input.
+    return {
+        name: value
+        for name, value in bound.arguments.items()
+        if name != "self" and not django_task.is_task_context(value)
+    }
 
 
 def idempotent_task(
@@ -220,16 +190,26 @@ def idempotent_task(
     The body's database writes and the stored result commit in one
     transaction; the result must be JSON-serialisable, and every run returns
     it as JSON gives it back (the first run too). Place it under Celery's
-    decorator:
+    decorator, or under the ``@task`` of Django's Tasks framework:
 
     ```python
     @shared_task(bind=True, acks_late=True, autoretry_for=(TaskInProgress,))
     @idempotent_task(key="event_id")
     def ship_order(self, event_id, order_id): ...
+
+
+    @task(takes_context=True)  # django.tasks, or the django-tasks backport
+    @idempotent_task(key="event_id")
+    def ship_parcel(context, event_id, order_id): ...
     ```
 
+    A bound Celery task's ``self`` and a Tasks framework ``context`` are not
+    part of the arguments compared between runs. The body must be a plain
+    function (``async def`` is refused: its writes could not commit with
+    the stored result).
+
     The body reaches its claim through ``self.request.idempotency`` (bound
-    tasks) or ``task_idempotency()``: an ``IdempotencyContext``, as
+    Celery tasks) or ``task_idempotency()``: an ``IdempotencyContext``, as
     ``request.idempotency`` in a view. Around a call to a provider,
     ``begin_external()`` commits the intent first; if the body then raises
     (or its worker dies), the record is left UNCERTAIN for the reconciler
@@ -267,7 +247,9 @@ def idempotent_task(
     Raises:
         ImproperlyConfigured: (when decorating) ``operation`` is no name a
             record can hold: empty, longer than 255 characters, holding a
-            control or unprintable character, or not a string.
+            control or unprintable character, or not a string; or the
+            decorated function is an ``async def``, or already a Tasks
+            framework ``Task`` (``@idempotent_task`` placed above ``@task``).
         TaskInProgress: (from the task) Another worker runs the same key
             right now, or took it over.
         TaskOutcomeUncertain: (from the task) A run of the same key began an
@@ -282,6 +264,7 @@ def idempotent_task(
         )
 
     def decorate(func: Task) -> Task:
+        _check_decorated(func)
         name = f"task {func.__module__}.{func.__qualname__}" if operation is None else operation
         # Judged once, here, as a view's fixed name is: a name no record can
         # hold fails at import, not at the first message's claim. _names
@@ -305,7 +288,7 @@ def idempotent_task(
                 database = database_for(scope, task=func, arguments=arguments)
                 retention = as_timedelta(ttl) if ttl is not None else conf.TTL
                 held_for = as_timedelta(lease) if lease is not None else conf.LEASE
-                _warn_about_timeouts(held_for)
+                celery_task.warn_about_timeouts(held_for)
                 try:
                     attempt = store.claim_or_take_over(
                         scope, digest, ttl=retention, lease=held_for, using=database
@@ -335,6 +318,22 @@ def idempotent_task(
         return cast(Task, run_once)
 
     return decorate
+
+
+def _check_decorated(func: Callable[..., Any]) -> None:
+    """Refuse, at import, a function no run of which could be kept once."""
+    if django_task.is_task(func):
+        body = getattr(func, "func", func)
+        raise ImproperlyConfigured(
+            f"idempotent_task was placed above @task on {body.__qualname__}: place it "
+            "under @task, directly above the function, so that the worker runs it."
+        )
+    if inspect.iscoroutinefunction(func):
+        raise ImproperlyConfigured(
+            f"idempotent_task cannot protect the async function {func.__qualname__}: its "
+            "database writes would not share the transaction that stores its result. "
+            "Make the task a plain def (the Tasks framework and Celery both run it)."
+        )
 
 
 def _run_owned(
@@ -451,7 +450,7 @@ def _span_attributes(outcome: TaskOutcome) -> dict[str, str | int | bool]:
 @contextmanager
 def _exposed(context: IdempotencyContext, args: Any) -> Iterator[None]:
     """``task_idempotency()`` and ``self.request.idempotency`` while the body runs."""
-    request = _celery_request(args)
+    request = celery_task.bound_request(args)
     token = _running.set(context)
     if request is not None:
         request.idempotency = context
@@ -461,17 +460,6 @@ def _exposed(context: IdempotencyContext, args: Any) -> Iterator[None]:
         _running.reset(token)
         if request is not None:
             request.idempotency = None
-
-
-def _celery_request(args: Any) -> Any:
-    """The request of a bound Celery task (its first argument), else ``None``."""
-    if not args:
-        return None
-    try:
-        from celery import Task as CeleryTask
-    except ImportError:  # pragma: no cover - tasks.py requires Celery
-        return None
-    return args[0].request if isinstance(args[0], CeleryTask) else None
 
 
 def _leave_uncertain(held: store.Claim, context: IdempotencyContext) -> bool:
@@ -532,59 +520,3 @@ def _left_to_the_reconciler(record: IdempotencyRecord) -> bool:
 
     # As store.claims judges a takeover: the database's time of the lookup.
     return time_left(record, record.lease_expires_at) <= timedelta(0)
-
-
-def broker_visibility_timeout(app: Any) -> float | None:
-    """Seconds after which ``app``'s broker delivers an unacknowledged message again.
-
-    Redis (and Sentinel) and SQS hand a message nobody acknowledged within
-    ``broker_transport_options["visibility_timeout"]`` (kombu's default: an
-    hour on Redis, 30 minutes on SQS) to another worker, whether or not its
-    first worker still runs it. ``None`` for a broker that does not
-    (RabbitMQ redelivers only when the consumer's connection is lost).
-    """
-    url = app.conf.broker_url or ""
-    first = (url[0] if url else "") if isinstance(url, (list, tuple)) else str(url)
-    scheme = first.split("://", 1)[0].split("+")[-1].lower()
-    if scheme not in _VISIBILITY_TIMEOUT_DEFAULTS:
-        return None
-    options = app.conf.broker_transport_options or {}
-    return float(options.get("visibility_timeout") or _VISIBILITY_TIMEOUT_DEFAULTS[scheme])
-
-
-def _warn_about_timeouts(lease: timedelta) -> None:
-    """Log once per task when Celery or its broker may outlast the lease (checks W020, W021).
-
-    Here too, not only in the system check: a worker imports task modules
-    that ``manage.py check`` may never see.
-    """
-    try:
-        from celery import current_task
-    except ImportError:  # pragma: no cover - tasks.py requires Celery
-        return
-    if not current_task or str(current_task.name) in _warned_timeouts:
-        return
-    name = str(current_task.name)
-    _warned_timeouts.add(name)
-    limits = getattr(current_task.request, "timelimit", None) or (None, None)
-    hard = limits[0] or current_task.time_limit or current_task.app.conf.task_time_limit
-    if hard is not None and timedelta(seconds=float(hard)) > lease:
-        logger.warning(
-            "Task %s may run for %ss (its time limit), longer than its idempotency lease "
-            "(%ss): a redelivery after the lease takes a running body over. Give "
-            "idempotent_task(lease=...) at least the time limit.",
-            name,
-            hard,
-            lease.total_seconds(),
-        )
-    visibility = broker_visibility_timeout(current_task.app)
-    longest = max(lease.total_seconds(), float(hard or 0))
-    if visibility is not None and visibility < longest:
-        logger.warning(
-            "Task %s may run for %ss (its lease or time limit), but the broker delivers an "
-            "unacknowledged message again after %ss (visibility_timeout): a second worker "
-            "gets the message while the first still runs it. Raise visibility_timeout.",
-            name,
-            longest,
-            visibility,
-        )

@@ -1,0 +1,122 @@
+"""Plain Django views under the middleware: protected under the configured path prefixes only.
+
+Every view no framework module recognises is a plain Django view: a
+function, or a class-based view's ``as_view()``. The admin, login and HTML
+forms are such views, so they are protected only under
+``MIDDLEWARE_PLAIN_VIEW_PREFIXES`` (none by default). Django's middleware
+authenticated the request before this one, so an anonymous request is
+known in ``process_view`` and left to run as routed. A protected one runs
+the callback under ``@idempotent``'s protection, as a function view.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Iterable
+from inspect import iscoroutinefunction
+from typing import Any
+
+from django.http import HttpRequest, HttpResponseBase
+
+from django_idempotency._middleware.coverage import (
+    DECORATOR,
+    MIDDLEWARE,
+    UNSAFE_METHODS,
+    Coverage,
+    left_alone_as_anonymous,
+    middleware_options,
+    unprotected,
+    view_path,
+)
+from django_idempotency._protection.flow import Options
+from django_idempotency.conf import idempotency_settings
+from django_idempotency.decorators import EXEMPT_ATTRIBUTE, IdempotentView
+
+#: Why the middleware leaves a plain view alone outside the prefixes.
+OUTSIDE_PREFIXES = "plain Django view outside MIDDLEWARE_PLAIN_VIEW_PREFIXES"
+
+
+def routed_view(callback: Callable[..., Any]) -> PlainView:
+    """Any callback: the view no framework module recognised."""
+    return PlainView(callback)
+
+
+class PlainView:
+    """A plain Django view, a function or a class-based view's ``as_view()``."""
+
+    framework = "django"
+
+    def __init__(self, callback: Callable[..., Any]) -> None:
+        self.callback = callback
+        view_class = getattr(callback, "view_class", None)
+        self.view_class = view_class if isinstance(view_class, type) else None
+        self.view = view_path(callback)
+        self._protected: dict[bool | None, IdempotentView] = {}
+
+    def unsafe_methods(self) -> Iterable[tuple[str, str]]:
+        if self.view_class is not None:
+            return [
+                (method, method.lower())
+                for method in UNSAFE_METHODS
+                if getattr(self.view_class, method.lower(), None) is not None
+            ]
+        # A function may answer any method: the ones it refuses cannot be told apart.
+        name = getattr(self.callback, "__name__", "view")
+        return [(method, name) for method in UNSAFE_METHODS]
+
+    def coverage(self, method: str, path: str, *, exact: bool = True) -> Coverage:
+        handler = getattr(self.view_class, method.lower(), None) if self.view_class else None
+        options = function_options(self.callback)
+        if options is None and isinstance(handler, IdempotentView):
+            options = handler.options
+        if options is not None:
+            return Coverage(by=DECORATOR, options=options)
+        if self.view_class is not None and handler is None:
+            return unprotected("no handler (405)")
+        if any(
+            getattr(marked, EXEMPT_ATTRIBUTE, False) is True
+            for marked in (self.callback, self.view_class, handler)
+        ):
+            return unprotected("idempotent_exempt")
+        under = under_prefixes(path, exact=exact)
+        if under is False:
+            return unprotected(OUTSIDE_PREFIXES)
+        if iscoroutinefunction(self.callback):
+            return unprotected("async view: use @idempotent")
+        return Coverage(by=MIDDLEWARE, options=middleware_options(), partial=under is None)
+
+    def left_alone(self, request: HttpRequest) -> bool:
+        return left_alone_as_anonymous(request)
+
+    def protected(self) -> Callable[..., HttpResponseBase]:
+        options = middleware_options()
+        view = self._protected.get(options.required)
+        if view is None:
+            view = self._protected[options.required] = IdempotentView(self.callback, options)
+        return view
+
+
+def under_prefixes(path: str, *, exact: bool = True) -> bool | None:
+    """Whether ``path`` is under ``MIDDLEWARE_PLAIN_VIEW_PREFIXES``.
+
+    ``exact=False``: ``path`` is only how the paths of a route begin; None
+    when some of them are under a prefix and others may not be.
+    """
+    prefixes = idempotency_settings.MIDDLEWARE_PLAIN_VIEW_PREFIXES
+    if any(path.startswith(prefix) for prefix in prefixes):
+        return True
+    if not exact and any(prefix.startswith(path) for prefix in prefixes):
+        return None
+    return False
+
+
+def function_options(callback: Any) -> Options | None:
+    """The options of an ``@idempotent`` function view, under any decorators above it."""
+    seen = 0
+    while callback is not None and seen < 50:  # a cycle of __wrapped__ is not ours to loop on
+        if isinstance(callback, IdempotentView):
+            return callback.options
+        options = getattr(callback, "idempotency_options", None)  # an async view's
+        if isinstance(options, Options):
+            return options
+        callback, seen = getattr(callback, "__wrapped__", None), seen + 1
+    return None
