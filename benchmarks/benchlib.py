@@ -278,3 +278,134 @@ def timed() -> Iterator[list[float]]:
         yield box
     finally:
         box.append(time.perf_counter() - started)
+
+
+class Uvicorn:
+    """uvicorn on 127.0.0.1, no access log: the benchmark project over ASGI.
+
+    ``env`` is added to the workers' environment (``IDEMPOTENCY_BENCH_POOL``
+    for Django's connection pool, say). uvicorn picks uvloop and httptools
+    when they are installed (``uvicorn[standard]``); ``loop_and_http()``
+    says which it runs.
+    """
+
+    def __init__(
+        self,
+        database: Database,
+        workers: int,
+        *,
+        app: str = "benchmarks.benchproject.asgi:application",
+        settings: str = BENCH_SETTINGS,
+        env: dict[str, str] | None = None,
+        ready_path: str = "/health",
+    ) -> None:
+        self.database = database
+        self.workers = workers
+        self.app = app
+        self.settings = settings
+        self.env = env or {}
+        self.ready_path = ready_path
+        self.port = free_port()
+        self.url = f"http://127.0.0.1:{self.port}"
+        self.log_path = Path(tempfile.mkdtemp(prefix="idem-bench-")) / "uvicorn.log"
+        self.process: subprocess.Popen[bytes] | None = None
+
+    def __enter__(self) -> Uvicorn:
+        command = [
+            sys.executable, "-m", "uvicorn", self.app,
+            "--host", "127.0.0.1", "--port", str(self.port),
+            "--workers", str(self.workers),
+            "--no-access-log", "--log-level", "warning",
+        ]  # fmt: skip
+        with self.log_path.open("ab") as log:
+            self.process = subprocess.Popen(
+                command,
+                cwd=REPO_ROOT,
+                env={**django_env(self.database, self.settings), **self.env},
+                stdin=subprocess.DEVNULL,
+                stdout=log,
+                stderr=subprocess.STDOUT,
+                start_new_session=True,
+            )
+        try:
+            self._wait_until_ready()
+        except BaseException:
+            self.stop()
+            raise
+        return self
+
+    def __exit__(self, *exc_info: object) -> None:
+        self.stop()
+
+    def log_text(self) -> str:
+        try:
+            return self.log_path.read_text(errors="replace")
+        except FileNotFoundError:
+            return ""
+
+    def _wait_until_ready(self, timeout: float = 60.0) -> None:
+        assert self.process is not None
+        deadline = time.monotonic() + timeout
+        while time.monotonic() < deadline:
+            if self.process.poll() is not None:
+                raise RuntimeError(f"uvicorn exited at startup:\n{self.log_text()[-3000:]}")
+            with (
+                contextlib.suppress(OSError, urllib.error.URLError),
+                urllib.request.urlopen(self.url + self.ready_path, timeout=2) as response,
+            ):
+                if response.status == 200:
+                    return
+            time.sleep(0.1)
+        raise RuntimeError(f"uvicorn not ready after {timeout:.0f}s:\n{self.log_text()[-3000:]}")
+
+    def stop(self) -> None:
+        process, self.process = self.process, None
+        if process is None or process.poll() is not None:
+            return
+        process.send_signal(signal.SIGTERM)
+        try:
+            process.wait(timeout=15)
+        except subprocess.TimeoutExpired:
+            with contextlib.suppress(ProcessLookupError):
+                os.killpg(process.pid, signal.SIGKILL)
+            process.wait(timeout=15)
+
+    def problems(self) -> list[str]:
+        pattern = re.compile(r"Traceback|ERROR|CRITICAL|Stale owner")
+        return [line for line in self.log_text().splitlines() if pattern.search(line)]
+
+    @staticmethod
+    def loop_and_http() -> str:
+        """The event loop and HTTP parser uvicorn's "auto" picks here."""
+        import importlib.util
+
+        loop = "uvloop" if importlib.util.find_spec("uvloop") else "asyncio"
+        http = "httptools" if importlib.util.find_spec("httptools") else "h11"
+        return f"{loop}, {http}"
+
+
+def process_tree_cpu_seconds(root: int) -> float:
+    """CPU time (user + system) used so far by ``root`` and its descendants, threads included.
+
+    Read from /proc (Linux): a server's master and its workers, so that the
+    CPU a request costs in the application can be compared apart from how
+    busy the machine is. Children that already exited are not counted.
+    """
+    ticks = os.sysconf("SC_CLK_TCK")
+    parents: dict[int, int] = {}
+    used: dict[int, float] = {}
+    for entry in Path("/proc").iterdir():
+        if not entry.name.isdigit():
+            continue
+        with contextlib.suppress(OSError, ValueError, IndexError):
+            # The fields after the command's closing parenthesis (which may hold spaces).
+            fields = (entry / "stat").read_text().rpartition(")")[2].split()
+            parents[int(entry.name)] = int(fields[1])
+            used[int(entry.name)] = (int(fields[11]) + int(fields[12])) / ticks
+    tree, frontier = {root}, [root]
+    while frontier:
+        parent = frontier.pop()
+        children = [pid for pid, ppid in parents.items() if ppid == parent and pid not in tree]
+        tree.update(children)
+        frontier.extend(children)
+    return sum(used.get(pid, 0.0) for pid in tree)

@@ -43,6 +43,7 @@ __all__ = [
     "DRF_HANDLED",
     "EVERY_DATABASE",
     "REFUSED_IN_INITIAL",
+    "AsyncIdempotentView",
     "EveryDatabase",
     "IdempotentView",
     "answer_refused_retry",
@@ -50,6 +51,7 @@ __all__ = [
     "idempotent_exempt",
     "mark_refused_retries_answered",
     "mark_views_non_atomic",
+    "protected_view",
     "replay_owed",
 ]
 
@@ -164,67 +166,96 @@ class IdempotentView:
         return types.MethodType(self, instance)
 
     def __call__(self, *args: Any, **kwargs: Any) -> Any:
-        if isinstance(args[0], (HttpRequest, Request)):
-            request, view_args, instance = args[0], args[1:], None
-        else:  # a method: (view instance, request, *args)
-            instance, request, view_args = args[0], args[1], args[2:]
+        return _run_protected(
+            self.view, self.options, args, kwargs, lambda: self.view(*args, **kwargs)
+        )
 
-        def call() -> HttpResponseBase:
-            return cast(HttpResponseBase, self.view(*args, **kwargs))
 
-        drf_view: APIView | None = None
-        if isinstance(request, Request):
-            drf_view = instance if isinstance(instance, APIView) else request.parser_context["view"]
+class AsyncIdempotentView(IdempotentView, functools.partial):  # type: ignore[type-arg]
+    """The decorated ``async def`` view: Django, adrf and asgiref await it as a coroutine.
 
-            def run() -> HttpResponseBase:
-                return _call_drf(drf_view, request, call, view_args, kwargs)
-        else:
+    Its call is ``_async_view``'s coroutine function. A ``functools.partial``
+    of it, because ``inspect.iscoroutinefunction`` (which adrf asks, of the
+    handler it is about to await, of its ``@api_view`` function and of a
+    viewset's members) sees through partials on every Python we support,
+    where ``inspect.markcoroutinefunction`` only came with 3.12; and a class
+    of ours, because a view class learns of its protected handlers through
+    ``__set_name__``, as it does of the sync ones.
+    """
 
-            def run() -> HttpResponseBase:
-                return rendered(call())
+    def __new__(cls, view: Callable[..., Any], options: Options) -> AsyncIdempotentView:
+        return super().__new__(cls, _async_view(view, options))
 
-        try:
-            return protect(request, run, self.options, view_args, kwargs)
-        except IdempotencyRefusal as exc:
-            return render_refusal(request, exc, drf_view=drf_view)
-        except RuntimeError as exc:
-            named = durable_block_named(exc, self.view)
-            if named is None:
-                raise  # the view's own error, its cause kept
-            raise named from exc
+    # Not IdempotentView's: the partial's, which returns the coroutine.
+    __call__ = functools.partial.__call__
+
+
+def protected_view(view: Callable[..., Any], options: Options) -> IdempotentView:
+    """``view`` protected with ``options``: awaitable if ``view`` is an ``async def``."""
+    if iscoroutinefunction(view):
+        return AsyncIdempotentView(view, options)
+    return IdempotentView(view, options)
+
+
+def _run_protected(
+    view: Callable[..., Any],
+    options: Options,
+    args: tuple[Any, ...],
+    kwargs: dict[str, Any],
+    call: Callable[[], Any],
+) -> HttpResponseBase:
+    """Protect one call of ``view`` with ``args``; ``call`` runs it and returns its response."""
+    if isinstance(args[0], (HttpRequest, Request)):
+        request, view_args, instance = args[0], args[1:], None
+    else:  # a method: (view instance, request, *args)
+        instance, request, view_args = args[0], args[1], args[2:]
+
+    drf_view: APIView | None = None
+    if isinstance(request, Request):
+        drf_view = instance if isinstance(instance, APIView) else request.parser_context["view"]
+
+        def run() -> HttpResponseBase:
+            return _call_drf(drf_view, request, call, view_args, kwargs)
+    else:
+
+        def run() -> HttpResponseBase:
+            return rendered(call())
+
+    try:
+        return protect(request, run, options, view_args, kwargs)
+    except IdempotencyRefusal as exc:
+        return render_refusal(request, exc, drf_view=drf_view)
+    except RuntimeError as exc:
+        named = durable_block_named(exc, view)
+        if named is None:
+            raise  # the view's own error, its cause kept
+        raise named from exc
 
 
 def _async_view(func: Callable[..., Any], options: Options) -> Callable[..., Any]:
-    """``@idempotent`` on an ``async def`` Django view.
+    """The call of ``@idempotent`` on an ``async def`` view: a Django view, adrf's, or a method.
 
     The claim, the view and the completion run in one thread-sensitive sync
     block: Django's transactions are not available to async code, and the
-    view's writes must share the completion's transaction. The view itself
-    still runs as a coroutine on the event loop (``async_to_sync``); its ORM
-    calls (``await Model.objects.acreate(...)``) come back to that same
-    thread, and so to the same connection and transaction.
+    view's writes must share the completion's transaction; no query runs
+    on the event loop's thread. The view itself still runs as a coroutine
+    on the event loop (``async_to_sync``); its ORM calls (``await
+    Model.objects.acreate(...)``, adrf's ``asave()``) come back to that same
+    thread, and so to the same connection and transaction. A DRF request
+    gets what the sync path gives it: DRF's exceptions handled and the
+    response finalised before it is stored.
     """
 
     @functools.wraps(func)
-    async def view(request: HttpRequest, *args: Any, **kwargs: Any) -> HttpResponseBase:
+    async def view(*args: Any, **kwargs: Any) -> HttpResponseBase:
         def call() -> HttpResponseBase:
-            return rendered(async_to_sync(func)(request, *args, **kwargs))
+            return cast(HttpResponseBase, async_to_sync(func)(*args, **kwargs))
 
         def run() -> HttpResponseBase:
-            try:
-                return protect(request, call, options, args, kwargs)
-            except IdempotencyRefusal as exc:
-                return render_refusal(request, exc)
-            except RuntimeError as exc:
-                named = durable_block_named(exc, func)
-                if named is None:
-                    raise  # the view's own error, its cause kept
-                raise named from exc
+            return _run_protected(func, options, args, kwargs, call)
 
         return await sync_to_async(run, thread_sensitive=True)()
 
-    view._non_atomic_requests = EVERY_DATABASE  # type: ignore[attr-defined]
-    view.idempotency_options = options  # type: ignore[attr-defined]  # read by routes.py
     return view
 
 
@@ -258,7 +289,11 @@ def mark_views_non_atomic(view_class: type) -> None:
     Django reads ``_non_atomic_requests`` off ``as_view()``'s function, which
     copies it from ``dispatch``; so ``dispatch`` gets a wrapper carrying it.
     The wrapper restores Django's behaviour for the handlers that are not
-    protected.
+    protected. A class served as a coroutine (adrf's async views, a Django
+    view of ``async def`` handlers) is dispatched as it is: Django gives
+    async views no ``ATOMIC_REQUESTS`` transaction to restore, and DRF's
+    checks refuse on the event loop's thread, where no transaction of the
+    caller's is open.
     """
     if not hasattr(view_class, "dispatch"):
         return  # not a view (a mixin of handlers): nothing to exempt here
@@ -267,6 +302,9 @@ def mark_views_non_atomic(view_class: type) -> None:
         return  # already exempted here or on a base class; the check is per request
 
     def dispatch(self: Any, request: HttpRequest, *args: Any, **kwargs: Any) -> Any:
+        own_class: type = type(self)  # a subclass may serve other handlers
+        if _served_async(own_class):
+            return inherited(self, request, *args, **kwargs)  # a coroutine, awaited by Django
         handler = getattr(self, (request.method or "").lower(), None)
         if isinstance(getattr(handler, "__func__", None), IdempotentView) or getattr(
             self, "idempotency_protects", lambda method: False
@@ -283,6 +321,15 @@ def mark_views_non_atomic(view_class: type) -> None:
     dispatch.__doc__ = inherited.__doc__
     vars(dispatch).update(_non_atomic_requests=EVERY_DATABASE, _idempotency_dispatch=True)
     view_class.dispatch = dispatch
+
+
+@functools.cache
+def _served_async(view_class: type) -> bool:
+    """Whether ``as_view()`` serves ``view_class`` as a coroutine (Django's ``view_is_async``).
+
+    Asked once per class: adrf's viewsets answer it by inspecting every member.
+    """
+    return bool(getattr(view_class, "view_is_async", False))
 
 
 #: What DRF's ``initial()`` raises for a refused permission (an
@@ -561,9 +608,7 @@ def idempotent(
     )
 
     def decorate(func: Callable[..., Any]) -> Any:
-        if iscoroutinefunction(func):
-            return _async_view(func, options)
-        return IdempotentView(func, options)
+        return protected_view(func, options)
 
     return decorate(view) if view is not None else decorate
 

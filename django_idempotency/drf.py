@@ -16,6 +16,7 @@ from django_idempotency.decorators import (
     IdempotentView,
     answer_refused_retry,
     mark_views_non_atomic,
+    protected_view,
     replay_owed,
 )
 from django_idempotency.fingerprint import FingerprintSpec
@@ -38,7 +39,9 @@ class IdempotentMixin:
     authentication, permissions and throttling. A handler already decorated
     with ``@idempotent`` keeps its own options. A retry a permission check
     refuses there is answered with its replay when the same principal sent
-    the first request (docs/security.md).
+    the first request (docs/security.md). On adrf's views an ``async def``
+    handler is protected by an awaitable handler, its claim run off the
+    event loop (docs/adrf.md).
 
     Attributes:
         idempotency_fingerprint: As ``idempotent(fingerprint=...)``.
@@ -125,7 +128,9 @@ class IdempotentMixin:
         Asked after DRF's checks; the middleware's classes answer some
         requests (anonymous ones) with the handler unprotected instead.
         """
-        return IdempotentView(function, type(self).idempotency_options()).__get__(self)
+        # adrf awaits an ``async def`` handler, and only one: its protection
+        # is awaitable too.
+        return protected_view(function, type(self).idempotency_options()).__get__(self)
 
     def handle_exception(self, exc: Exception) -> Any:
         # A refusal of initial() that carries its retry's replay is answered with it.

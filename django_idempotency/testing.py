@@ -44,6 +44,10 @@ __all__ = [
 def simulate_crash_after_begin_external(*, step: str | None = None) -> Iterator[None]:
     """Make a ``begin_external()`` on this thread "kill the process".
 
+    In an async test, the requests awaited in the block are armed too
+    (``await client.post(...)`` with Django's ``AsyncClient``): their claim
+    and writes run in a thread of asgiref's, in the test's context.
+
     The intent commits (IN_PROGRESS and the provider key, or the step's row),
     then ``SimulatedCrash`` is raised: the view's transaction rolls back and
     the record is left behind exactly as a worker dying mid-call leaves it.

@@ -30,6 +30,7 @@ INSTALLED_APPS = [
     "django.contrib.messages",
     "rest_framework",
     "rest_framework.authtoken",
+    "adrf",
     "drf_spectacular",
     "django_idempotency",
     "tests.testapp",

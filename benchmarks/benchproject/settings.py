@@ -41,6 +41,13 @@ DATABASES = {
         conn_max_age=600,
     ),
 }
+# Under ASGI each request's sync work runs in a thread of its own, whose
+# connection a persistent setting cannot keep: benchmarks/async_drf.py serves
+# uvicorn with Django's connection pool instead (psycopg-pool), as Django's
+# docs advise for async deployments.
+if os.environ.get("IDEMPOTENCY_BENCH_POOL"):
+    DATABASES["default"]["CONN_MAX_AGE"] = 0
+    DATABASES["default"].setdefault("OPTIONS", {})["pool"] = {"min_size": 4, "max_size": 16}
 
 REST_FRAMEWORK = {
     "DEFAULT_AUTHENTICATION_CLASSES": [],

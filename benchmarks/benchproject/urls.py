@@ -4,7 +4,7 @@ import os
 
 from django.urls import path
 
-from benchmarks.benchapp import views
+from benchmarks.benchapp import async_views, views
 from benchmarks.benchproject import telemetry
 
 urlpatterns = [
@@ -17,6 +17,10 @@ urlpatterns = [
     path("floor-lookup-first", views.floor_lookup_first),
     path("floor-optimistic", views.floor_optimistic),
     path("floor-single", views.floor_single),
+    path("sync-unprotected", async_views.SyncUnprotected.as_view()),
+    path("sync-mixin", async_views.SyncMixin.as_view()),
+    path("async-unprotected", async_views.AsyncUnprotected.as_view()),
+    path("async-mixin", async_views.AsyncMixin.as_view()),
 ]
 
 if os.environ.get(telemetry.ENV):  # benchmarks/telemetry_cost.py's checks

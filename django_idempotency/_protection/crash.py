@@ -8,16 +8,14 @@ sides share. Users import ``SimulatedCrash`` from ``testing``.
 
 from __future__ import annotations
 
-import threading
 from collections.abc import Iterator
 from contextlib import contextmanager
+from contextvars import ContextVar
 from dataclasses import dataclass
 from typing import Literal
 
 #: The writes of ``IdempotencyContext`` after which a crash can be staged.
 CrashPoint = Literal["begin_external", "set_provider_operation"]
-
-_crash = threading.local()
 
 
 class SimulatedCrash(BaseException):
@@ -37,9 +35,16 @@ class _Staged:
     step: str | None
 
 
+#: A context variable, not a thread-local: asgiref's ``sync_to_async`` runs
+#: an async view's claim and writes in a thread of its own, in a copy of the
+#: caller's context, so an async test arms the request it awaits; a thread
+#: of the caller's starts with a context of its own, unarmed, as before.
+_staged: ContextVar[_Staged | None] = ContextVar("django_idempotency_staged_crash", default=None)
+
+
 def crash_requested(after: CrashPoint, step: str | None) -> bool:
     """Whether the write ``after`` of ``step`` (``None``: the one call) should "crash" now."""
-    staged: _Staged | None = getattr(_crash, "staged", None)
+    staged = _staged.get()
     if staged is None or staged.after != after:
         return False
     return staged.step is None or staged.step == step
@@ -47,9 +52,9 @@ def crash_requested(after: CrashPoint, step: str | None) -> bool:
 
 @contextmanager
 def armed(after: CrashPoint = "begin_external", step: str | None = None) -> Iterator[None]:
-    """Request the crash for the duration of the block, on this thread."""
-    _crash.staged = _Staged(after, step)
+    """Request the crash for the duration of the block, here and in the async code awaited here."""
+    token = _staged.set(_Staged(after, step))
     try:
         yield
     finally:
-        _crash.staged = None
+        _staged.reset(token)

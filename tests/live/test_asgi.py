@@ -1,4 +1,4 @@
-"""``async def`` views under a real ASGI server (uvicorn, 2 workers) on PostgreSQL."""
+"""``async def`` views, Django's and adrf's, under a real ASGI server (uvicorn) on PostgreSQL."""
 
 from __future__ import annotations
 
@@ -79,9 +79,11 @@ def _wait_until_ready(url: str, process: subprocess.Popen[bytes], log: Path) -> 
     pytest.fail(f"uvicorn did not start:\n{log.read_text()}")
 
 
-def post(url: str, body: dict[str, Any], key: str | None) -> requests.Response:
+def post(
+    url: str, body: dict[str, Any], key: str | None, path: str = "/async/charges"
+) -> requests.Response:
     headers = {} if key is None else {"Idempotency-Key": key}
-    return requests.post(url + "/async/charges", json=body, headers=headers, timeout=30)
+    return requests.post(url + path, json=body, headers=headers, timeout=30)
 
 
 def test_the_behaviour_table_under_uvicorn(uvicorn_server: tuple[str, LiveDatabase]) -> None:
@@ -107,12 +109,17 @@ def test_the_behaviour_table_under_uvicorn(uvicorn_server: tuple[str, LiveDataba
     assert database.count_charges("table") == 2
 
 
+@pytest.mark.parametrize(
+    "path",
+    ["/async/charges", "/adrf/mixin", "/adrf/function"],
+    ids=["django", "adrf-mixin", "adrf-api-view"],
+)
 def test_concurrent_duplicates_run_an_async_view_once(
-    uvicorn_server: tuple[str, LiveDatabase],
+    uvicorn_server: tuple[str, LiveDatabase], path: str
 ) -> None:
     url, database = uvicorn_server
     for round_number in range(5):
-        note = f"storm-{round_number}"
+        note = f"storm-{path}-{round_number}"
         barrier = threading.Barrier(20)
         statuses: list[int] = []
 
@@ -120,7 +127,8 @@ def test_concurrent_duplicates_run_an_async_view_once(
             note: str = note, barrier: threading.Barrier = barrier, statuses: list[int] = statuses
         ) -> None:
             barrier.wait()
-            statuses.append(post(url, {"amount": 1, "note": note, "sleep": 0.2}, note).status_code)
+            body = {"amount": 1, "note": note, "sleep": 0.2}
+            statuses.append(post(url, body, note, path).status_code)
 
         threads = [threading.Thread(target=send) for _ in range(20)]
         for thread in threads:

@@ -1,9 +1,11 @@
+from adrf.routers import SimpleRouter as AsyncRouter
 from django.contrib import admin
 from django.urls import include, path
 from rest_framework.routers import DefaultRouter
 
 from django_idempotency.prometheus import metrics_view
 from tests.testapp import (
+    adrf_views,
     keyed_views,
     optimistic_duplicate_views,
     optimistic_live_views,
@@ -14,6 +16,11 @@ from tests.testapp import (
 
 router = DefaultRouter()
 router.register("viewset/charges", views.ChargeViewSet, basename="viewset-charge")
+
+# adrf's router binds an async viewset's actions to its "a"-named handlers (acreate, ...).
+async_router = AsyncRouter()
+async_router.register("adrf/viewset", adrf_views.MixinModelViewSet, basename="adrf-viewset")
+async_router.register("adrf/decorated-viewset", adrf_views.DecoratedViewSet, basename="adrf-deco")
 
 urlpatterns = [
     path("admin/", admin.site.urls),
@@ -77,5 +84,14 @@ urlpatterns = [
     ),
     path("optimistic-duplicates/second-alias", optimistic_duplicate_views.writes_to_a_second_alias),
     path("optimistic-duplicates/loses-connection", optimistic_duplicate_views.loses_its_connection),
+    path("adrf/mixin", adrf_views.MixinAPIView.as_view()),
+    path("adrf/decorated", adrf_views.DecoratedAPIView.as_view()),
+    path("adrf/function", adrf_views.function_view),
+    path("adrf/generic", adrf_views.MixinGenericView.as_view()),
+    path("adrf/authenticated-mixin", adrf_views.AuthenticatedMixinView.as_view()),
+    path("adrf/authenticated-decorated", adrf_views.AuthenticatedDecoratedView.as_view()),
+    path("adrf/first-charge-mixin", adrf_views.FirstChargeMixinView.as_view()),
+    path("adrf/first-charge-decorated", adrf_views.FirstChargeDecoratedView.as_view()),
+    path("", include(async_router.urls)),
     path("", include(router.urls)),
 ]
