@@ -65,6 +65,12 @@ docs: $(VENV)/.installed
 # tests that reach no database too: each is the only cell of its Python or
 # its Django, where those tests (imports, docs, packaging) can still fail.
 # pyenv's interpreters, when present, so that tox finds python3.12 and 3.13.
+# The integrations' live tests (worker processes, uvicorn, gunicorn behind a
+# faulty proxy), which `make test` runs on Django 5.2: on the newest Django
+# too, so that each integration is tested on the oldest and newest Django of
+# the matrix on PostgreSQL.
+INTEGRATIONS_LIVE := tests/live/test_tasks_framework_workers.py tests/live/test_asgi.py \
+	tests/live/test_client_recipe_live.py
 PYENV_BINS := $(subst $(eval) ,:,$(wildcard $(HOME)/.pyenv/versions/3.1[123]*/bin))
 TOX := PATH="$(PYENV_BINS):$$PATH" $(VENV)/bin/tox
 
@@ -77,6 +83,8 @@ matrix-ci: $(VENV)/.installed
 	$(TOX) run-parallel --parallel 2 --parallel-no-spinner --skip-missing-interpreters false \
 		-e py312-django61-postgres,py313-django60-mariadb,py313-django61-sqlite \
 		-- -m "not live" -q
+	$(TOX) run --skip-missing-interpreters false -e py312-django61-postgres -- -q \
+		$(INTEGRATIONS_LIVE)
 
 clean:
 	rm -rf $(VENV) build dist *.egg-info tests/*.sqlite3* testproject/*.sqlite3*
