@@ -8,9 +8,9 @@ Add it last to ``MIDDLEWARE``::
     ]
 
 It protects the POST, PUT, PATCH and DELETE handlers of every DRF view the
-URLconf routes (views, generic views, viewsets, ``@api_view`` functions),
-and plain Django views only under ``IDEMPOTENCY["MIDDLEWARE_PLAIN_VIEW_PREFIXES"]``.
-See docs/middleware.md.
+URLconf routes (views, generic views, viewsets, ``@api_view`` functions,
+adrf's async ones too), and plain Django views only under
+``IDEMPOTENCY["MIDDLEWARE_PLAIN_VIEW_PREFIXES"]``. See docs/middleware.md.
 """
 
 from __future__ import annotations
@@ -53,7 +53,8 @@ class IdempotencyMiddleware:
     ``process_view`` is then a coroutine function, ``aprocess_view``), so
     that an async view is awaited there, not run through a thread; what may
     query the database (a plain view's user, the claim) runs in the
-    request's thread, as Django runs a sync view.
+    request's thread, as Django runs a sync view. A subclass that overrides
+    ``process_view`` overrides ``aprocess_view`` too.
     """
 
     sync_capable = True

@@ -30,6 +30,7 @@ from django.core.management import call_command
 from django.db import connections
 from django.http import HttpResponse
 from django.test import AsyncClient, Client
+from drf_spectacular.generators import SchemaGenerator
 
 from django_idempotency import recovery, signals
 from django_idempotency._routes import protected_operations
@@ -44,6 +45,7 @@ from tests.test_adrf import (
     refusal_code,
     statements_recorded,
 )
+from tests.test_middleware_routes import key_header
 from tests.testapp import adrf_views
 from tests.testapp.models import Charge
 from tests.utils import TokenClient, post, signals_sent
@@ -474,6 +476,25 @@ async def test_an_async_plain_views_keyless_request_is_refused_in_required_mode_
     assert await charges() == 1
 
 
+# -- ATOMIC_REQUESTS ------------------------------------------------------------------------
+
+
+async def test_under_atomic_requests_only_the_requests_left_to_django_are_refused(
+    client: HeaderClient, atomic_requests: None
+) -> None:
+    """Django refuses ATOMIC_REQUESTS to the async views it runs; the middleware runs its own.
+
+    Its class is exempt, and the protection opens the view's transaction
+    after the claim: a released claim rolls the view's writes back.
+    """
+    keyed = await send("/api/payments", {"amount": 1, "status": 503}, "k", client=client)
+
+    assert keyed.status_code == 503
+    assert await charges() == 0  # its writes rolled back with the released claim
+    with pytest.raises(RuntimeError, match="ATOMIC_REQUESTS with async views"):
+        await send("/api/payments", {"amount": 1}, None, client=client)
+
+
 # -- sync DRF views under ASGI, async views under WSGI -------------------------------------
 
 
@@ -593,6 +614,35 @@ def test_idempotency_routes_lists_async_views_as_protected() -> None:
     assert section(text, "api/exempt/above") == [
         "POST                    not protected: idempotent_exempt"
     ]
+
+
+@pytest.mark.parametrize(("keys", "required"), [("report", False), ("required", True)])
+def test_the_schema_shows_the_header_of_middleware_protected_async_operations(
+    settings: Any, keys: str, required: bool
+) -> None:
+    configure(settings, MIDDLEWARE_KEYS=keys)
+    generator = SchemaGenerator(urlconf=URLCONF)  # type: ignore[no-untyped-call]
+    paths = generator.get_schema(request=None, public=True)["paths"]  # type: ignore[no-untyped-call]
+
+    for path, method in [
+        ("/api/payments", "post"),
+        ("/api/payments", "delete"),
+        ("/api/generic/payments", "post"),
+        ("/api/function/payments", "post"),
+        ("/api/viewset/payments/{id}/", "patch"),
+        ("/api/viewset/payments/refund/", "post"),
+    ]:
+        header = key_header(paths[path][method])
+        assert header is not None, (path, method)
+        assert header.get("required", False) is required
+        assert {"409", "422"} <= set(paths[path][method]["responses"]), (path, method)
+    for path, method in [
+        ("/api/payments", "get"),
+        ("/api/exempt/class", "post"),
+        ("/api/exempt/above", "post"),
+        ("/api/viewset/payments/note/", "post"),
+    ]:
+        assert key_header(paths[path][method]) is None, (path, method)
 
 
 def test_the_checks_and_metrics_know_the_async_views_operations(
