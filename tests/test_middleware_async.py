@@ -115,6 +115,8 @@ async def session() -> AsyncClient:
     """A browser's session, logged in: what plain Django views authenticate."""
     browser = AsyncClient()
     await browser.aforce_login(await in_a_thread(UserFactory.create))
+    # The session was saved from asgiref's sync thread: its connection goes too.
+    await sync_to_async(connections.close_all)()
     return browser
 
 
