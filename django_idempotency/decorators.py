@@ -6,10 +6,9 @@ import functools
 import types
 from collections.abc import Callable
 from datetime import timedelta
-from inspect import iscoroutinefunction
 from typing import Any, TypeVar, cast, overload
 
-from asgiref.sync import async_to_sync, sync_to_async
+from asgiref.sync import async_to_sync, iscoroutinefunction, sync_to_async
 from django.core.exceptions import ImproperlyConfigured, PermissionDenied
 from django.http import Http404, HttpRequest, HttpResponseBase
 from rest_framework import exceptions
@@ -191,7 +190,12 @@ class AsyncIdempotentView(IdempotentView, functools.partial):  # type: ignore[ty
 
 
 def protected_view(view: Callable[..., Any], options: Options) -> IdempotentView:
-    """``view`` protected with ``options``: awaitable if ``view`` is an ``async def``."""
+    """``view`` protected with ``options``: awaitable if ``view`` is an ``async def``.
+
+    Or marked as one, as Django marks the ``as_view()`` of a class of
+    ``async def`` handlers (asgiref's test, as Django's: ``inspect``'s sees
+    no mark before Python 3.12).
+    """
     if iscoroutinefunction(view):
         return AsyncIdempotentView(view, options)
     return IdempotentView(view, options)

@@ -74,12 +74,18 @@ class RoutedView(Protocol):
         ...
 
     def left_alone(self, request: HttpRequest) -> bool:
-        """Whether ``request`` runs as routed, unprotected, from what is known of its client now."""
+        """Whether ``request`` runs as routed, unprotected, from what is known of its client now.
+
+        Asked in a sync context, under ASGI too: it may query (a plain
+        view's user, loaded from the session).
+        """
         ...
 
     def protected(self) -> Callable[..., HttpResponseBase] | None:
         """The callable the middleware calls in the view's place, with the view's arguments.
 
+        A coroutine function for an async view: the middleware awaits it
+        under ASGI, and runs it through ``async_to_sync`` under WSGI.
         None: the view is protected in place (Ninja's operations), and
         Django runs it as routed.
         """

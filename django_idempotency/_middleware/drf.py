@@ -11,7 +11,10 @@ that the claim commits before the view's transaction opens), and routed
 as the URLconf routes the class (the same ``as_view()`` arguments, a
 viewset's actions). The user's class is left as it is: where the
 middleware protects nothing (GET, an exempt view), Django runs it as
-routed.
+routed. adrf's async views are made the same way: the mixin's ``initial()``
+(which adrf runs in a thread) swaps in an awaitable protected handler,
+and the subclass's ``as_view()`` is a coroutine function, which the
+middleware awaits.
 """
 
 from __future__ import annotations
@@ -23,7 +26,7 @@ import weakref
 from collections.abc import Callable, Iterable
 from typing import Any
 
-from django.core.exceptions import ImproperlyConfigured
+from asgiref.sync import iscoroutinefunction
 from django.http import HttpRequest, HttpResponseBase
 from rest_framework.request import Request
 from rest_framework.views import APIView
@@ -64,9 +67,13 @@ class MiddlewareProtection(IdempotentMixin):
         return middleware_options()
 
     def _idempotency_handler(self, request: Request, function: Callable[..., Any]) -> Any:
-        if left_alone_as_anonymous(request):
-            return types.MethodType(unprotected_handler(function), self)
-        return super()._idempotency_handler(request, function)
+        if not left_alone_as_anonymous(request):
+            return super()._idempotency_handler(request, function)
+        if iscoroutinefunction(function):
+            # adrf's async handler, as routed: Django opens no ATOMIC_REQUESTS
+            # transaction around an async view, so there is none to restore.
+            return types.MethodType(function, self)
+        return types.MethodType(unprotected_handler(function), self)
 
 
 def routed_view(callback: Callable[..., Any]) -> DrfView | None:
@@ -149,16 +156,7 @@ def judge(view_class: type[APIView], handler_name: str, callback: Any = None) ->
     credential = _credential_view(view_class)
     if credential is not None:
         return unprotected(f"issues credentials ({credential})")
-    if _is_async(view_class):
-        return unprotected("async view: use IdempotentMixin")
     return Coverage(by=MIDDLEWARE, options=middleware_options())
-
-
-def _is_async(view_class: type[APIView]) -> bool:
-    try:
-        return bool(view_class.view_is_async)
-    except ImproperlyConfigured:  # sync and async handlers mixed: Django refuses it itself
-        return False
 
 
 def own_protection(view_class: type, handler: Any) -> tuple[ProtectedBy, Options] | None:

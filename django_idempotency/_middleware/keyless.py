@@ -3,7 +3,8 @@
 With ``MIDDLEWARE_KEYS = "report"`` a keyless request to a view the
 middleware protects runs as routed, unprotected, as it did before the
 middleware; ``note`` marks it in ``process_view`` and ``report`` counts
-and logs it once it is answered, when the view has authenticated its
+and logs it once it is answered (in a sync context: naming a plain view's
+client may load its user), when the view has authenticated its
 client (DRF authenticates inside the view, and hands the user and the
 credential to the Django request). The count
 (``idempotency_keyless_requests_total``, by operation) tells an operator
@@ -54,6 +55,11 @@ def note(request: HttpRequest, framework: str = "django") -> None:
         default_operation(request), match is not None and bool(match.route), framework
     )
     setattr(request, _NOTED, keyless)
+
+
+def noted(request: HttpRequest) -> bool:
+    """Whether ``request`` was let through without a key (``note``): ``report`` has work to do."""
+    return getattr(request, _NOTED, None) is not None
 
 
 def report(request: HttpRequest, response: HttpResponseBase) -> None:

@@ -5,14 +5,16 @@ function, or a class-based view's ``as_view()``. The admin, login and HTML
 forms are such views, so they are protected only under
 ``MIDDLEWARE_PLAIN_VIEW_PREFIXES`` (none by default). Django's middleware
 authenticated the request before this one, so an anonymous request is
-known in ``process_view`` and left to run as routed. A protected one runs
-the callback under ``@idempotent``'s protection, as a function view.
+known in ``process_view`` (in a thread under ASGI: the user may have to
+be loaded) and left to run as routed. A protected one runs the callback
+under ``@idempotent``'s protection, as a function view: an awaitable one
+for an async view (an ``async def`` function, a class of ``async def``
+handlers).
 """
 
 from __future__ import annotations
 
 from collections.abc import Callable, Iterable
-from inspect import iscoroutinefunction
 from typing import Any
 
 from django.http import HttpRequest, HttpResponseBase
@@ -29,7 +31,7 @@ from django_idempotency._middleware.coverage import (
 )
 from django_idempotency._protection.flow import Options
 from django_idempotency.conf import idempotency_settings
-from django_idempotency.decorators import EXEMPT_ATTRIBUTE, IdempotentView
+from django_idempotency.decorators import EXEMPT_ATTRIBUTE, IdempotentView, protected_view
 
 #: Why the middleware leaves a plain view alone outside the prefixes.
 OUTSIDE_PREFIXES = "plain Django view outside MIDDLEWARE_PLAIN_VIEW_PREFIXES"
@@ -80,8 +82,6 @@ class PlainView:
         under = under_prefixes(path, exact=exact)
         if under is False:
             return unprotected(OUTSIDE_PREFIXES)
-        if iscoroutinefunction(self.callback):
-            return unprotected("async view: use @idempotent")
         return Coverage(by=MIDDLEWARE, options=middleware_options(), partial=under is None)
 
     def left_alone(self, request: HttpRequest) -> bool:
@@ -91,7 +91,7 @@ class PlainView:
         options = middleware_options()
         view = self._protected.get(options.required)
         if view is None:
-            view = self._protected[options.required] = IdempotentView(self.callback, options)
+            view = self._protected[options.required] = protected_view(self.callback, options)
         return view
 
 
@@ -113,10 +113,7 @@ def function_options(callback: Any) -> Options | None:
     """The options of an ``@idempotent`` function view, under any decorators above it."""
     seen = 0
     while callback is not None and seen < 50:  # a cycle of __wrapped__ is not ours to loop on
-        if isinstance(callback, IdempotentView):
+        if isinstance(callback, IdempotentView):  # AsyncIdempotentView (an async view's) too
             return callback.options
-        options = getattr(callback, "idempotency_options", None)  # an async view's
-        if isinstance(options, Options):
-            return options
         callback, seen = getattr(callback, "__wrapped__", None), seen + 1
     return None
