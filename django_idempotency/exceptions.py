@@ -58,6 +58,8 @@ class IdempotencyRefusal(IdempotencyError, APIException):
 
     def __init__(self, message: str | None = None, *, retry_after: int | None = None) -> None:
         text = message or str(self.default_detail)
+        #: The body's ``detail``, as text (``detail`` is DRF's dict of it and the code).
+        self.message = str(text)
         super().__init__({"detail": text, "code": self.default_code}, self.default_code)
         if retry_after is not None:
             # DRF's exception handler turns ``wait`` into a Retry-After header.

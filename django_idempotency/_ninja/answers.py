@@ -34,8 +34,7 @@ def refusal_response(
     if handler is not None:
         response = handler(request, refusal)
     else:
-        detail = refusal.detail["detail"] if isinstance(refusal.detail, dict) else refusal.detail
-        body = {"detail": str(detail), "code": refusal.default_code}
+        body = {"detail": refusal.message, "code": refusal.default_code}
         response = api.create_response(request, body, status=refusal.status_code)
     wait = getattr(refusal, "wait", None)
     if wait and not response.has_header("Retry-After"):

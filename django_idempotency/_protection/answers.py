@@ -186,12 +186,11 @@ def rendered(response: HttpResponseBase) -> HttpResponseBase:
 def problem_response(refusal: IdempotencyRefusal) -> HttpResponse:
     """The refusal as an RFC 9457 problem details document."""
     code = refusal.default_code
-    detail = refusal.detail["detail"] if isinstance(refusal.detail, dict) else refusal.detail
     body = {
         "type": idempotency_settings.PROBLEM_TYPE_BASE + code,
         "title": str(refusal.default_detail).split(".")[0] + ".",
         "status": refusal.status_code,
-        "detail": str(detail),
+        "detail": refusal.message,
         "code": code,
     }
     response = HttpResponse(json.dumps(body), status=refusal.status_code, content_type=CONTENT_TYPE)
