@@ -106,6 +106,26 @@ def test_idempotency_routes_says_why_a_decorated_route_is_left_to_the_view() -> 
     assert listed["api/payments"]["POST"]["by"] == "middleware"
 
 
+@pytest.mark.parametrize("url", ["/api/csrf-exempt/payments", "/api/dispatch-decorated"])
+def test_csrf_exempt_around_the_view_and_decorators_of_the_class_keep_it_protected(
+    user: User, url: str
+) -> None:
+    client = logged_in(user)
+    first = post(client, url, {"amount": 5}, "pay-1")
+    retry = post(client, url, {"amount": 5}, "pay-1")
+
+    assert first.status_code == 201
+    assert retry["Idempotent-Replayed"] == "true"
+    assert Charge.objects.count() == 1
+    assert records() == [(f"POST {url.removeprefix('/')}", State.COMPLETED)]
+    if url == "/api/dispatch-decorated":
+        assert "no-store" in first["Cache-Control"]  # never_cache on dispatch ran
+
+
+def test_an_exempt_decorated_route_says_it_is_exempt() -> None:
+    assert routes()["api/gated/exempt"]["POST"]["reason"] == "idempotent_exempt"
+
+
 # -- @idempotent the middleware cannot see on the class ----------------------------------
 
 

@@ -23,6 +23,7 @@ unless the wrapping is ``@idempotent``'s, which protects it.
 from __future__ import annotations
 
 import dataclasses
+import functools
 import threading
 import types
 import weakref
@@ -32,6 +33,7 @@ from typing import Any
 
 from django.core.exceptions import ImproperlyConfigured
 from django.http import HttpRequest, HttpResponseBase
+from django.views.decorators.csrf import csrf_exempt
 from rest_framework.request import Request
 from rest_framework.views import APIView
 
@@ -163,21 +165,40 @@ class DrfView:
         return self._protected
 
     def _as_view(self, view_class: type[APIView]) -> Callable[..., HttpResponseBase]:
-        """``view_class`` routed as the route routes its class: ``as_view()``'s arguments, actions."""
+        """``view_class`` routed as the route routes its class: its arguments, its actions."""
         initkwargs = getattr(self.callback, "initkwargs", {})
         actions = getattr(self.callback, "actions", None)
         if actions:  # a copy: DRF adds "head" to the dict it is given
-            return view_class.as_view(dict(actions), **initkwargs)  # type: ignore[call-arg,no-any-return]
+            return view_class.as_view(dict(actions), **initkwargs)  # type: ignore[call-arg]
         return view_class.as_view(**initkwargs)
 
 
 def _code_chain(function: Any) -> list[CodeType | None]:
-    """The code of ``function`` and of each function under it (``__wrapped__``)."""
+    """The code of ``function`` and of each function under it (``__wrapped__``).
+
+    ``csrf_exempt``'s wrappers left out: DRF's ``as_view()`` adds one, and
+    one more around it changes nothing the middleware would skip.
+    """
     chain: list[CodeType | None] = []
-    while function is not None and len(chain) < 50:  # a cycle is not ours to loop on
-        chain.append(getattr(function, "__code__", None))
+    for _ in range(50):  # a cycle of __wrapped__ is not ours to loop on
+        if function is None:
+            break
+        code = getattr(function, "__code__", None)
+        if code not in _csrf_exempt_codes():
+            chain.append(code)
         function = getattr(function, "__wrapped__", None)
     return chain
+
+
+@functools.cache
+def _csrf_exempt_codes() -> frozenset[CodeType]:
+    """The code of the wrappers Django's ``csrf_exempt`` makes, of a function and a coroutine."""
+
+    def function(request: HttpRequest) -> None: ...
+
+    async def coroutine(request: HttpRequest) -> None: ...
+
+    return frozenset(csrf_exempt(view).__code__ for view in (function, coroutine))
 
 
 def judge(view_class: type[APIView], handler_name: str, callback: Any = None) -> Coverage:

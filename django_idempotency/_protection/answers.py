@@ -183,10 +183,18 @@ def rendered(response: HttpResponseBase) -> HttpResponseBase:
     return response
 
 
+def refusal_detail(refusal: IdempotencyRefusal) -> Any:
+    """The refusal's message: its ``detail`` holds it under ``"detail"``, beside ``"code"``."""
+    if isinstance(refusal.detail, dict):
+        # A dict of string keys: the stubs' union also allows integer ones.
+        return cast("dict[str, Any]", refusal.detail)["detail"]
+    return refusal.detail
+
+
 def problem_response(refusal: IdempotencyRefusal) -> HttpResponse:
     """The refusal as an RFC 9457 problem details document."""
     code = refusal.default_code
-    detail = refusal.detail["detail"] if isinstance(refusal.detail, dict) else refusal.detail
+    detail = refusal_detail(refusal)
     body = {
         "type": idempotency_settings.PROBLEM_TYPE_BASE + code,
         "title": str(refusal.default_detail).split(".")[0] + ".",

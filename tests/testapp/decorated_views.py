@@ -1,4 +1,4 @@
-"""Views whose protection, or whose gate, the route's decorators carry: what the middleware must not lose.
+"""Views whose gate or protection a decorator carries: what the middleware must not lose.
 
 Routed by ``decorated_view_urls`` (tests/test_middleware_decorated_views.py):
 a DRF view whose route wraps ``as_view()`` in Django's
@@ -16,6 +16,7 @@ from django.contrib.auth.decorators import permission_required
 from django.http import HttpRequest, JsonResponse
 from django.utils.decorators import method_decorator
 from django.views import View
+from django.views.decorators.cache import never_cache
 from rest_framework.decorators import api_view
 from rest_framework.request import Request
 from rest_framework.response import Response
@@ -88,6 +89,15 @@ class GetOnlyAPIView(APIView):
 
     def get(self, request: Request) -> Response:
         return Response({"count": Charge.objects.count()})
+
+    def post(self, request: Request) -> Response:
+        charge, code = perform(request, request.data)
+        return charge_response(charge, code)
+
+
+@method_decorator(never_cache, name="dispatch")
+class DispatchDecoratedAPIView(APIView):
+    """A decorator of the class's own (on ``dispatch``): kept when the middleware runs it."""
 
     def post(self, request: Request) -> Response:
         charge, code = perform(request, request.data)
