@@ -21,6 +21,7 @@ from django.contrib.auth.models import Permission, User
 from django.core.management import call_command
 from rest_framework.test import APIClient
 
+from django_idempotency.exceptions import DurableTransactionInView
 from django_idempotency.models import IdempotencyRecord
 from tests.factories import UserFactory
 from tests.testapp.models import Charge
@@ -187,3 +188,22 @@ def test_a_method_http_method_names_refuses_is_answered_405_without_a_record(
     assert response.status_code == 405
     assert (Charge.objects.count(), records()) == (0, [])
     assert routes()[url.removeprefix("/")] == {}
+
+
+# -- a view that keeps its own transactions --------------------------------------------
+
+
+def test_a_durable_block_the_middleware_cannot_nest_names_idempotent_exempt_as_the_way_out(
+    user: User,
+) -> None:
+    """Keyless, it runs as before; keyed, Django refuses its block: the error says what to do."""
+    client = logged_in(user)
+    assert post(client, "/api/durable", {"amount": 5}, None).status_code == 201
+
+    with pytest.raises(DurableTransactionInView) as refused:
+        post(client, "/api/durable", {"amount": 5}, "pay-1")
+
+    message = str(refused.value)
+    assert "DurableBlockAPIView.post" in message
+    assert "IdempotencyMiddleware" in message and "idempotent_exempt" in message
+    assert (Charge.objects.count(), records()) == (1, [])

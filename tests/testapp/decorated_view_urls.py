@@ -27,6 +27,7 @@ urlpatterns = [
     path("api/method-decorated", views.MethodDecoratedAPIView.as_view()),
     path("api/method-decorated-options", views.MethodDecoratedWithOptionsAPIView.as_view()),
     path("api/get-only", views.GetOnlyAPIView.as_view()),
+    path("api/durable", views.DurableBlockAPIView.as_view()),
     path("plain-api/method-decorated", csrf_exempt(views.MethodDecoratedPlainView.as_view())),
     path("plain-api/get-only", csrf_exempt(views.GetOnlyPlainView.as_view())),
 ]

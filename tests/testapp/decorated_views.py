@@ -13,6 +13,7 @@ from __future__ import annotations
 import json
 
 from django.contrib.auth.decorators import permission_required
+from django.db import transaction
 from django.http import HttpRequest, JsonResponse
 from django.utils.decorators import method_decorator
 from django.views import View
@@ -102,3 +103,12 @@ class DispatchDecoratedAPIView(APIView):
     def post(self, request: Request) -> Response:
         charge, code = perform(request, request.data)
         return charge_response(charge, code)
+
+
+class DurableBlockAPIView(APIView):
+    """Written for no protection: its writes commit on their own, ``atomic(durable=True)``."""
+
+    def post(self, request: Request) -> Response:
+        with transaction.atomic(durable=True):
+            charge = Charge.objects.create(tenant="durable", amount=int(request.data["amount"]))
+        return charge_response(charge, 201)
