@@ -26,6 +26,7 @@ from rest_framework.views import APIView
 from django_idempotency import idempotent
 from tests.testapp.models import Charge
 from tests.testapp.views import charge_response, perform
+from tests.utils import data_of
 
 #: The permission the gated routes ask of Django's user.
 ADD_CHARGE = "testapp.add_charge"
@@ -110,5 +111,5 @@ class DurableBlockAPIView(APIView):
 
     def post(self, request: Request) -> Response:
         with transaction.atomic(durable=True):
-            charge = Charge.objects.create(tenant="durable", amount=int(request.data["amount"]))
+            charge = Charge.objects.create(tenant="durable", amount=int(data_of(request)["amount"]))
         return charge_response(charge, 201)
