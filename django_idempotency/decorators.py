@@ -283,7 +283,9 @@ def durable_block_named(
         "durable=True there: the view's writes already commit together, once, with the "
         "recorded outcome. Work that must commit on its own belongs outside the view, or "
         "after the commit (transaction.on_commit); see 'Durable blocks' in "
-        "docs/transactions.md."
+        "docs/transactions.md. A view that must keep its own transactions cannot be "
+        "protected: where IdempotencyMiddleware protects it (it has no @idempotent or "
+        "IdempotentMixin of its own), mark it idempotent_exempt."
     )
 
 

@@ -15,19 +15,28 @@ routed. adrf's async views are made the same way: the mixin's ``initial()``
 (which adrf runs in a thread) swaps in an awaitable protected handler,
 and the subclass's ``as_view()`` is a coroutine function, which the
 middleware awaits.
+
+A route that wraps ``as_view()``'s function in decorators of its own
+(``permission_required(View.as_view())``, a decorator above ``@api_view``)
+is left to them: running the class in its place would skip them, a
+permission check among them. Django then runs it as routed, unprotected,
+unless the wrapping is ``@idempotent``'s, which protects it.
 """
 
 from __future__ import annotations
 
 import dataclasses
+import functools
 import threading
 import types
 import weakref
 from collections.abc import Callable, Iterable
+from types import CodeType
 from typing import Any
 
 from asgiref.sync import iscoroutinefunction
 from django.http import HttpRequest, HttpResponseBase
+from django.views.decorators.csrf import csrf_exempt
 from rest_framework.request import Request
 from rest_framework.views import APIView
 
@@ -43,6 +52,7 @@ from django_idempotency._middleware.coverage import (
     unprotected,
     view_path,
 )
+from django_idempotency._middleware.plain import function_options, handler_options
 from django_idempotency._protection.flow import Options
 from django_idempotency.decorators import (
     API_VIEW_CLASS,
@@ -57,6 +67,11 @@ from django_idempotency.drf import IdempotentMixin
 #: not be installed, and its models then cannot be. A replay would hand a
 #: token out again, and a stored one would sit in the records.
 CREDENTIAL_VIEWS = frozenset({"rest_framework.authtoken.views.ObtainAuthToken"})
+#: Why the middleware leaves a route alone whose view a decorator of its own wraps.
+DECORATED_ROUTE = (
+    "a decorator wraps the route's view, which the middleware would run without it: "
+    "protect the class with IdempotentMixin (an @api_view function with @idempotent under it)"
+)
 
 
 class MiddlewareProtection(IdempotentMixin):
@@ -107,7 +122,13 @@ class DrfView:
                 for method in UNSAFE_METHODS
                 if getattr(self.view_class, method.lower(), None) is not None
             }
-        return [(method, routes[method]) for method in UNSAFE_METHODS if method in routes]
+        # DRF answers 405 to a method http_method_names leaves out, whatever is routed.
+        allowed = getattr(self.view_class, "http_method_names", ())
+        return [
+            (method, routes[method])
+            for method in UNSAFE_METHODS
+            if method in routes and method.lower() in allowed
+        ]
 
     def coverage(self, method: str, path: str, *, exact: bool = True) -> Coverage:
         # Wherever it is routed: the path does not matter to a DRF view.
@@ -123,22 +144,68 @@ class DrfView:
         handler_name = dict(self.unsafe_methods()).get(method)
         if handler_name is None:
             return unprotected("no handler (405)")
-        return judge(self.view_class, handler_name, self.callback)
+        coverage = judge(self.view_class, handler_name, self.callback)
+        if coverage.by_middleware and self._decorated():
+            # @idempotent above @api_view protects the route itself, with its options.
+            options = function_options(self.callback)
+            if options is not None:
+                return Coverage(by=DECORATOR, options=options)
+            return unprotected(DECORATED_ROUTE)
+        return coverage
+
+    def _decorated(self) -> bool:
+        """Whether the route wraps ``as_view()``'s function in a decorator of its own.
+
+        Told by the code of each function down its ``__wrapped__`` chain,
+        against a function ``as_view()`` makes for the same class now: DRF's
+        own ``csrf_exempt`` wrapping, and what a class's ``as_view()`` adds
+        (a ``method_decorator`` on ``dispatch``), are in both.
+        """
+        return _code_chain(self.callback) != _code_chain(self._as_view(self.view_class))
 
     def left_alone(self, request: HttpRequest) -> bool:
         return False  # known only once DRF has authenticated: MiddlewareProtection decides
 
     def protected(self) -> Callable[..., HttpResponseBase]:
         if self._protected is None:
-            view_class = protected_class(self.view_class)
-            initkwargs = getattr(self.callback, "initkwargs", {})
-            actions = getattr(self.callback, "actions", None)
-            if actions:  # a copy: DRF adds "head" to the dict it is given
-                view = view_class.as_view(dict(actions), **initkwargs)  # type: ignore[call-arg]
-            else:
-                view = view_class.as_view(**initkwargs)
-            self._protected = view
+            self._protected = self._as_view(protected_class(self.view_class))
         return self._protected
+
+    def _as_view(self, view_class: type[APIView]) -> Callable[..., HttpResponseBase]:
+        """``view_class`` routed as the route routes its class: its arguments, its actions."""
+        initkwargs = getattr(self.callback, "initkwargs", {})
+        actions = getattr(self.callback, "actions", None)
+        if actions:  # a copy: DRF adds "head" to the dict it is given
+            return view_class.as_view(dict(actions), **initkwargs)  # type: ignore[call-arg]
+        return view_class.as_view(**initkwargs)
+
+
+def _code_chain(function: Any) -> list[CodeType | None]:
+    """The code of ``function`` and of each function under it (``__wrapped__``).
+
+    ``csrf_exempt``'s wrappers left out: DRF's ``as_view()`` adds one, and
+    one more around it changes nothing the middleware would skip.
+    """
+    chain: list[CodeType | None] = []
+    for _ in range(50):  # a cycle of __wrapped__ is not ours to loop on
+        if function is None:
+            break
+        code = getattr(function, "__code__", None)
+        if code not in _csrf_exempt_codes():
+            chain.append(code)
+        function = getattr(function, "__wrapped__", None)
+    return chain
+
+
+@functools.cache
+def _csrf_exempt_codes() -> frozenset[CodeType]:
+    """The code of the wrappers Django's ``csrf_exempt`` makes, of a function and a coroutine."""
+
+    def function(request: HttpRequest) -> None: ...
+
+    async def coroutine(request: HttpRequest) -> None: ...
+
+    return frozenset(csrf_exempt(view).__code__ for view in (function, coroutine))
 
 
 def judge(view_class: type[APIView], handler_name: str, callback: Any = None) -> Coverage:
@@ -170,9 +237,17 @@ def own_protection(view_class: type, handler: Any) -> tuple[ProtectedBy, Options
 
 
 def decorated_options(handler: Any) -> Options | None:
-    """The options of ``@idempotent`` on a handler, or under ``@api_view`` (its closure)."""
-    if isinstance(handler, IdempotentView):
-        return handler.options
+    """The options of ``@idempotent`` on a handler, or under ``@api_view`` (its closure).
+
+    Or through Django's ``method_decorator``, which protects a new bound
+    handler at each call but copies what the decorator sets on a function
+    (``options``) onto the method it makes: a claim of the middleware's
+    around it would hold the key that the handler's own claim then finds
+    in flight.
+    """
+    options = handler_options(handler)
+    if options is not None:
+        return options
     for cell in getattr(handler, "__closure__", None) or ():
         contents = cell.cell_contents
         if isinstance(contents, IdempotentView):

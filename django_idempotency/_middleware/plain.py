@@ -59,17 +59,17 @@ class PlainView:
             return [
                 (method, method.lower())
                 for method in UNSAFE_METHODS
-                if getattr(self.view_class, method.lower(), None) is not None
+                if _handler(self.view_class, method) is not None
             ]
         # A function may answer any method: the ones it refuses cannot be told apart.
         name = getattr(self.callback, "__name__", "view")
         return [(method, name) for method in UNSAFE_METHODS]
 
     def coverage(self, method: str, path: str, *, exact: bool = True) -> Coverage:
-        handler = getattr(self.view_class, method.lower(), None) if self.view_class else None
+        handler = _handler(self.view_class, method) if self.view_class else None
         options = function_options(self.callback)
-        if options is None and isinstance(handler, IdempotentView):
-            options = handler.options
+        if options is None:
+            options = handler_options(handler)
         if options is not None:
             return Coverage(by=DECORATOR, options=options)
         if self.view_class is not None and handler is None:
@@ -107,6 +107,31 @@ def under_prefixes(path: str, *, exact: bool = True) -> bool | None:
     if not exact and any(prefix.startswith(path) for prefix in prefixes):
         return None
     return False
+
+
+def _handler(view_class: type, method: str) -> Any:
+    """The handler ``view_class`` answers ``method`` with; None where Django answers 405.
+
+    As ``View.dispatch`` finds it: a method ``http_method_names`` leaves
+    out is refused, whatever the class defines.
+    """
+    if method.lower() not in getattr(view_class, "http_method_names", ()):
+        return None
+    return getattr(view_class, method.lower(), None)
+
+
+def handler_options(handler: Any) -> Options | None:
+    """The options of ``@idempotent`` on a handler, directly or through ``method_decorator``.
+
+    Django's ``method_decorator`` protects a new bound method at each call,
+    so the class holds no ``IdempotentView``; but it copies what the
+    decorator sets on a function onto the method it makes, ``options``
+    among it.
+    """
+    if isinstance(handler, IdempotentView):
+        return handler.options
+    options = getattr(handler, "options", None) if callable(handler) else None
+    return options if isinstance(options, Options) else None
 
 
 def function_options(callback: Any) -> Options | None:
