@@ -8,7 +8,8 @@ block with a file name is written to that file, and ``uvicorn
 shop.asgi:application`` is started in the background on a free port.
 Nothing of the repository is importable there but the installed packages:
 the example works from the wheel. Then every response the page shows is
-compared with what uvicorn answered.
+compared with what uvicorn answered. The page's own async test, last,
+runs under pytest in that project, on PostgreSQL.
 """
 
 from __future__ import annotations
@@ -20,6 +21,7 @@ import subprocess
 import sys
 from pathlib import Path
 
+import dj_database_url
 import pytest
 from django.db import connections
 
@@ -32,7 +34,7 @@ from tests.live.pages import (
     parse_exchange,
 )
 from tests.live.server import free_port, terminate
-from tests.live.services import services_required
+from tests.live.services import require_postgres, services_required
 
 pytestmark = pytest.mark.live
 
@@ -90,7 +92,13 @@ def session_script(blocks: list[Block], out: Path, port: int) -> tuple[str, list
 
 
 @pytest.fixture(scope="module")
-def followed(tmp_path_factory: pytest.TempPathFactory) -> list[Expected]:
+def followed(page_session: tuple[Path, list[Expected]]) -> list[Expected]:
+    return page_session[1]
+
+
+@pytest.fixture(scope="module")
+def page_session(tmp_path_factory: pytest.TempPathFactory) -> tuple[Path, list[Expected]]:
+    """The project the page built (its server stopped), and the answers it must have got."""
     if connections["default"].vendor != "sqlite":
         pytest.skip("runs in the SQLite pass (the page's project brings its own database)")
     if shutil.which("curl") is None:
@@ -105,17 +113,8 @@ def followed(tmp_path_factory: pytest.TempPathFactory) -> list[Expected]:
     port = free_port()
     script, expected = session_script(page_blocks(PAGE.read_text()), out, port)
     (workdir / "page.sh").write_text(script)
-    env = {
-        name: value
-        for name, value in os.environ.items()
-        # The test suite's settings and checkout must not leak into the reader's project.
-        if name not in ("DJANGO_SETTINGS_MODULE", "DATABASE_URL", "PYTHONPATH")
-    }
-    env.update(
-        PATH=f"{Path(sys.executable).parent}{os.pathsep}{env.get('PATH', '')}",
-        PORT=str(port),
-        OUT=str(out),
-    )
+    env = readers_environment()
+    env.update(PORT=str(port), OUT=str(out))
     process = subprocess.Popen(
         ["bash", str(workdir / "page.sh")],
         cwd=project,
@@ -133,7 +132,18 @@ def followed(tmp_path_factory: pytest.TempPathFactory) -> list[Expected]:
     log = out / "uvicorn.log"
     served = log.read_text() if log.exists() else ""
     assert process.returncode == 0, f"the page's session failed:\n{stdout}\nuvicorn:\n{served}"
-    return expected
+    return project, expected
+
+
+def readers_environment() -> dict[str, str]:
+    env = {
+        name: value
+        for name, value in os.environ.items()
+        # The test suite's settings and checkout must not leak into the reader's project.
+        if name not in ("DJANGO_SETTINGS_MODULE", "DATABASE_URL", "PYTHONPATH")
+    }
+    env["PATH"] = f"{Path(sys.executable).parent}{os.pathsep}{env.get('PATH', '')}"
+    return env
 
 
 def test_the_page_writes_its_files_and_shows_an_answer_for_each_request() -> None:
@@ -152,3 +162,50 @@ def test_every_answer_the_page_shows_is_uvicorns(followed: list[Expected]) -> No
         for name, value in shown.headers.items():
             assert got.headers.get(name) == value, (name, item.shown, got)
         assert got.body == shown.body.rstrip(b"\n"), (item.shown, got)
+
+
+def test_the_pages_async_test_passes_under_pytest_on_postgresql(
+    page_session: tuple[Path, list[Expected]],
+) -> None:
+    """The test of "Testing your async views", in the page's project, configured as it says."""
+    project = page_session[0] / "shop"  # the page's `django-admin startproject shop; cd shop`
+    blocks = page_blocks(PAGE.read_text())
+    (test,) = [block for block in blocks if "simulate_crash_after_begin_external()" in block.body]
+    database = dj_database_url.parse(require_postgres())
+    # A name of its own: pytest-django makes and drops test_<NAME> on that server.
+    database["NAME"] = f"adrf_page_{os.getpid()}"
+    (project / "shop" / "settings_postgres.py").write_text(
+        f"from shop.settings import *  # noqa: F403\n\nDATABASES = {{'default': {database!r}}}\n"
+    )
+    (project / "pytest.ini").write_text(
+        "[pytest]\nDJANGO_SETTINGS_MODULE = shop.settings_postgres\nasyncio_mode = auto\n"
+        "asyncio_default_fixture_loop_scope = function\n"
+    )
+    (project / "orders" / "test_refund.py").write_text(test.body)
+
+    try:
+        run = subprocess.run(
+            [sys.executable, "-m", "pytest", "-p", "no:cacheprovider", "orders/test_refund.py"],
+            cwd=project,
+            env=readers_environment(),
+            capture_output=True,
+            text=True,
+            timeout=TIMEOUT,
+        )
+    finally:
+        drop_database(f"test_{database['NAME']}")
+
+    assert run.returncode == 0 and "1 passed" in run.stdout, run.stdout + run.stderr
+    # A connection left open in asgiref's thread keeps the test database from being dropped.
+    assert "Error when trying to teardown" not in run.stdout, run.stdout
+
+
+def drop_database(name: str) -> None:
+    """Drop what a failed run could not (its connection still open), so none is left behind."""
+    import psycopg
+    from psycopg import sql
+
+    with psycopg.connect(require_postgres(), autocommit=True) as server:
+        server.execute(
+            sql.SQL("DROP DATABASE IF EXISTS {} WITH (FORCE)").format(sql.Identifier(name))
+        )

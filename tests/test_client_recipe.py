@@ -21,6 +21,7 @@ from typing import Any
 
 import httpx
 import pytest
+import stamina
 from django.core.handlers.wsgi import WSGIHandler
 from django.db import connection
 from django.utils import timezone
@@ -205,3 +206,26 @@ def test_an_uncertain_outcome_is_returned_when_its_retry_after_ends_past_the_dea
     assert (outcome.response.status_code, outcome.attempts) == (503, 1)
     assert outcome.response.json()["code"] == "idempotency_outcome_uncertain"
     assert outcome.response.headers["Retry-After"] == "5"
+
+
+def test_stamina_testing_mode_retries_at_once_as_many_times_as_it_is_told(
+    client: httpx.Client, new_key: Callable[[], str]
+) -> None:
+    """docs/clients.md: no wait in stamina's testing mode, and by default one attempt."""
+    key = new_key()
+    charge(client, {"amount": 100}, key)
+    in_progress = {
+        "state": State.CLAIMED,
+        "lease_expires_at": timezone.now() + timedelta(minutes=5),
+    }
+
+    started = time.monotonic()
+    with left_unsettled(key, **in_progress):
+        with stamina.set_testing(True, attempts=3):
+            told = charge(client, {"amount": 100}, key)
+        with stamina.set_testing(True):
+            default = charge(client, {"amount": 100}, key)
+
+    assert time.monotonic() - started < 1  # Retry-After: 1 was not waited for
+    assert (told.response.status_code, told.attempts) == (409, 3)
+    assert (default.response.status_code, default.attempts) == (409, 1)
