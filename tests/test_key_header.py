@@ -2,6 +2,7 @@ from __future__ import annotations
 
 import pytest
 
+from django_idempotency._protection.answers import refusal_detail
 from django_idempotency._protection.keys import parse_key
 from django_idempotency.exceptions import KeyInvalid
 
@@ -56,6 +57,6 @@ def test_a_comma_is_refused_with_the_reason(raw: str) -> None:
     with pytest.raises(KeyInvalid) as refusal:
         parse_key(raw, 255)
     assert isinstance(refusal.value.detail, dict)
-    detail = str(refusal.value.detail["detail"])
+    detail = str(refusal_detail(refusal.value))
     assert "comma" in detail
     assert "joins" in detail

@@ -14,7 +14,7 @@ from __future__ import annotations
 from collections.abc import Callable
 from typing import TYPE_CHECKING, Any, cast
 
-from django_idempotency._protection.answers import problem_response
+from django_idempotency._protection.answers import problem_response, refusal_detail
 from django_idempotency.conf import idempotency_settings
 
 if TYPE_CHECKING:
@@ -34,7 +34,7 @@ def refusal_response(
     if handler is not None:
         response = handler(request, refusal)
     else:
-        detail = refusal.detail["detail"] if isinstance(refusal.detail, dict) else refusal.detail
+        detail = refusal_detail(refusal)
         body = {"detail": str(detail), "code": refusal.default_code}
         response = api.create_response(request, body, status=refusal.status_code)
     wait = getattr(refusal, "wait", None)

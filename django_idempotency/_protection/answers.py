@@ -183,10 +183,17 @@ def rendered(response: HttpResponseBase) -> HttpResponseBase:
     return response
 
 
+def refusal_detail(refusal: IdempotencyRefusal) -> object:
+    """What the refusal says: its ``detail``, or the ``detail`` entry of a dict one."""
+    # Any: DRF's stubs type a dict detail as keyed by str or by int.
+    detail: Any = refusal.detail
+    return detail["detail"] if isinstance(detail, dict) else detail
+
+
 def problem_response(refusal: IdempotencyRefusal) -> HttpResponse:
     """The refusal as an RFC 9457 problem details document."""
     code = refusal.default_code
-    detail = refusal.detail["detail"] if isinstance(refusal.detail, dict) else refusal.detail
+    detail = refusal_detail(refusal)
     body = {
         "type": idempotency_settings.PROBLEM_TYPE_BASE + code,
         "title": str(refusal.default_detail).split(".")[0] + ".",
