@@ -13,7 +13,7 @@ import json
 import os
 import re
 import threading
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Iterator, Mapping
 from contextlib import contextmanager
 from dataclasses import dataclass
 from datetime import timedelta
@@ -370,7 +370,7 @@ async def test_a_crashed_requests_claim_is_taken_over_once_its_lease_ran_out(url
     assert [(r["state"], r["fencing_token"]) for r in await records()] == [(State.COMPLETED, 2)]
 
 
-async def disconnect_mid_view(url: str, body: dict[str, Any], key: str) -> list[dict[str, Any]]:
+async def disconnect_mid_view(url: str, body: dict[str, Any], key: str) -> list[Mapping[str, Any]]:
     """POST through Django's own ASGI handler; the client goes away while the view is held.
 
     Django cancels the view's task (``asyncio.CancelledError`` at its
@@ -407,9 +407,9 @@ async def disconnect_mid_view(url: str, body: dict[str, Any], key: str) -> list[
         await hold.entered.wait()  # the view wrote, and waits for a release that never comes
         return {"type": "http.disconnect"}
 
-    sent: list[dict[str, Any]] = []
+    sent: list[Mapping[str, Any]] = []
 
-    async def send_message(message: dict[str, Any]) -> None:
+    async def send_message(message: Mapping[str, Any]) -> None:
         sent.append(message)
 
     try:
