@@ -31,6 +31,7 @@ from django_idempotency._protection.task import idempotent_task, task_idempotenc
 from django_idempotency.exceptions import (
     TaskFailed,
     TaskInProgress,
+    TaskKeyMissing,
     TaskKeyReused,
     TaskOutcomeUncertain,
 )
@@ -38,6 +39,7 @@ from django_idempotency.exceptions import (
 __all__ = [
     "TaskFailed",
     "TaskInProgress",
+    "TaskKeyMissing",
     "TaskKeyReused",
     "TaskOutcomeUncertain",
     "idempotent_task",

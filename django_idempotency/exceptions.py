@@ -34,6 +34,7 @@ __all__ = [
     "StoreUnavailable",
     "TaskFailed",
     "TaskInProgress",
+    "TaskKeyMissing",
     "TaskKeyReused",
     "TaskOutcomeUncertain",
 ]
@@ -298,6 +299,16 @@ class TaskInProgress(IdempotencyError):
 
 class TaskKeyReused(IdempotencyError):
     """A message reused a key with different arguments: a producer bug."""
+
+
+class TaskKeyMissing(IdempotencyError):
+    """A message came without a key: its key argument is ``None`` or empty.
+
+    Or the ``key=`` callable returned one of those. A producer bug: nothing
+    ran and nothing was kept. Messages without an id are no duplicates of
+    one another, so none is kept under a made-up key (``"None"``) whose
+    result another would get.
+    """
 
 
 class TaskOutcomeUncertain(IdempotencyError):

@@ -29,6 +29,7 @@ from django_idempotency._protection.task import idempotent_task, task_idempotenc
 from django_idempotency.exceptions import (
     TaskFailed,
     TaskInProgress,
+    TaskKeyMissing,
     TaskKeyReused,
     TaskOutcomeUncertain,
 )
@@ -37,6 +38,7 @@ __all__ = [
     "BEAT_SCHEDULE",
     "TaskFailed",
     "TaskInProgress",
+    "TaskKeyMissing",
     "TaskKeyReused",
     "TaskOutcomeUncertain",
     "idempotent_task",

@@ -13,7 +13,7 @@ import json
 import os
 import re
 import threading
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Iterator, Mapping
 from contextlib import contextmanager
 from dataclasses import dataclass
 from datetime import timedelta
@@ -22,6 +22,7 @@ from typing import Any
 import pytest
 from asgiref.sync import ThreadSensitiveContext, sync_to_async
 from django.core.exceptions import SynchronousOnlyOperation
+from django.core.handlers.asgi import ASGIHandler
 from django.db import connection, connections
 from django.db.backends.base.base import BaseDatabaseWrapper
 from django.db.backends.signals import connection_created
@@ -367,6 +368,80 @@ async def test_a_crashed_requests_claim_is_taken_over_once_its_lease_ran_out(url
     assert taken_over.status_code == 201 and "Idempotent-Replayed" not in taken_over
     assert await charges() == 1
     assert [(r["state"], r["fencing_token"]) for r in await records()] == [(State.COMPLETED, 2)]
+
+
+async def disconnect_mid_view(url: str, body: dict[str, Any], key: str) -> list[Mapping[str, Any]]:
+    """POST through Django's own ASGI handler; the client goes away while the view is held.
+
+    Django cancels the view's task (``asyncio.CancelledError`` at its
+    ``await``), as under uvicorn when the connection drops. What the
+    handler sent (nothing, or Django's answer to nobody) is returned.
+    """
+    hold = adrf_views.holds[url] = adrf_views.Hold()
+    payload = json.dumps({**body, "hold": url}).encode()
+    scope = {
+        "type": "http",
+        "asgi": {"version": "3.0"},
+        "http_version": "1.1",
+        "method": "POST",
+        "scheme": "http",
+        "path": url,
+        "raw_path": url.encode(),
+        "query_string": b"",
+        "root_path": "",
+        "headers": [
+            (b"content-type", b"application/json"),
+            (b"content-length", str(len(payload)).encode()),
+            (b"idempotency-key", key.encode()),
+        ],
+        "client": ("127.0.0.1", 40000),
+        "server": ("testserver", 80),
+    }
+    body_sent = False
+
+    async def receive() -> dict[str, Any]:
+        nonlocal body_sent
+        if not body_sent:
+            body_sent = True
+            return {"type": "http.request", "body": payload, "more_body": False}
+        await hold.entered.wait()  # the view wrote, and waits for a release that never comes
+        return {"type": "http.disconnect"}
+
+    sent: list[Mapping[str, Any]] = []
+
+    async def send_message(message: Mapping[str, Any]) -> None:
+        sent.append(message)
+
+    try:
+        await asyncio.wait_for(ASGIHandler()(scope, receive, send_message), timeout=30)
+    finally:
+        del adrf_views.holds[url]
+    return sent
+
+
+@pytest.mark.parametrize("url", STEERED.values(), ids=STEERED.keys())
+async def test_a_client_gone_mid_view_rolls_its_writes_back_and_frees_the_key(url: str) -> None:
+    """No record is left held for a lease by a request nobody waits for: its retry runs."""
+    await disconnect_mid_view(url, {"amount": 1}, "k")
+
+    assert await charges() == 0
+    assert await records() == []
+    retry = await send(url, {"amount": 1}, "k")
+    assert retry.status_code == 201 and "Idempotent-Replayed" not in retry
+    assert await charges() == 1
+
+
+@pytest.mark.postgres
+async def test_a_client_gone_after_the_external_call_began_leaves_the_record_uncertain() -> None:
+    """The provider may have been called: the record is the reconciler's, never released."""
+    await disconnect_mid_view("/adrf/mixin", {"amount": 1, "external": True}, "k")
+
+    record = await in_a_thread(lambda: IdempotencyRecord.objects.get())
+    assert record.state == State.UNCERTAIN and record.provider_key
+    assert await charges() == 0
+    same = {"amount": 1, "external": True, "hold": "/adrf/mixin"}
+    retry = await send("/adrf/mixin", same, "k")
+    assert (retry.status_code, refusal_code(retry)) == (503, "idempotency_outcome_uncertain")
 
 
 @pytest.fixture

@@ -27,6 +27,7 @@ from django_idempotency._protection.task import TASK_TENANT
 from django_idempotency.models import IdempotencyRecord
 from django_idempotency.tasks import (
     TaskInProgress,
+    TaskKeyMissing,
     TaskKeyReused,
     TaskOutcomeUncertain,
     idempotent_task,
@@ -382,6 +383,83 @@ def test_a_message_past_retention_runs_again(event_id: str) -> None:
 
     assert executed == [(event_id, 5), (event_id, 5)]
     assert charges(event_id) == 2
+
+
+@idempotent_task(key="event_id", operation="task tests.optional-id")
+def charge_optional(event_id: str | None = None, amount: int = 1) -> int:
+    executed.append((str(event_id), amount))
+    return Charge.objects.create(tenant="task", amount=amount, note=str(event_id)).pk
+
+
+@idempotent_task(key=lambda event: event.get("id"), operation="task tests.event-without-id")
+def charge_event_without_id(event: dict[str, Any]) -> int:
+    executed.append((str(event.get("id")), event["amount"]))
+    return Charge.objects.create(tenant="task", amount=event["amount"], note="no-id").pk
+
+
+@pytest.mark.parametrize(
+    "send",
+    [
+        lambda: charge_optional(None, 5),
+        lambda: charge_optional("", 5),
+        lambda: charge_optional(amount=5),  # its default: None
+        lambda: charge_event_without_id({"amount": 5}),  # the callable's None
+    ],
+    ids=["none", "empty", "default-none", "callable-none"],
+)
+def test_a_message_without_a_key_is_refused_and_runs_nothing(send: Any) -> None:
+    """Two messages without an id are no duplicates of each other: neither runs, neither
+    is kept under a made-up key ("None", ""), whose first result the other would get."""
+    with pytest.raises(TaskKeyMissing, match="no key"):
+        send()
+    with pytest.raises(TaskKeyMissing):
+        send()
+
+    assert executed == []
+    assert not IdempotencyRecord.objects.exists()
+
+
+def test_the_literal_id_none_is_not_confused_with_a_missing_one() -> None:
+    charge_optional("None", 5)
+    with pytest.raises(TaskKeyMissing):
+        charge_optional(None, 5)
+
+    assert executed == [("None", 5)]
+
+
+def test_a_key_taken_from_a_default_argument_is_that_default(event_id: str) -> None:
+    @idempotent_task(key="event_id", operation="task tests.default-id")
+    def settle(amount: int, event_id: str = "nightly-settlement") -> int:
+        executed.append((event_id, amount))
+        return amount
+
+    settle(5)
+    settle(5, event_id="nightly-settlement")
+
+    assert executed == [("nightly-settlement", 5)]
+    assert IdempotencyRecord.objects.get().key == "nightly-settlement"
+
+
+def test_a_key_passed_through_var_keyword_arguments_is_found(event_id: str) -> None:
+    @idempotent_task(key="event_id", operation="task tests.kwargs-id")
+    def relay(**fields: Any) -> int:
+        executed.append((fields["event_id"], fields["amount"]))
+        return int(fields["amount"])
+
+    relay(event_id=event_id, amount=3)
+    relay(amount=3, event_id=event_id)
+
+    assert executed == [(event_id, 3)]
+    assert IdempotencyRecord.objects.get().key == event_id
+
+
+def test_a_key_naming_no_argument_is_refused_at_decoration() -> None:
+    # A typo would otherwise fail every message, at run time, with a bare KeyError.
+    with pytest.raises(ImproperlyConfigured, match=r"'eventid'.*no argument of that name"):
+
+        @idempotent_task(key="eventid")
+        def task(event_id: str) -> None:
+            pass
 
 
 @idempotent_task(key="event_id", operation="task tests.long-ids")

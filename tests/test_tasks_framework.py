@@ -27,6 +27,7 @@ from django_idempotency import _store as store
 from django_idempotency.django_tasks import idempotent_task
 from django_idempotency.exceptions import (
     TaskInProgress,
+    TaskKeyMissing,
     TaskKeyReused,
     TaskOutcomeUncertain,
 )
@@ -163,6 +164,21 @@ def test_the_same_key_with_other_arguments_fails_as_reused_and_runs_nothing(key:
     assert finished(first).status == "SUCCESSFUL"
     assert error_class(other) is TaskKeyReused
     assert charges(key) == [5]
+
+
+@pytest.mark.parametrize("missing", [None, ""], ids=["none", "empty"])
+def test_runs_enqueued_without_a_key_fail_as_missing_and_run_nothing(missing: str | None) -> None:
+    """Two orders without an id are no duplicates: neither gets the other's result."""
+    first = charge_order.enqueue(missing, 5)  # type: ignore[arg-type]  # what a buggy producer sends
+    second = charge_order.enqueue(missing, 5)  # type: ignore[arg-type]
+    other = charge_order.enqueue(missing, 6)  # type: ignore[arg-type]
+
+    run_worker()
+
+    assert [error_class(result) for result in (first, second, other)] == [TaskKeyMissing] * 3
+    assert "no key" in finished(first).errors[-1].traceback
+    assert not Charge.objects.filter(tenant="tasks").exists()
+    assert not IdempotencyRecord.objects.exists()
 
 
 def test_a_run_while_another_worker_holds_the_key_fails_in_progress_without_running(

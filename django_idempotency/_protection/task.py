@@ -49,6 +49,7 @@ from django_idempotency.exceptions import (
     StaleOwner,
     TaskFailed,
     TaskInProgress,
+    TaskKeyMissing,
     TaskKeyReused,
     TaskOutcomeUncertain,
 )
@@ -153,16 +154,59 @@ def _key_of(key: str | Callable[..., Any], func: Callable[..., Any], args: Any, 
     # (through tasks.py), before the app registry is ready.
     from django_idempotency.models import KEY_MAX_LENGTH
 
-    if callable(key):
-        # Called as the function is: a bound task's self, a context, included.
-        value = str(key(*args, **kwargs))
-    else:
-        value = str(inspect.signature(func).bind(*args, **kwargs).arguments[key])
+    # A callable is called as the function is: a bound task's self, a context, included.
+    found = key(*args, **kwargs) if callable(key) else _argument_named(key, func, args, kwargs)
+    if found is None or (isinstance(found, str) and not found):
+        # Messages without an id are no duplicates of one another: kept under
+        # "None" (or ""), each would get the first one's result.
+        if callable(key):
+            source = f"its key callable {getattr(key, '__qualname__', key)!r} returned {found!r}"
+        else:
+            source = f"its key argument {key!r} is {found!r}"
+        raise TaskKeyMissing(
+            f"{func.__module__}.{func.__qualname__} was called with no key ({source}): "
+            "nothing ran. Send the message's id."
+        )
+    value = str(found)
     if len(value) > KEY_MAX_LENGTH or value.startswith("sha256:"):
         # Message ids are not ours to limit: a long one is kept by its digest
         # (and one that looks like a digest is digested too, never confused).
         return "sha256:" + hashlib.sha256(value.encode("utf-8", "surrogatepass")).hexdigest()
     return value
+
+
+def _argument_named(name: str, func: Callable[..., Any], args: Any, kwargs: Any) -> Any:
+    """The value of the argument ``name`` in this call, its default applied; None if absent.
+
+    Passed under ``**kwargs`` too, for a body that takes its fields that way.
+    """
+    signature = inspect.signature(func)
+    bound = signature.bind(*args, **kwargs)
+    bound.apply_defaults()
+    if name in signature.parameters:
+        return bound.arguments.get(name)
+    for parameter in signature.parameters.values():
+        if parameter.kind is inspect.Parameter.VAR_KEYWORD:
+            return bound.arguments.get(parameter.name, {}).get(name)
+    return None
+
+
+def _check_key_names_an_argument(key: str | Callable[..., Any], func: Callable[..., Any]) -> None:
+    """Refuse, at import, a key naming no argument: every message would fail on it."""
+    if callable(key):
+        return
+    if not isinstance(key, str):
+        raise ImproperlyConfigured(
+            f"idempotent_task(key={key!r}) must name an argument (a string) or be a callable."
+        )
+    parameters = inspect.signature(func).parameters
+    takes_any = any(p.kind is inspect.Parameter.VAR_KEYWORD for p in parameters.values())
+    if key not in parameters and not takes_any:
+        raise ImproperlyConfigured(
+            f"idempotent_task(key={key!r}) on {func.__qualname__}: the function has no "
+            f"argument of that name (it takes {', '.join(parameters) or 'none'}). Name the "
+            "argument holding the message's id, or give a callable."
+        )
 
 
 def _arguments(func: Callable[..., Any], args: Any, kwargs: Any) -> Any:
@@ -219,10 +263,11 @@ def idempotent_task(
     duplicates get.
 
     Args:
-        key: The name of the argument holding the message's id, or a
-            callable taking the task's arguments and returning it
-            (``message_id``: the Celery message's id). An id longer than
-            255 characters is stored by its SHA-256 digest.
+        key: The name of the argument holding the message's id (its
+            default applied when it is left out), or a callable taking the
+            task's arguments and returning it (``message_id``: the Celery
+            message's id). An id longer than 255 characters is stored by
+            its SHA-256 digest.
         operation: The records' operation name, 1 to 255 printable
             characters; ``None``: ``"task <module>.<qualname>"``.
         ttl: How long the result is kept for duplicates, in seconds or as a
@@ -247,9 +292,12 @@ def idempotent_task(
     Raises:
         ImproperlyConfigured: (when decorating) ``operation`` is no name a
             record can hold: empty, longer than 255 characters, holding a
-            control or unprintable character, or not a string; or the
-            decorated function is an ``async def``, or already a Tasks
-            framework ``Task`` (``@idempotent_task`` placed above ``@task``).
+            control or unprintable character, or not a string; ``key``
+            names no argument of the function; or the decorated function
+            is an ``async def``, or already a Tasks framework ``Task``
+            (``@idempotent_task`` placed above ``@task``).
+        TaskKeyMissing: (from the task) The key is ``None`` or empty: the
+            message carries no id. Nothing ran.
         TaskInProgress: (from the task) Another worker runs the same key
             right now, or took it over.
         TaskOutcomeUncertain: (from the task) A run of the same key began an
@@ -265,6 +313,7 @@ def idempotent_task(
 
     def decorate(func: Task) -> Task:
         _check_decorated(func)
+        _check_key_names_an_argument(key, func)
         name = f"task {func.__module__}.{func.__qualname__}" if operation is None else operation
         # Judged once, here, as a view's fixed name is: a name no record can
         # hold fails at import, not at the first message's claim. _names

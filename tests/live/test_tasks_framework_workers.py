@@ -15,7 +15,10 @@ file after its (uncommitted) insert. Each test starts two workers.
    it again. What the user does: enqueue the same key again once the lease
    has run out; that run takes the dead worker's claim over, and the
    charge is made once.
-3. A worker SIGKILLed after its body called the provider: the record is
+3. A body slower than its lease, still running: the key enqueued again
+   after the lease takes it over and charges; the slow run's commit is
+   refused by the fencing token (``TaskInProgress``), its charge rolled back.
+4. A worker SIGKILLed after its body called the provider: the record is
    IN_PROGRESS, and enqueueing the key again does not call the provider
    again (``TaskInProgress``, then ``TaskOutcomeUncertain``). Recovery
    (``manage.py idempotency_recover``) asks the task's reconciler, which
@@ -208,6 +211,30 @@ def test_a_killed_workers_task_stays_running_and_an_enqueue_after_the_lease_char
     assert duplicate.return_value == retried.return_value
     assert charges(key) == [25]
     assert len(both.starts(key)) == 2
+
+
+def test_a_body_still_running_past_its_lease_is_taken_over_and_its_late_commit_refused(
+    workers: Callable[[float], Workers],
+) -> None:
+    """No time limit stops a slow body: the key enqueued again after the lease runs it
+    again; the first run's commit then fails on the fencing token and rolls back."""
+    both = workers(LEASE + 3.0)  # the first start outlives its lease, then finishes
+    key = new_key("slow")
+
+    slow = charge_order.enqueue(key, 30)
+    both.wait_for_start(key)
+    after_the_lease(time.monotonic())
+    taken_over = wait_for_end(charge_order.enqueue(key, 30), both)
+
+    assert taken_over.status == "SUCCESSFUL", both.diagnostics()
+    assert record(charge_order, key).fencing_token == 2
+    late = wait_for_end(slow, both)
+    assert error_class(late) is TaskInProgress
+    assert charges(key) == [30]
+    assert len(both.starts(key)) == 2
+    assert record(charge_order, key).state == State.COMPLETED
+    duplicate = wait_for_end(charge_order.enqueue(key, 30), both)
+    assert duplicate.return_value == taken_over.return_value
 
 
 def test_recovery_settles_a_payout_whose_worker_died_after_the_provider_call(
