@@ -1,7 +1,8 @@
 """How many records there are in each state, and what needs an operator: read-only.
 
 What ``idempotency_health``, the admin's overview page and the gauges of
-``django_idempotency._observability.recording`` report. Every figure has a bounded cost
+``django_idempotency._observability.recording`` report (``observe_records``
+sets the gauges). Every figure has a bounded cost
 however large the table grows (a hundred million records a day is the
 size we plan for):
 
@@ -39,6 +40,7 @@ __all__ = [
     "BACKLOG_CAP",
     "EXACT_UP_TO",
     "Census",
+    "observe_records",
     "stuck",
     "take_census",
 ]
@@ -240,3 +242,39 @@ def _unreconciled_operations(records: QuerySet[IdempotencyRecord]) -> tuple[str,
         .distinct()[:_OPERATIONS_READ]
     )
     return tuple(sorted(name for name in set(operations) if reconciler_for(name) is None))
+
+
+def observe_records(database: str | None = None) -> dict[str, dict[str, Any]]:
+    """Take the census of each records database and set the metrics' gauges.
+
+    What the Celery task ``django_idempotency.tasks.observe_records`` runs,
+    importable without Celery: call it every minute from one long-lived
+    process of yours that exports metrics (docs/observability.md).
+
+    Args:
+        database: Only this records database; ``None``: every one.
+
+    Returns:
+        Per database: ``counts`` per state, ``estimated`` (the states whose
+        count is an estimate), ``oldest_unresolved_age`` (seconds or None),
+        ``purge_backlog`` and ``unreconciled_operations``.
+    """
+    from django_idempotency._observability.recording import publish_census
+    from django_idempotency._store.routing import records_database_named, sweep
+
+    observed: dict[str, dict[str, Any]] = {}
+
+    def observe(alias: str) -> None:
+        census = take_census(alias)
+        publish_census(census)
+        age = census.oldest_unresolved_age
+        observed[alias] = {
+            "counts": dict(census.counts),
+            "estimated": sorted(census.estimated),
+            "oldest_unresolved_age": None if age is None else age.total_seconds(),
+            "purge_backlog": census.purge_backlog,
+            "unreconciled_operations": list(census.unreconciled_operations),
+        }
+
+    sweep(records_database_named(database), observe)
+    return observed

@@ -117,7 +117,8 @@ def observe_records(database: str | None = None) -> dict[str, dict[str, Any]]:
     Celery task ``django_idempotency.tasks.observe_records``: one process
     (the worker that runs it) reads the counts, so the gauges are read from
     the database once a minute, not once per web worker; see
-    docs/observability.md for where the values go.
+    docs/observability.md for where the values go. Without Celery, call
+    ``django_idempotency.census.observe_records`` instead.
 
     Args:
         database: Only this records database; ``None``: every one.
@@ -127,26 +128,9 @@ def observe_records(database: str | None = None) -> dict[str, dict[str, Any]]:
         count is an estimate), ``oldest_unresolved_age`` (seconds or None),
         ``purge_backlog`` and ``unreconciled_operations``.
     """
-    from django_idempotency._observability.recording import publish_census
-    from django_idempotency._store.routing import records_database_named, sweep
-    from django_idempotency.census import take_census
+    from django_idempotency import census
 
-    observed: dict[str, dict[str, Any]] = {}
-
-    def observe(alias: str) -> None:
-        census = take_census(alias)
-        publish_census(census)
-        age = census.oldest_unresolved_age
-        observed[alias] = {
-            "counts": dict(census.counts),
-            "estimated": sorted(census.estimated),
-            "oldest_unresolved_age": None if age is None else age.total_seconds(),
-            "purge_backlog": census.purge_backlog,
-            "unreconciled_operations": list(census.unreconciled_operations),
-        }
-
-    sweep(records_database_named(database), observe)
-    return observed
+    return census.observe_records(database)
 
 
 BEAT_SCHEDULE: dict[str, dict[str, Any]] = {

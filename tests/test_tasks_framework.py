@@ -282,7 +282,8 @@ def test_an_async_body_is_refused_when_decorating() -> None:
 
 def test_tasks_are_protected_in_a_process_where_celery_cannot_be_imported(key: str) -> None:
     """Celery absent: the decorator imports from the package and from django_tasks,
-    a worker runs a key enqueued twice once; the Celery module says what to install."""
+    a worker runs a key enqueued twice once, the gauges' census is taken; the
+    Celery module says what to install."""
     result = run_python(
         f"""
         import sys
@@ -303,6 +304,8 @@ def test_tasks_are_protected_in_a_process_where_celery_cannot_be_imported(key: s
         values = [charge_order.get_result(result.id).return_value for result in results]
         assert values[0] == values[1], values
         print("charges", Charge.objects.filter(note={key!r}).count())
+        from django_idempotency.census import observe_records
+        print("census of", sorted(observe_records(database="default")))
         try:
             import django_idempotency.tasks
         except Exception as exc:
@@ -314,6 +317,7 @@ def test_tasks_are_protected_in_a_process_where_celery_cannot_be_imported(key: s
     assert result.returncode == 0, result.stderr
     lines = result.stdout.splitlines()
     assert lines[0] == "charges 1"
+    assert lines.pop(1) == "census of ['default']"  # the metrics' gauges, taken without Celery
     assert lines[1] == (
         "ImproperlyConfigured django_idempotency.tasks needs Celery: "
         'pip install "django-idempotency[celery]"'
