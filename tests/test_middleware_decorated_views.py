@@ -6,7 +6,8 @@ a decorator that wraps a DRF view's ``as_view()`` (or sits above
 above ``@api_view`` and ``@idempotent`` through Django's
 ``method_decorator`` keep their own options and claim once; a method that
 ``http_method_names`` refuses is answered 405 with no record, and is not
-listed as protected.
+listed as protected. The drf-spectacular schema documents the key header
+on exactly the routes ``idempotency_routes`` lists as protected.
 """
 
 from __future__ import annotations
@@ -19,6 +20,7 @@ import pytest
 from django.conf import settings as django_settings
 from django.contrib.auth.models import Permission, User
 from django.core.management import call_command
+from drf_spectacular.generators import SchemaGenerator
 from rest_framework.test import APIClient
 
 from django_idempotency.exceptions import DurableTransactionInView
@@ -207,3 +209,75 @@ def test_a_durable_block_the_middleware_cannot_nest_names_idempotent_exempt_as_t
     assert "DurableBlockAPIView.post" in message
     assert "IdempotencyMiddleware" in message and "idempotent_exempt" in message
     assert (Charge.objects.count(), records()) == (1, [])
+
+
+# -- the OpenAPI schema ----------------------------------------------------------------
+
+
+def schema_paths() -> dict[str, Any]:
+    generator = SchemaGenerator()  # type: ignore[no-untyped-call]
+    generated: dict[str, Any] = generator.get_schema(request=None, public=True)  # type: ignore[no-untyped-call]
+    return dict(generated["paths"])
+
+
+def key_header(operation: dict[str, Any]) -> dict[str, Any] | None:
+    return next(
+        (
+            parameter
+            for parameter in operation.get("parameters", [])
+            if parameter["in"] == "header" and parameter["name"] == "Idempotency-Key"
+        ),
+        None,
+    )
+
+
+@pytest.mark.parametrize(
+    "path",
+    [
+        "/api/gated/payments",
+        "/api/gated/function",
+        "/api/never-cache/payments",
+        "/api/gated/exempt",
+        "/api/exempt-route/payments",
+    ],
+)
+def test_the_schema_documents_no_key_where_the_route_leaves_the_view_unprotected(
+    path: str,
+) -> None:
+    operation = schema_paths()[path]["post"]
+
+    assert key_header(operation) is None
+    assert not {"409", "422", "503"} & set(operation["responses"])
+
+
+@pytest.mark.parametrize(
+    "path",
+    [
+        "/api/payments",
+        "/api/csrf-exempt/payments",
+        "/api/dispatch-decorated",
+        "/api/under-idempotent",
+        "/api/method-decorated",
+    ],
+)
+def test_the_schema_documents_the_key_where_the_route_keeps_the_view_protected(
+    path: str,
+) -> None:
+    operation = schema_paths()[path]["post"]
+
+    assert key_header(operation) is not None
+    assert {"409", "422", "503"} <= set(operation["responses"])
+
+
+def test_the_schema_documents_the_key_exactly_where_idempotency_routes_lists_protection() -> None:
+    paths = schema_paths()
+    compared = 0
+
+    for route, methods in routes().items():
+        for method, listed in methods.items():
+            operation = paths.get(f"/{route}", {}).get(method.lower())
+            if operation is None:
+                continue  # a plain Django view: not in DRF's schema
+            assert (key_header(operation) is not None) is listed["protected"], (route, method)
+            compared += 1
+    assert compared >= 10

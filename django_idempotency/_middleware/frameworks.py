@@ -30,7 +30,6 @@ from django_idempotency._middleware.coverage import (
     RoutedView,
     unprotected,
 )
-from django_idempotency._protection.flow import Options
 
 #: How each framework recognises its views; None: not one of its views.
 FRAMEWORKS: tuple[Callable[[Callable[..., Any]], RoutedView | None], ...] = (drf.routed_view,)
@@ -119,15 +118,23 @@ def static_coverage(
     return coverage
 
 
-def protection_by_middleware(view_class: type, handler_name: str, method: str) -> Options | None:
-    """The options the installed middleware protects a DRF class's handler with, or None.
+def drf_coverage(callback: Any, view_class: type, handler_name: str, method: str) -> Coverage:
+    """What protects ``method`` of a DRF view, as the middleware and ``idempotency_routes`` judge.
 
-    For what reads view classes, not routes (the OpenAPI schema): an
-    ``idempotent_exempt`` on one route's ``as_view()`` is not seen here.
+    For what reads DRF's views rather than the URLconf (the OpenAPI schema).
+    ``callback``: the route's callable, which says what the class alone
+    cannot (a decorator of the route's own, an ``idempotent_exempt`` on one
+    ``as_view()``); None where only the class is known.
     """
-    if method.upper() not in UNSAFE_METHODS or not installed():
-        return None
+    method = method.upper()
+    if method not in UNSAFE_METHODS:
+        return unprotected("a safe method")
+    routed = routed_view(callback) if callback is not None else None
+    if isinstance(routed, drf.DrfView):
+        return static_coverage(routed, method, "", exact=False, middleware=installed())
     if not (isinstance(view_class, type) and issubclass(view_class, APIView)):
-        return None
+        return unprotected("not a DRF view")
     coverage = drf.judge(view_class, handler_name)
-    return coverage.options if coverage.by_middleware else None
+    if coverage.by_middleware and not installed():
+        return unprotected(NOT_INSTALLED)
+    return coverage

@@ -2,7 +2,9 @@
 
 Loaded by the AppConfig when drf-spectacular is installed. Every operation
 that ``@idempotent``, ``IdempotentMixin`` or ``IdempotencyMiddleware``
-protects gets the
+protects, as the middleware and ``manage.py idempotency_routes`` decide it
+from the route (``_middleware.frameworks.drf_coverage``: a route that wraps
+``as_view()`` in a decorator of its own, or exempts it, is left alone), gets the
 ``Idempotency-Key`` header parameter (required or not, as configured) and
 the 400, 409, 413, 422 and 503 responses it can answer with, in the
 configured error format; handlers under ``@extend_schema`` included. Its
@@ -23,11 +25,12 @@ from drf_spectacular.settings import spectacular_settings
 from drf_spectacular.types import OpenApiTypes
 from drf_spectacular.utils import OpenApiParameter
 
-from django_idempotency._middleware.frameworks import protection_by_middleware
+from django_idempotency._middleware.coverage import Coverage
+from django_idempotency._middleware.frameworks import drf_coverage
 from django_idempotency._protection.flow import Options
 from django_idempotency._schema_parts import REFUSALS, headers_for, key_description
 from django_idempotency.conf import idempotency_settings
-from django_idempotency.drf import IdempotentMixin, protection_of
+from django_idempotency.drf import IdempotentMixin
 
 _ERROR = build_object_type(
     properties={
@@ -69,11 +72,18 @@ class IdempotencySchemaMixin:
     method: str
 
     def _protection(self) -> Options | None:
+        return self._coverage().options
+
+    def _coverage(self) -> Coverage:
+        """What protects this operation, decided as the middleware and ``idempotency_routes`` do."""
         handler = getattr(self.view, "action", None) or self.method.lower()
-        # The user's class: the replacement's handlers may be stand-ins.
-        view_class = getattr(type(self.view), "_idempotency_view_class", type(self.view))
-        own = protection_of(view_class, handler, self.method)
-        return own or protection_by_middleware(view_class, handler, self.method)
+        # The user's class, and the route's callable (read off the class: a
+        # function read off an instance would come back bound). The
+        # replacement's handlers may be stand-ins.
+        replacement = type(self.view)
+        view_class = getattr(replacement, "_idempotency_view_class", replacement)
+        callback = getattr(replacement, "_idempotency_callback", None)
+        return drf_coverage(callback, view_class, handler, self.method)
 
     def get_override_parameters(self) -> list[Any]:
         parameters = list(super().get_override_parameters())  # type: ignore[misc]
@@ -161,6 +171,8 @@ class IdempotentViewExtension(OpenApiViewExtension):  # type: ignore[no-untyped-
                 **_handlers_with_extended_schemas(view_class),
                 "schema": _with_idempotency(type(schema))(),
                 "_idempotency_view_class": view_class,
+                # The route decides too: a decorator of its own, an exempt as_view().
+                "_idempotency_callback": self.target_callback,
             },
         )
 

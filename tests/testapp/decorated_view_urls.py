@@ -4,6 +4,7 @@ from __future__ import annotations
 
 from django.contrib.auth.decorators import permission_required
 from django.urls import path
+from django.views.decorators.cache import never_cache
 from django.views.decorators.csrf import csrf_exempt
 
 from django_idempotency import idempotent_exempt
@@ -17,6 +18,8 @@ urlpatterns = [
     ),
     path("api/gated/function", views.gated_api_view),
     path("api/payments", PaymentView.as_view()),
+    path("api/never-cache/payments", never_cache(PaymentView.as_view())),
+    path("api/exempt-route/payments", idempotent_exempt(PaymentView.as_view())),
     path("api/csrf-exempt/payments", csrf_exempt(PaymentView.as_view())),
     path("api/dispatch-decorated", views.DispatchDecoratedAPIView.as_view()),
     path(
