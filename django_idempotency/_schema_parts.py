@@ -48,14 +48,27 @@ RETRY_AFTER = {
 RETRY_AFTER_STATUSES = ("409", "503")
 
 
-def key_description() -> str:
-    """The description of the key header parameter."""
-    return (
+#: Added to the key's description where the server leaves anonymous callers
+#: unprotected (the middleware, without ``TENANT``) and they reach the operation.
+ANONYMOUS_UNPROTECTED = (
+    " Requests without authentication are not protected: they run without reading this "
+    "header, and a retry runs again. Authenticated callers are protected."
+)
+
+
+def key_description(*, anonymous_unprotected: bool = False) -> str:
+    """The description of the key header parameter.
+
+    ``anonymous_unprotected``: the operation runs anonymous callers'
+    requests unprotected, and says so.
+    """
+    description = (
         "A unique key for this operation (a UUID is a good choice). Retries with the same "
         "key and input get the original response, marked Idempotent-Replayed: true; the "
         f"operation runs once. At most {idempotency_settings.KEY_MAX_LENGTH} visible ASCII "
         "characters."
     )
+    return description + ANONYMOUS_UNPROTECTED if anonymous_unprotected else description
 
 
 def may_be_replayed(code: str) -> bool:

@@ -193,6 +193,7 @@ def protect_view(
     *,
     exempt: Callable[[Callable[..., Any]], bool] = lambda function: False,
     left_alone: Callable[[HttpRequest], bool] | None = None,
+    anonymous_left_alone: Callable[[], bool] | None = None,
 ) -> bool:
     """Protect the unsafe-method operations of a Ninja URL's view, for project-wide protection.
 
@@ -205,7 +206,8 @@ def protect_view(
     operation is protected once), and the view is exempted from
     ``ATOMIC_REQUESTS`` when it has a protected operation. The protection
     sits inside the operation, after Ninja's authentication, where
-    ``left_alone`` may let a request run unprotected (an anonymous one).
+    ``left_alone`` may let a request run unprotected (an anonymous one:
+    ``anonymous_left_alone`` says whether, for the schema).
     Calling it again with the same arguments changes nothing.
 
     Returns:
@@ -216,6 +218,12 @@ def protect_view(
         return False
     for operation in path_view.operations:
         if not exempt(function_of(operation)):
-            install(operation, options, Level.PROJECT, left_alone=left_alone)
+            install(
+                operation,
+                options,
+                Level.PROJECT,
+                left_alone=left_alone,
+                anonymous_left_alone=anonymous_left_alone,
+            )
     exempt_from_atomic_requests(view)
     return True

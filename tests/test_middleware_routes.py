@@ -17,8 +17,10 @@ import pytest
 from django.conf import settings as django_settings
 from django.core.management import call_command
 from drf_spectacular.generators import SchemaGenerator
+from rest_framework import permissions, views
 
 from django_idempotency import recovery
+from django_idempotency._middleware.drf import admits_anonymous
 from django_idempotency._observability import labels
 from django_idempotency._routes import protected_operations
 from django_idempotency.checks import check_atomic_requests, check_operations
@@ -174,14 +176,20 @@ UNPROTECTED_IN_THE_SCHEMA = [
     ("/api/exempt/below", "post"),
     ("/api/viewset/payments/{id}/note/", "post"),
     ("/api/token", "post"),
+    ("/api/exempt/route", "post"),
 ]
+
+
+def one_tenant(request: Any) -> str:
+    return "everyone"
 
 
 @pytest.mark.parametrize(("keys", "required"), [("report", False), ("required", True)])
 def test_the_schema_shows_the_header_and_refusals_of_middleware_protected_operations(
     settings: Any, keys: str, required: bool
 ) -> None:
-    configure(settings, MIDDLEWARE_KEYS=keys)
+    # With a TENANT, anonymous callers are protected too: "required" holds for all.
+    configure(settings, MIDDLEWARE_KEYS=keys, TENANT=one_tenant)
     paths = schema()["paths"]
 
     for path, method in PROTECTED_IN_THE_SCHEMA:
@@ -194,6 +202,80 @@ def test_the_schema_shows_the_header_and_refusals_of_middleware_protected_operat
         operation = paths[path][method]
         assert key_header(operation) is None, (path, method)
         assert "422" not in operation["responses"], (path, method)
+
+
+ANONYMOUS_NOTE = "Requests without authentication are not protected"
+
+
+def test_with_required_keys_the_key_is_required_only_where_a_keyless_request_is_refused(
+    settings: Any,
+) -> None:
+    """Without TENANT the middleware runs anonymous requests unprotected: AllowAny lets them in."""
+    configure(settings, MIDDLEWARE_KEYS="required")
+    paths = schema()["paths"]
+
+    for path, method in PROTECTED_IN_THE_SCHEMA:  # AllowAny, the tests' default
+        header = key_header(paths[path][method])
+        assert header is not None, (path, method)
+        assert header.get("required", False) is False, (path, method)
+        assert ANONYMOUS_NOTE in header["description"], (path, method)
+    guarded = key_header(paths["/api/guarded/payments"]["post"])  # IsAuthenticated
+    assert guarded is not None and guarded["required"] is True
+    assert ANONYMOUS_NOTE not in guarded["description"]
+    # The view's own protection claims anonymous requests too, under one tenant.
+    own = key_header(paths["/api/own/mixin"]["post"])
+    assert own is not None and ANONYMOUS_NOTE not in own["description"]
+
+
+@pytest.mark.django_db(transaction=True)
+def test_with_required_keys_the_schema_says_what_a_keyless_request_meets(
+    settings: Any, client: Any, django_user_model: Any
+) -> None:
+    configure(settings, MIDDLEWARE_KEYS="required")
+    paths = schema()["paths"]
+    body = {"content_type": "application/json", "data": {"amount": 5}}
+
+    anonymous = client.post("/api/payments", **body)
+    client.force_login(django_user_model.objects.create(username="payer"))
+    authenticated = client.post("/api/guarded/payments", **body)
+
+    open_header = key_header(paths["/api/payments"]["post"])
+    guarded_header = key_header(paths["/api/guarded/payments"]["post"])
+    assert open_header is not None and guarded_header is not None
+    assert open_header.get("required", False) is False
+    assert anonymous.status_code == 201
+    assert guarded_header.get("required", False) is True
+    assert (authenticated.status_code, authenticated.json()["code"]) == (
+        400,
+        "idempotency_key_missing",
+    )
+
+
+@pytest.mark.parametrize(
+    ("permission_classes", "authentication_classes", "admitted"),
+    [
+        ([permissions.AllowAny], None, True),
+        ([], None, True),
+        ([permissions.IsAuthenticated], None, False),
+        ([permissions.IsAuthenticated], [], True),  # no authentication: every caller anonymous
+        ([permissions.IsAdminUser], None, False),
+        ([permissions.IsAuthenticatedOrReadOnly], None, False),
+        ([permissions.DjangoModelPermissions], None, False),
+        ([permissions.DjangoModelPermissionsOrAnonReadOnly], None, True),
+        ([permissions.IsAuthenticated | permissions.AllowAny], None, True),
+        ([permissions.IsAuthenticated & permissions.AllowAny], None, False),
+        ([permissions.IsAuthenticated | permissions.IsAdminUser], None, False),
+    ],
+)
+def test_which_views_the_schema_says_let_anonymous_requests_in(
+    permission_classes: list[Any], authentication_classes: list[Any] | None, admitted: bool
+) -> None:
+    view = views.APIView()
+    view.permission_classes = permission_classes
+    if authentication_classes is not None:
+        view.authentication_classes = authentication_classes
+
+    assert admits_anonymous(view, "POST") is admitted
 
 
 def test_the_schema_shows_no_header_without_the_middleware(no_middleware: None) -> None:

@@ -309,3 +309,30 @@ def test_ninjas_schema_documents_the_operations_from_the_first_request_on(
     assert "parameters" not in schema["paths"]["/ninja-mw/exempt"]["post"] or not [
         p for p in schema["paths"]["/ninja-mw/exempt"]["post"]["parameters"] if p["in"] == "header"
     ]
+
+
+def test_with_required_keys_ninjas_schema_requires_the_key_only_where_a_keyless_request_is_refused(
+    client: Client, settings: Any
+) -> None:
+    """Without TENANT an anonymous request runs unprotected where Ninja lets one in (auth=None)."""
+    configure(settings, MIDDLEWARE_KEYS="required")
+    settings.ROOT_URLCONF = "tests.testapp.ninja_required_keys_urls"
+    paths = client.get("/ninja-required/openapi.json").json()["paths"]
+
+    def key_header(path: str) -> dict[str, Any]:
+        (header,) = [
+            parameter
+            for parameter in paths[path]["post"]["parameters"]
+            if parameter["in"] == "header" and parameter["name"] == "Idempotency-Key"
+        ]
+        return dict(header)
+
+    note = "Requests without authentication are not protected"
+    assert key_header("/ninja-required/open")["required"] is False
+    assert note in key_header("/ninja-required/open")["description"]
+    assert key_header("/ninja-required/keyed")["required"] is True
+    assert note not in key_header("/ninja-required/keyed")["description"]
+    # What the server does: the anonymous keyless request runs, the keyed client's is refused.
+    assert post(client, "/ninja-required/open", None, api_key=None).status_code == 201
+    refused = post(client, "/ninja-required/keyed", None)
+    assert (refused.status_code, refused.json()["code"]) == (400, "idempotency_key_missing")

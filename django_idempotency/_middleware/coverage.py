@@ -118,12 +118,21 @@ def left_alone_as_anonymous(request: HttpRequest | Any) -> bool:
     or knowing that it does not). Read after authentication: DRF's
     (``request.user``, ``request.auth``) or Django's middleware.
     """
-    if "TENANT" in idempotency_settings.user_settings:
+    if not anonymous_left_alone():
         return False
     user = getattr(request, "user", None)
     if user is not None and user.is_authenticated:
         return False
     return getattr(request, "auth", None) is None
+
+
+def anonymous_left_alone() -> bool:
+    """Whether the middleware leaves anonymous requests alone: unless the project sets ``TENANT``.
+
+    Asked by ``left_alone_as_anonymous`` at each request, and by the schemas,
+    which say so where anonymous callers reach an operation.
+    """
+    return "TENANT" not in idempotency_settings.user_settings
 
 
 def sends_no_key(request: HttpRequest) -> bool:

@@ -37,6 +37,7 @@ from typing import Any
 from asgiref.sync import iscoroutinefunction
 from django.http import HttpRequest, HttpResponseBase
 from django.views.decorators.csrf import csrf_exempt
+from rest_framework import permissions
 from rest_framework.request import Request
 from rest_framework.views import APIView
 
@@ -264,6 +265,42 @@ def _exempt(callback: Any, view_class: type, handler: Any) -> bool:
     if view_class.__qualname__ == API_VIEW_CLASS:
         marked.extend(cell.cell_contents for cell in getattr(handler, "__closure__", None) or ())
     return any(getattr(each, EXEMPT_ATTRIBUTE, False) is True for each in marked)
+
+
+def admits_anonymous(view: APIView, method: str) -> bool:
+    """Whether an anonymous request for ``method`` may reach the handler of ``view``.
+
+    Read from the view as DRF would check it, without a request: with no
+    authentication class every request is anonymous; otherwise one of its
+    permissions must be known to refuse an anonymous request
+    (``IsAuthenticated`` and the like). A permission whose answer is not
+    known counts as admitting one: where ``MiddlewareProtection`` leaves
+    anonymous requests alone, "refused without a key" is said only where
+    it is sure.
+    """
+    if not view.get_authenticators():
+        return True
+    return not any(_refuses_anonymous(each, method) for each in view.get_permissions())
+
+
+#: DRF's permissions that refuse every anonymous request, whatever the method.
+_AUTHENTICATED_ONLY = (permissions.IsAuthenticated, permissions.IsAdminUser)
+
+
+def _refuses_anonymous(permission: Any, method: str) -> bool:
+    if isinstance(permission, _AUTHENTICATED_ONLY):
+        return True
+    if isinstance(permission, permissions.IsAuthenticatedOrReadOnly):
+        return method.upper() not in permissions.SAFE_METHODS
+    if isinstance(permission, permissions.DjangoModelPermissions):
+        # An anonymous user may hold permissions where a backend grants them
+        # (OrAnonReadOnly asks it): only authenticated_users_only is sure.
+        return bool(permission.authenticated_users_only)
+    # Composed with & (either refuses) or | (both refuse); the stubs do not name the operands.
+    if isinstance(permission, permissions.AND | permissions.OR):
+        refused = [_refuses_anonymous(getattr(permission, op), method) for op in ("op1", "op2")]
+        return any(refused) if isinstance(permission, permissions.AND) else all(refused)
+    return False
 
 
 def _credential_view(view_class: type) -> str | None:

@@ -33,6 +33,7 @@ from django_idempotency._middleware.coverage import (
     MIDDLEWARE,
     UNSAFE_METHODS,
     Coverage,
+    anonymous_left_alone,
     left_alone_as_anonymous,
     middleware_options,
     unprotected,
@@ -103,7 +104,11 @@ class NinjaView:
     def protected(self) -> None:
         """Protect the path's operations in place: Django then runs the view as routed."""
         protect_view(
-            self.callback, middleware_options, exempt=_exempt, left_alone=left_alone_as_anonymous
+            self.callback,
+            middleware_options,
+            exempt=_exempt,
+            left_alone=left_alone_as_anonymous,
+            anonymous_left_alone=anonymous_left_alone,
         )
 
 

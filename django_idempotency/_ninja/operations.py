@@ -52,6 +52,11 @@ if TYPE_CHECKING:
 _PROTECTION = "_idempotency_protection"
 #: Whether a request runs unprotected, asked once Ninja has authenticated it.
 LeftAlone = Callable[["HttpRequest"], bool]
+#: Whether anonymous requests run unprotected (``left_alone`` leaves them),
+#: asked as the schema is written: where Ninja lets one reach the
+#: operation (no authentication), the key's description says so, and the
+#: key is not required.
+AnonymousLeftAlone = Callable[[], bool]
 #: Installs one at a time: the project-wide protection installs at requests.
 _installing = threading.Lock()
 #: Where an unprotected operation of a URL exempt from ATOMIC_REQUESTS
@@ -79,16 +84,18 @@ class Protection:
         level: Level,
         own_extra: dict[str, Any] | None,
         left_alone: LeftAlone | None = None,
+        anonymous_left_alone: AnonymousLeftAlone | None = None,
     ) -> None:
         #: The operation's own ``openapi_extra``, before protection added to it.
         self.own_extra = own_extra
-        self.set(options, level, left_alone)
+        self.set(options, level, left_alone, anonymous_left_alone)
 
     def set(
         self,
         options: Options | Callable[[], Options],
         level: Level,
         left_alone: LeftAlone | None = None,
+        anonymous_left_alone: AnonymousLeftAlone | None = None,
     ) -> None:
         #: The options, or what gives them at each request (the middleware's
         #: depend on a setting: ``override_settings`` must be seen).
@@ -96,6 +103,7 @@ class Protection:
         self.level = level
         #: Asked after Ninja's authentication: True runs the request unprotected.
         self.left_alone = left_alone
+        self.anonymous_left_alone = anonymous_left_alone
         self._with_tenant: dict[int, tuple[Options, Options]] = {}
 
     @property
@@ -130,17 +138,19 @@ def install(
     level: Level,
     *,
     left_alone: LeftAlone | None = None,
+    anonymous_left_alone: AnonymousLeftAlone | None = None,
 ) -> None:
     """Protect ``operation``'s unsafe methods with ``options``, unless a nearer level did.
 
     ``options`` may be a callable giving them at each request;
     ``left_alone``, asked after Ninja's authentication, may leave a request
-    unprotected. An operation answering only safe methods is left alone. A
-    streamed answer cannot be stored, so a streaming operation with an
-    unsafe method is refused (left alone by the project-wide protection).
+    unprotected (``anonymous_left_alone``: anonymous ones). An operation
+    answering only safe methods is left alone. A streamed answer cannot be
+    stored, so a streaming operation with an unsafe method is refused (left
+    alone by the project-wide protection).
     """
     with _installing:
-        _install(operation, options, level, left_alone)
+        _install(operation, options, level, left_alone, anonymous_left_alone)
 
 
 def _install(
@@ -148,6 +158,7 @@ def _install(
     options: Options | Callable[[], Options],
     level: Level,
     left_alone: LeftAlone | None,
+    anonymous_left_alone: AnonymousLeftAlone | None = None,
 ) -> None:
     if not PROTECTED_METHODS.intersection(operation.methods):
         return
@@ -165,7 +176,7 @@ def _install(
             return  # the operation's own @idempotent, or a nearer router's, wins
         if (current.level, current.given, current.left_alone) == (level, options, left_alone):
             return  # again: the project-wide protection asks at each request
-        current.set(options, level, left_alone)
+        current.set(options, level, left_alone, anonymous_left_alone)
         _document(operation, current)
         return
     unwrapped = getattr(operation, RUN_OUTSIDE_DJANGOS_BLOCKS, None)
@@ -181,7 +192,7 @@ def _install(
         inner, own_extra = copied.inner, copied.protection.own_extra
     else:
         inner, own_extra = copied, operation.openapi_extra
-    protection = Protection(options, level, own_extra, left_alone)
+    protection = Protection(options, level, own_extra, left_alone, anonymous_left_alone)
     setattr(operation, _PROTECTION, protection)
     # Not operation.is_async: Ninja before 1.6 sets it after making the
     # operation, after @idempotent's callback ran.
@@ -191,8 +202,14 @@ def _install(
 
 
 def _document(operation: Operation, protection: Protection) -> None:
+    anonymous = protection.anonymous_left_alone
+    # Ninja refuses an anonymous request to an operation with authentication (401).
+    anonymous_unprotected = anonymous is not None and anonymous() and not operation.auth_callbacks
     operation.openapi_extra = documented(
-        protection.own_extra, protection.options, operation.response_models
+        protection.own_extra,
+        protection.options,
+        operation.response_models,
+        anonymous_unprotected=anonymous_unprotected,
     )
 
 

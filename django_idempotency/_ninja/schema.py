@@ -48,18 +48,25 @@ _PROBLEM = {
 
 
 def documented(
-    own: dict[str, Any] | None, options: Options, declared: Iterable[object]
+    own: dict[str, Any] | None,
+    options: Options,
+    declared: Iterable[object],
+    *,
+    anonymous_unprotected: bool = False,
 ) -> dict[str, Any]:
     """``own`` (the operation's ``openapi_extra``) with what protection adds to its schema.
 
     ``declared``: the statuses the operation's ``response=`` describes.
+    ``anonymous_unprotected``: anonymous requests reach the operation and run
+    unprotected, keyless or not: the key is not required, and its
+    description says so.
     """
     extra = copy.deepcopy(own) if own else {}
     header = options.key.header
     if header is not None:
         parameters = list(extra.get("parameters") or [])
         if not any(_names_header(parameter, header) for parameter in parameters):
-            parameters.append(_key_parameter(header, options))
+            parameters.append(_key_parameter(header, options, anonymous_unprotected))
         extra["parameters"] = parameters
     statuses = {status for status in declared if isinstance(status, int)}
     responses: dict[Any, Any] = dict(extra.get("responses") or {})
@@ -95,13 +102,14 @@ def _names_header(parameter: object, header: str) -> bool:
     )
 
 
-def _key_parameter(header: str, options: Options) -> dict[str, Any]:
+def _key_parameter(header: str, options: Options, anonymous_unprotected: bool) -> dict[str, Any]:
     conf = idempotency_settings
     required = options.required if options.required is not None else conf.REQUIRED
     return {
         "in": "header",
         "name": header,
-        "required": required,
+        # "Required" promises a 400 to a keyless request: not where it runs unprotected.
+        "required": required and not anonymous_unprotected,
         "schema": {"type": "string", "maxLength": conf.KEY_MAX_LENGTH},
-        "description": key_description(),
+        "description": key_description(anonymous_unprotected=anonymous_unprotected),
     }

@@ -5,7 +5,9 @@ that ``@idempotent``, ``IdempotentMixin`` or ``IdempotencyMiddleware``
 protects, as the middleware and ``manage.py idempotency_routes`` decide it
 from the route (``_middleware.frameworks.drf_coverage``: a route that wraps
 ``as_view()`` in a decorator of its own, or exempts it, is left alone), gets the
-``Idempotency-Key`` header parameter (required or not, as configured) and
+``Idempotency-Key`` header parameter (required or not, as configured;
+never required where the middleware runs anonymous requests unprotected
+and the view lets them in, as its description then says) and
 the 400, 409, 413, 422 and 503 responses it can answer with, in the
 configured error format; handlers under ``@extend_schema`` included. Its
 responses declare the headers they may carry: ``Idempotent-Replayed`` (and,
@@ -25,7 +27,8 @@ from drf_spectacular.settings import spectacular_settings
 from drf_spectacular.types import OpenApiTypes
 from drf_spectacular.utils import OpenApiParameter
 
-from django_idempotency._middleware.coverage import Coverage
+from django_idempotency._middleware.coverage import Coverage, anonymous_left_alone
+from django_idempotency._middleware.drf import admits_anonymous
 from django_idempotency._middleware.frameworks import drf_coverage
 from django_idempotency._protection.flow import Options
 from django_idempotency._schema_parts import REFUSALS, headers_for, key_description
@@ -93,16 +96,26 @@ class IdempotencySchemaMixin:
         if options is not None and header is not None:
             conf = idempotency_settings
             required = options.required if options.required is not None else conf.REQUIRED
+            # "Required" promises a 400 to a keyless request: not where it runs unprotected.
+            anonymous_unprotected = self._anonymous_unprotected()
             parameters.append(
                 OpenApiParameter(
                     name=header,
                     type=OpenApiTypes.STR,
                     location=OpenApiParameter.HEADER,
-                    required=required,
-                    description=key_description(),
+                    required=required and not anonymous_unprotected,
+                    description=key_description(anonymous_unprotected=anonymous_unprotected),
                 )
             )
         return parameters
+
+    def _anonymous_unprotected(self) -> bool:
+        """Whether the middleware runs this operation's anonymous requests unprotected."""
+        return (
+            self._coverage().by_middleware
+            and anonymous_left_alone()
+            and admits_anonymous(self.view, self.method)
+        )
 
     def _get_response_bodies(self, direction: Any = "response") -> dict[str, Any]:
         responses: dict[str, Any] = super()._get_response_bodies(direction)  # type: ignore[misc]
