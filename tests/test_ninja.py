@@ -12,12 +12,14 @@ import sys
 import threading
 import types
 from collections.abc import Callable, Iterator
+from io import StringIO
 from typing import Any
 
 import ninja
 import pytest
 from asgiref.sync import sync_to_async
 from django.core.exceptions import ImproperlyConfigured
+from django.core.management import call_command
 from django.db import connections
 from django.http import HttpRequest, HttpResponse
 from django.test import AsyncClient, Client, RequestFactory
@@ -576,6 +578,34 @@ def test_the_openapi_schema_has_the_key_header_and_the_refusals() -> None:
     assert "parameters" not in paths["/ninja/routed/notes"]["get"] or not [
         p for p in paths["/ninja/routed/notes"]["get"]["parameters"] if p["in"] == "header"
     ]
+
+
+def test_idempotency_routes_names_what_protects_each_operation_and_ninjas_own_views(
+    settings: Any,
+) -> None:
+    settings.ROOT_URLCONF = "tests.testapp.ninja_urls"
+    out = StringIO()
+    call_command("idempotency_routes", stdout=out)
+    blocks = {block.split("  (")[0]: block for block in out.getvalue().split("\n\n")}
+
+    by_router = "protected by a Router's or NinjaAPI's add_decorator, operation"
+    assert (
+        f"POST                    {by_router} POST ninja/routed/notes"
+        in blocks["ninja/routed/notes"]
+    )
+    assert f"PUT                     {by_router} PUT ninja/api-level" in blocks["ninja/api-level"]
+    assert by_router in blocks["ninja/routed/nested/notes"]
+    assert "protected by @idempotent, operation POST ninja/charges" in blocks["ninja/charges"]
+    assert (
+        "protected by @idempotent, operation ninja note with its own options"
+        in (blocks["ninja/routed/own-options"])
+    )
+    # Ninja routes its schema and docs through functools.partial: named by the function.
+    assert blocks["ninja/openapi.json"].startswith(
+        "ninja/openapi.json  (ninja.openapi.views.openapi_json)"
+    )
+    assert blocks["ninja/docs"].startswith("ninja/docs  (ninja.openapi.views.openapi_view)")
+    assert "functools.partial" not in out.getvalue()
 
 
 def test_the_checks_and_the_metrics_know_the_protected_operations(

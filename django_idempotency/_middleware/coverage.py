@@ -8,6 +8,7 @@ protects with, are the same for every framework and decided here.
 
 from __future__ import annotations
 
+import functools
 from collections.abc import Callable, Iterable
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any, Literal, Protocol
@@ -24,6 +25,10 @@ ProtectedBy = Literal["middleware", "decorator", "mixin"]
 MIDDLEWARE: ProtectedBy = "middleware"
 DECORATOR: ProtectedBy = "decorator"
 MIXIN: ProtectedBy = "mixin"
+
+#: A decorator protects it through Django Ninja's ``add_decorator`` on a
+#: ``Router`` or the ``NinjaAPI``, not placed on the operation (``Coverage.through``).
+ADD_DECORATOR = "add_decorator"
 
 #: The unsafe methods, in the order a person reads them.
 UNSAFE_METHODS = ("POST", "PUT", "PATCH", "DELETE")
@@ -42,6 +47,8 @@ class Coverage:
     #: Protected for some of the paths its route matches only (a plain
     #: view whose route's path is not known up to the prefixes' length).
     partial: bool = False
+    #: How a decorator was put there, where not on the view itself: ``ADD_DECORATOR``.
+    through: str = ""
 
     @property
     def by_middleware(self) -> bool:
@@ -141,7 +148,15 @@ def sends_no_key(request: HttpRequest) -> bool:
 
 
 def view_path(callback: Any) -> str:
-    """``module.Class`` or ``module.function``; never ``View.as_view.<locals>.view``."""
+    """``module.Class`` or ``module.function``; never ``View.as_view.<locals>.view``.
+
+    Nor ``functools.partial``: the function it calls, as Django Ninja routes
+    its docs and schema views (``partial(openapi_json, api=api)``).
+    """
+    for _ in range(50):  # partials of partials; a cycle is not ours to loop on
+        if not isinstance(callback, functools.partial):
+            break
+        callback = callback.func
     view_class = getattr(callback, "cls", getattr(callback, "view_class", None))
     target = view_class if isinstance(view_class, type) else callback
     name = getattr(target, "__qualname__", None) or type(target).__qualname__

@@ -29,6 +29,7 @@ from typing import Any, cast
 from ninja.operation import Operation, PathView
 
 from django_idempotency._middleware.coverage import (
+    ADD_DECORATOR,
     DECORATOR,
     MIDDLEWARE,
     UNSAFE_METHODS,
@@ -91,7 +92,8 @@ class NinjaView:
             return unprotected("no operation (405)")
         protection = protection_of(operation)
         if protection is not None and protection.level > Level.PROJECT:
-            return Coverage(by=DECORATOR, options=protection.options)
+            through = ADD_DECORATOR if protection.level is Level.ROUTER else ""
+            return Coverage(by=DECORATOR, options=protection.options, through=through)
         if _exempt(function_of(operation)):
             return unprotected("idempotent_exempt")
         if getattr(operation, "stream_format", None) is not None:

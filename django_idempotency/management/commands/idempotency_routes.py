@@ -16,7 +16,7 @@ from typing import Any
 
 from django.core.management.base import BaseCommand, CommandParser
 
-from django_idempotency._middleware.coverage import MIDDLEWARE, Coverage
+from django_idempotency._middleware.coverage import ADD_DECORATOR, MIDDLEWARE, Coverage
 from django_idempotency._middleware.frameworks import installed
 from django_idempotency._protection.flow import Options
 from django_idempotency._routes import RouteCoverage, route_coverage
@@ -31,7 +31,8 @@ SAFE_ONLY = "no unsafe method (GET, HEAD and OPTIONS are never protected)"
 class Command(BaseCommand):
     help = (
         "List each URL route and unsafe method: protected (by IdempotencyMiddleware, "
-        "@idempotent or IdempotentMixin, with its operation name and options) or not, and why."
+        "@idempotent, IdempotentMixin or Ninja's add_decorator, with its operation name and "
+        "options) or not, and why."
     )
     # What it lists is how to understand a failing check (E050): never refused for one.
     requires_system_checks: list[str] = []
@@ -123,6 +124,8 @@ def _protected(route: RouteCoverage, method: str, coverage: Coverage) -> str:
 
 
 def _by(coverage: Coverage) -> str:
+    if coverage.through == ADD_DECORATOR:
+        return "a Router's or NinjaAPI's add_decorator"
     return {"middleware": "the middleware", "decorator": "@idempotent"}.get(
         str(coverage.by), "IdempotentMixin"
     )
