@@ -622,7 +622,9 @@ def test_idempotency_routes_lists_async_views_as_protected() -> None:
 def test_the_schema_shows_the_header_of_middleware_protected_async_operations(
     settings: Any, keys: str, required: bool
 ) -> None:
-    configure(settings, MIDDLEWARE_KEYS=keys)
+    # With a TENANT, anonymous callers are protected too: "required" holds for all
+    # (test_middleware_routes: without one, the views that let them in say so).
+    configure(settings, MIDDLEWARE_KEYS=keys, TENANT=lambda request: "everyone")
     generator = SchemaGenerator(urlconf=URLCONF)  # type: ignore[no-untyped-call]
     paths = generator.get_schema(request=None, public=True)["paths"]  # type: ignore[no-untyped-call]
 
