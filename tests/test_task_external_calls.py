@@ -463,7 +463,7 @@ def test_the_timeout_checks_see_the_lease_through_celerys_autoretry_wrapper(
 
     @celery_app.task(**options)  # type: ignore[untyped-decorator]
     @idempotent_task(key="refund_id", operation="task check.refund", lease=30)
-    def refund(*args: Any) -> None:
+    def refund(*args: Any, **kwargs: Any) -> None:  # refund_id among kwargs, bound or not
         return None
 
     assert ids(check_celery_timeouts()) == ["django_idempotency.W021", "django_idempotency.W020"]
