@@ -16,10 +16,14 @@ time, and for each endpoint of benchmarks/http.py measures over
 * per table (the business table, the records table, the floors' table):
   rows inserted, updated (and how many of those were HOT: no index
   entries), dead row versions left for VACUUM, from
-  ``pg_stat_user_tables``; and the index entries added, computed from
-  those (each inserted or non-HOT updated row version adds one entry to
-  every index of its table; the partial indexes on provider ids are left
-  out, since these rows never match them) and the tables' index counts;
+  ``pg_stat_user_tables``;
+* index entries added, read from the same WAL: every B-tree leaf insertion
+  (a new tuple, one into a posting list, or the new tuple a leaf page split
+  carries) is one entry, per index. So a partial index counts only the row
+  versions its predicate takes, and a BRIN index (whose summary a row
+  version rarely changes) counts apart, as summary updates. With
+  ``--per-index`` the entries of each index of the records table follow
+  the table;
 * statements per request, round trips counted by Django's query log
   (BEGIN and COMMIT included).
 
@@ -105,19 +109,85 @@ def wal_of_this_database(admin: Any, start: str, end: str) -> tuple[int, int]:
     return int(row[0]), int(row[1])
 
 
-def index_counts(admin: Any) -> dict[str, int]:
+#: B-tree WAL records that add an entry to a leaf page: a plain insertion,
+#: one into a posting list (deduplicated duplicates), and a page split,
+#: which carries the tuple being inserted (an internal page's split carries
+#: a downlink, not an entry: told apart by its level).
+_LEAF_INSERTS = ("INSERT_LEAF", "INSERT_POST")
+_SPLITS = ("SPLIT_L", "SPLIT_R")
+#: BRIN records that change a range's summary.
+_BRIN_UPDATES = ("INSERT", "UPDATE", "SAMEPAGE_UPDATE")
+
+
+@dataclass
+class IndexWrites:
+    #: B-tree entries added, per index name.
+    entries: dict[str, int]
+    #: BRIN summaries changed, per index name.
+    summaries: dict[str, int]
+    #: WAL bytes of every record on the index (entries, splits, summaries), per index name.
+    wal: dict[str, int]
+
+
+def index_writes(admin: Any, start: str, end: str) -> IndexWrites:
+    """The index entries this database's transactions added between two WAL positions.
+
+    Read from the WAL records themselves, not computed from row counts: a
+    partial index takes an entry only for the row versions its predicate
+    holds for, which no statistics view tells.
+    """
+    found = IndexWrites({}, {}, {})
+    if start == end:
+        return found
+    oid = admin.execute(
+        "SELECT oid FROM pg_database WHERE datname = current_database()"
+    ).fetchone()[0]
     rows = admin.execute(
-        # Partial indexes (the provider ids') take no entry for these rows.
-        "SELECT tablename, count(*) FROM pg_indexes WHERE tablename = ANY(%s) "
-        "AND indexdef NOT LIKE '%% WHERE %%' GROUP BY 1",
+        "WITH records AS (SELECT resource_manager, record_type, description, block_ref, "
+        "record_length "
+        "FROM pg_get_wal_records_info(%s::pg_lsn, %s::pg_lsn) "
+        "WHERE resource_manager IN ('Btree', 'BRIN') AND block_ref LIKE %s) "
+        "SELECT c.relname, r.resource_manager, r.record_type, r.description, r.record_length "
+        "FROM records r JOIN pg_class c ON c.relfilenode = "
+        "substring(r.block_ref from 'rel [0-9]+/[0-9]+/([0-9]+)')::oid",
+        [start, end, f"%/{oid}/%"],
+    ).fetchall()
+    for name, manager, kind, description, length in rows:
+        found.wal[name] = found.wal.get(name, 0) + length
+        if manager == "Btree" and (
+            kind in _LEAF_INSERTS or (kind in _SPLITS and description.startswith("level: 0,"))
+        ):
+            found.entries[name] = found.entries.get(name, 0) + 1
+        elif manager == "BRIN" and kind in _BRIN_UPDATES:
+            found.summaries[name] = found.summaries.get(name, 0) + 1
+    return found
+
+
+def index_counts(admin: Any) -> dict[str, str]:
+    """Per table: how many indexes, and how many of those are partial."""
+    rows = admin.execute(
+        "SELECT tablename, count(*), count(*) FILTER (WHERE indexdef LIKE '%% WHERE %%') "
+        "FROM pg_indexes WHERE tablename = ANY(%s) GROUP BY 1",
         [list(TABLES)],
     ).fetchall()
-    return {row[0]: int(row[1]) for row in rows}
+    return {row[0]: f"{row[1]}" + (f" ({row[2]} partial)" if row[2] else "") for row in rows}
+
+
+def index_names(admin: Any, table: str) -> list[str]:
+    rows = admin.execute(
+        "SELECT indexname FROM pg_indexes WHERE tablename = %s ORDER BY indexname", [table]
+    ).fetchall()
+    return [row[0] for row in rows]
 
 
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--requests", type=int, default=2000)
+    parser.add_argument(
+        "--per-index",
+        action="store_true",
+        help="also print the entries each index of the records table took per request",
+    )
     args = parser.parse_args(argv)
     with Database(postgres_url(), "idem_bench_wal") as database:
         migrate(database)
@@ -180,10 +250,12 @@ def run(args: argparse.Namespace, admin: Any) -> None:
         + ", ".join(f"{SHORT[table]} {count}" for table, count in sorted(indexes.items()))
         + "\n"
     )
+    record_indexes = index_names(admin, "django_idempotency_record")
+    per_index: list[tuple[str, IndexWrites]] = []
     header = (
         f"{'endpoint':<26}{'WAL bytes':>10}{'FPI bytes':>10}{'commits':>8}"
         f"{'round trips':>12}{'statements':>11}"
-        f"{'rows ins':>9}{'rows upd':>9}{'HOT':>5}{'dead':>6}{'index entries':>14}"
+        f"{'rows ins':>9}{'rows upd':>9}{'HOT':>5}{'dead':>6}{'index entries':>14}{'BRIN':>6}"
     )
     print(header)
     print("-" * len(header))
@@ -197,7 +269,7 @@ def run(args: argparse.Namespace, admin: Any) -> None:
         after = counters(admin, connection)
         sql = [query["sql"] for query in captured.captured_queries]
         n = args.requests
-        inserted = updated = hot = dead = entries = 0
+        inserted = updated = hot = dead = 0
         for table in TABLES:
             was = before.tables.get(table, (0, 0, 0, 0))
             now = after.tables.get(table, (0, 0, 0, 0))
@@ -208,16 +280,37 @@ def run(args: argparse.Namespace, admin: Any) -> None:
                 hot + hot_upd,
                 dead + dead_now,
             )
-            entries += (ins + upd - hot_upd) * indexes.get(table, 0)
         statements = sum(1 for s in sql if s not in ("BEGIN", "COMMIT", "ROLLBACK"))
         wal, images = wal_of_this_database(admin, before.lsn, after.lsn)
+        writes = index_writes(admin, before.lsn, after.lsn)
+        per_index.append((name, writes))
         print(
             f"{name:<26}{wal / n:>10.0f}{images / n:>10.0f}"
             f"{(after.commits - before.commits) / n:>8.2f}{len(sql) / n:>12.2f}"
             f"{statements / n:>11.2f}{inserted / n:>9.2f}{updated / n:>9.2f}{hot / n:>5.2f}"
-            f"{dead / n:>6.2f}{entries / n:>14.2f}"
+            f"{dead / n:>6.2f}{sum(writes.entries.values()) / n:>14.2f}"
+            f"{sum(writes.summaries.values()) / n:>6.2f}"
         )
         admin.execute("VACUUM ANALYZE benchapp_payment, django_idempotency_record")
+    if args.per_index:
+        print_per_index(per_index, record_indexes, args.requests)
+
+
+def print_per_index(
+    per_index: list[tuple[str, IndexWrites]], names: list[str], requests: int
+) -> None:
+    """Per request and index of the records table: entries (or BRIN summary updates), WAL bytes."""
+    print("\nrecords table, per request, by index: entries (BRIN: summary updates) / WAL bytes")
+    for endpoint, writes in per_index:
+        if not writes.wal:
+            continue
+        print(f"  {endpoint}")
+        for name in names:
+            entries = writes.entries.get(name, 0) + writes.summaries.get(name, 0)
+            print(
+                f"    {name:<34}{entries / requests:>6.2f}"
+                f"{writes.wal.get(name, 0) / requests:>8.0f}"
+            )
 
 
 if __name__ == "__main__":
