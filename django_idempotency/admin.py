@@ -19,7 +19,8 @@ from django.contrib.admin.models import LogEntry
 from django.core.exceptions import BadRequest, PermissionDenied
 from django.core.paginator import Paginator
 from django.db import connections
-from django.db.models import CharField, Q, QuerySet
+from django.db.models import BooleanField, CharField, Q, QuerySet
+from django.db.models.expressions import RawSQL
 from django.http import HttpRequest, QueryDict
 from django.template.response import TemplateResponse
 from django.urls import URLPattern, path
@@ -229,14 +230,59 @@ class ExpiryFilter(ListFilter):
         value = self.value()
         if value in ("hour", "day"):
             window = timedelta(hours=1) if value == "hour" else timedelta(days=1)
-            return queryset.filter(
+            return with_retention(queryset).filter(
                 expires_at__gt=DatabaseNow(), expires_at__lte=DatabaseLater(window)
             )
         if value == "expired":
-            return queryset.filter(expires_at__lte=DatabaseNow())
-        if value == "tombstone":
-            return queryset.filter(tombstone=True)
+            return with_retention(queryset).filter(expires_at__lte=DatabaseNow())
+        if value == "tombstone":  # tombstones are resolved: listed along the same index
+            return with_retention(queryset).filter(tombstone=True)
         return queryset
+
+
+def with_retention(records: QuerySet[Any]) -> QuerySet[Any]:
+    """The resolved ones among ``records``: what the retention filters and dates are about.
+
+    Only a resolved record is replayed until ``expires_at`` and purged past
+    it; an unresolved one never expires (its state filters find it). The
+    condition is the expiry index's own (``idempotency_resolved_expiry``,
+    partial): said in the query, it lets the planner walk that index.
+    """
+    return records.filter(state__in=RESOLVED_STATES)
+
+
+def _with_a_step(provider_operation_id: str, vendor: str) -> Q:
+    """The records with a step of this provider operation id, as one arm of the search's OR.
+
+    PostgreSQL answers an OR of conditions with one index scan per arm
+    (BitmapOr) only if every arm can be one. ``id IN (subquery)`` cannot
+    (a hashed SubPlan, checked row by row: the search read the whole table,
+    0.56 s at 1,000,000 records); ``id = ANY(ARRAY(subquery))`` can: the
+    subquery runs once, on the steps' partial index, and its ids are looked
+    up by primary key.
+    """
+    with_step = IdempotencyStep.objects.filter(provider_operation_id=provider_operation_id)
+    if vendor != "postgresql":
+        return Q(pk__in=with_step.values("record_id"))
+    step = IdempotencyStep._meta
+    table, record_id, provider_id = (
+        step.db_table,
+        step.get_field("record").column,
+        step.get_field("provider_operation_id").column,
+    )
+    return Q(
+        RawSQL(
+            f'"{IdempotencyRecord._meta.db_table}"."{IdempotencyRecord._meta.pk.column}" = ANY(ARRAY('
+            f'SELECT "{record_id}" FROM "{table}" WHERE "{provider_id}" = %s))',
+            [provider_operation_id],
+            output_field=BooleanField(),
+        )
+    )
+
+
+def _by_date(request: HttpRequest) -> bool:
+    """Whether the list is drilled down to a date of the hierarchy (``expires_at``)."""
+    return any(name.startswith("expires_at__") for name in request.GET)
 
 
 class OperationFilter(ListFilter):
@@ -342,7 +388,13 @@ class IdempotencyRecordAdmin(admin.ModelAdmin):  # type: ignore[type-arg]
     # Each record comes with the database's time, which its lease is shown against.
     def get_queryset(self, request: HttpRequest) -> QuerySet[IdempotencyRecord]:
         records = super().get_queryset(request).using(records_database_of(request))
+        if _by_date(request):
+            records = with_retention(records)
         return cast(QuerySet[IdempotencyRecord], with_read_time(records))
+
+    def dated_records(self, records: QuerySet[Any]) -> QuerySet[Any]:
+        """The records whose dates the date hierarchy links (its first and last expiry)."""
+        return with_retention(records)
 
     def get_search_results(
         self, request: HttpRequest, queryset: QuerySet[Any], search_term: str
@@ -362,8 +414,7 @@ class IdempotencyRecordAdmin(admin.ModelAdmin):  # type: ignore[type-arg]
         # partial index, inside the same statement.
         step_column = IdempotencyStep._meta.get_field("provider_operation_id")
         if storable(term, step_column.max_length or 0):
-            with_step = IdempotencyStep.objects.filter(provider_operation_id=term)
-            exact |= Q(pk__in=with_step.values("record_id"))
+            exact |= _with_a_step(term, connections[queryset.db].vendor)
         return queryset.filter(exact), False
 
     def lookup_allowed(self, lookup: str, value: str, request: HttpRequest | None = None) -> bool:
@@ -388,9 +439,7 @@ class IdempotencyRecordAdmin(admin.ModelAdmin):  # type: ignore[type-arg]
     def get_ordering(self, request: HttpRequest) -> Any:
         # Filtering on expiry, walk the expiry index instead of the whole
         # primary key backwards, skipping most of the table.
-        if ExpiryFilter.parameter_name in request.GET or any(
-            name.startswith("expires_at__") for name in request.GET
-        ):
+        if ExpiryFilter.parameter_name in request.GET or _by_date(request):
             return ["expires_at"]
         return self.ordering or []
 

@@ -151,6 +151,38 @@ def test_filters_and_exact_search() -> None:
     assert listed("?q=stuck") == set()  # exact, not "contains"
 
 
+def test_the_retention_filters_and_dates_list_resolved_records_only() -> None:
+    # Only a resolved record is replayed until expires_at and purged past
+    # it; the filters say so in their query, which lets PostgreSQL walk the
+    # partial expiry index (resolved states only).
+    now = timezone.now()
+    soon = RecordFactory.create(expires_at=now + timedelta(minutes=10))
+    past = RecordFactory.create(state=State.FAILED, expires_at=now - timedelta(minutes=10))
+    RecordFactory.create(
+        state=State.CLAIMED, lease_expires_at=now + timedelta(minutes=1), expires_at=soon.expires_at
+    )
+    RecordFactory.create(
+        state=State.IN_PROGRESS,
+        lease_expires_at=now - timedelta(hours=1),
+        expires_at=past.expires_at,
+    )
+    RecordFactory.create(state=State.UNCERTAIN, expires_at=now + timedelta(days=800))
+    client = staff()
+
+    def listed(query: str) -> set[int]:
+        return {record.pk for record in client.get(CHANGELIST + query).context["cl"].result_list}
+
+    assert listed("?expires=hour") == {soon.pk}
+    assert listed("?expires=day") == {soon.pk}
+    assert listed("?expires=expired") == {past.pk}
+    day = timezone.localtime(soon.expires_at)
+    dated = f"?expires_at__year={day.year}&expires_at__month={day.month}&expires_at__day={day.day}"
+    assert soon.pk in listed(dated) and len(listed(dated) - {soon.pk, past.pk}) == 0
+    # The hierarchy's years reach no further than the resolved records' expiries.
+    far = (now + timedelta(days=800)).year
+    assert f"expires_at__year={far}" not in client.get(CHANGELIST).content.decode()
+
+
 def test_change_page_shows_the_stored_response_and_timeline() -> None:
     record = RecordFactory.create(
         response_body=b'{"id":7,"amount":100}',

@@ -4,7 +4,8 @@ Django's own tag lists the years, months or days that have rows with a
 ``SELECT DISTINCT date_trunc(...)``, which sorts every row of a large table
 on every page load. Here the links come from MIN and MAX of the (indexed)
 field: two index lookups. A link may lead to an empty day; the page stays
-fast at millions of rows.
+fast at millions of rows. The dates are those of the records the
+ModelAdmin's ``dated_records()`` gives, which the drill-down lists too.
 """
 
 from __future__ import annotations
@@ -31,7 +32,10 @@ register = template.Library()
 
 
 def _bounds(cl: ChangeList, field: str) -> tuple[datetime.date, datetime.date] | None:
-    found = cl.queryset.aggregate(first=Min(field), last=Max(field))
+    # The records the admin dates (dated_records: the resolved ones), so
+    # that MIN and MAX are read from the ends of their (partial) index.
+    records = cl.model_admin.dated_records(cl.queryset)
+    found = records.aggregate(first=Min(field), last=Max(field))
     if found["first"] is None or found["last"] is None:
         return None
     first, last = (wall_clock(found[k]).date() for k in ("first", "last"))
