@@ -50,7 +50,7 @@ from django_idempotency._store.database_time import (
 )
 from django_idempotency._store.routing import record_databases
 from django_idempotency._store.steps import steps_of
-from django_idempotency.census import stuck
+from django_idempotency.census import planner_estimate, stuck, too_large_to_count_resolved
 from django_idempotency.models import (
     OPERATION_MAX_LENGTH,
     RESOLVED_STATES,
@@ -251,6 +251,13 @@ def with_retention(records: QuerySet[Any]) -> QuerySet[Any]:
     return records.filter(state__in=RESOLVED_STATES)
 
 
+def _estimated_count(estimate: int) -> str:
+    """The planner's estimate of a state's records, shown as the counts are: capped."""
+    if estimate >= COUNT_CAP:
+        return number_format(COUNT_CAP, force_grouping=True) + "+"
+    return "~" + number_format(estimate, force_grouping=True)
+
+
 def _with_a_step(provider_operation_id: str, vendor: str) -> Q:
     """The records with a step of this provider operation id, as one arm of the search's OR.
 
@@ -264,7 +271,7 @@ def _with_a_step(provider_operation_id: str, vendor: str) -> Q:
     with_step = IdempotencyStep.objects.filter(provider_operation_id=provider_operation_id)
     if vendor != "postgresql":
         return Q(pk__in=with_step.values("record_id"))
-    step = IdempotencyStep._meta
+    step, record = IdempotencyStep._meta, IdempotencyRecord._meta
     table, record_id, provider_id = (
         step.db_table,
         step.get_field("record").column,
@@ -272,7 +279,7 @@ def _with_a_step(provider_operation_id: str, vendor: str) -> Q:
     )
     return Q(
         RawSQL(
-            f'"{IdempotencyRecord._meta.db_table}"."{IdempotencyRecord._meta.pk.column}" = ANY(ARRAY('
+            f'"{record.db_table}"."{record.pk.column}" = ANY(ARRAY('
             f'SELECT "{record_id}" FROM "{table}" WHERE "{provider_id}" = %s))',
             [provider_operation_id],
             output_field=BooleanField(),
@@ -599,11 +606,15 @@ class IdempotencyRecordAdmin(admin.ModelAdmin):  # type: ignore[type-arg]
         if chosen is not None:
             on[DatabaseFilter.parameter_name] = chosen
         counts = []
+        too_large = too_large_to_count_resolved(records.db)
         # Stuck first: what needs recovery or an operator is where to start.
         for value, label in [("stuck", _("stuck")), *State.choices]:
             subset = records.filter(stuck()) if value == "stuck" else records.filter(state=value)
-            count, capped = capped_count(subset)
-            shown = number_format(count, force_grouping=True) + ("+" if capped else "")
+            if too_large and value in RESOLVED_STATES:
+                shown = _estimated_count(planner_estimate(records.db, value) or 0)
+            else:
+                count, capped = capped_count(subset)
+                shown = number_format(count, force_grouping=True) + ("+" if capped else "")
             on[StateFilter.parameter_name] = value
             counts.append({"value": value, "label": label, "count": shown, "query": on.urlencode()})
         extra_context = {**(extra_context or {}), "state_counts": counts}

@@ -52,6 +52,13 @@ EXACT_UP_TO = 100_000
 BACKLOG_CAP = 100_000
 """The purge backlog is counted up to this many records, and is "at least" beyond."""
 
+#: On PostgreSQL no index holds the resolved states (the recovery index is
+#: partial on the unresolved ones, the expiry index keyed on expires_at):
+#: counting one reads the table. So past this many rows in the table (the
+#: planner's figure) a resolved state's figure is the estimate, however
+#: small: a count must not read a table of millions every minute.
+_SCANNED_UP_TO = 200_000
+
 #: At most this many operation names are read for the reconciler check.
 _OPERATIONS_READ = 1_000
 
@@ -141,8 +148,9 @@ def take_census(database: str) -> Census:
         oldest[row["state"]] = row["oldest"]
         stuck_count += row["stuck"]
     estimated: set[str] = set()
+    too_large_to_scan = too_large_to_count_resolved(database)
     for state in RESOLVED_STATES:
-        count, is_estimate = _count_or_estimate(records, state)
+        count, is_estimate = _count_or_estimate(records, state, too_large_to_scan)
         counts[state] = count
         if is_estimate:
             estimated.add(state)
@@ -167,7 +175,34 @@ def _count_up_to(records: QuerySet[IdempotencyRecord], cap: int) -> int:
     return records.order_by()[: cap + 1].count()
 
 
-def _count_or_estimate(records: QuerySet[IdempotencyRecord], state: str) -> tuple[int, bool]:
+def too_large_to_count_resolved(database: str) -> bool:
+    """Whether counting a resolved state of ``database`` would read too much of its table.
+
+    On PostgreSQL only: there no index holds the resolved states
+    (``_SCANNED_UP_TO``); MySQL and MariaDB count them on their recovery
+    index, SQLite holds a demo's or a test's records.
+    """
+    connection = connections[database]
+    if connection.vendor != "postgresql":
+        return False
+    with connection.cursor() as cursor:
+        cursor.execute(
+            "SELECT reltuples FROM pg_class WHERE oid = to_regclass(%s)",
+            [connection.ops.quote_name(IdempotencyRecord._meta.db_table)],
+        )
+        row = cursor.fetchone()
+    # -1: never analysed (a new table, which autovacuum analyses as it grows).
+    return row is not None and row[0] > _SCANNED_UP_TO
+
+
+def planner_estimate(database: str, state: str) -> int | None:
+    """How many records in ``state`` the database's planner expects; None: no planner."""
+    return _planner_estimate(database, state)
+
+
+def _count_or_estimate(
+    records: QuerySet[IdempotencyRecord], state: str, too_large_to_scan: bool = False
+) -> tuple[int, bool]:
     """The planner's estimate well past ``EXACT_UP_TO``; else a count, exact up to there.
 
     The estimate comes first: counting even ``EXACT_UP_TO`` rows of a state
@@ -175,13 +210,15 @@ def _count_or_estimate(records: QuerySet[IdempotencyRecord], state: str) -> tupl
     visibility map is not set (autovacuum behind): 0.5 s for FAILED at
     10,000,000 records (benchmarks/health.py), against 1 ms for EXPLAIN.
     Near the bar (up to twice it) the count decides, since estimates run
-    high: InnoDB's include deleted rows its purge has not removed yet.
+    high: InnoDB's include deleted rows its purge has not removed yet. In a
+    table too large to scan (``too_large_to_count_resolved``) the estimate
+    is the figure whatever it says.
     """
     records = records.filter(state=state)
     estimate = _planner_estimate(records.db, state)
     if estimate is None:
         return records.count(), False
-    if estimate > 2 * EXACT_UP_TO:
+    if estimate > 2 * EXACT_UP_TO or too_large_to_scan:
         return estimate, True
     count = _count_up_to(records, EXACT_UP_TO)
     if count <= EXACT_UP_TO:

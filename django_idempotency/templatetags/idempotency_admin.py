@@ -4,8 +4,9 @@ Django's own tag lists the years, months or days that have rows with a
 ``SELECT DISTINCT date_trunc(...)``, which sorts every row of a large table
 on every page load. Here the links come from MIN and MAX of the (indexed)
 field: two index lookups. A link may lead to an empty day; the page stays
-fast at millions of rows. The dates are those of the records the
-ModelAdmin's ``dated_records()`` gives, which the drill-down lists too.
+fast at millions of rows. The range is that of every record the
+ModelAdmin's ``dated_records()`` gives (the drill-down lists those too),
+whatever other filter is chosen: a link may lead to an empty day.
 """
 
 from __future__ import annotations
@@ -32,9 +33,11 @@ register = template.Library()
 
 
 def _bounds(cl: ChangeList, field: str) -> tuple[datetime.date, datetime.date] | None:
-    # The records the admin dates (dated_records: the resolved ones), so
-    # that MIN and MAX are read from the ends of their (partial) index.
-    records = cl.model_admin.dated_records(cl.queryset)
+    # Of every record the admin dates (dated_records: the resolved ones),
+    # not only the filtered list's: MIN and MAX are then the two ends of
+    # their (partial) index. Under a filter the index does not serve (a
+    # state, a search) either would walk the index past every row.
+    records = cl.model_admin.dated_records(cl.root_queryset)
     found = records.aggregate(first=Min(field), last=Max(field))
     if found["first"] is None or found["last"] is None:
         return None
