@@ -1008,3 +1008,96 @@ def test_a_table_held_past_every_attempt_fails_the_migration_and_changes_nothing
         if connection.vendor == "postgresql":
             cursor.execute("SELECT current_setting('lock_timeout')")
             assert cursor.fetchone()[0] == "0"
+
+
+#: Migration 0009: the recovery and expiry indexes made partial where partial indexes exist.
+PARTIAL = (APP, "0009_make_recovery_and_expiry_indexes_partial")
+PARTIAL_INDEXES = {
+    "idempotency_unresolved_lease": ["lease_expires_at"],
+    "idempotency_resolved_expiry": ["expires_at"],
+}
+PLAIN_INDEXES = {
+    "django_idempotency_recovery": ["state", "lease_expires_at"],
+    "django_idempotency_expiry": ["expires_at"],
+}
+
+
+def index_definitions() -> dict[str, str]:
+    """The CREATE INDEX of each index of the records table (PostgreSQL and SQLite)."""
+    with connection.cursor() as cursor:
+        if connection.vendor == "postgresql":
+            cursor.execute(
+                "SELECT indexname, indexdef FROM pg_indexes WHERE tablename = %s", [TABLE]
+            )
+        else:
+            cursor.execute(
+                "SELECT name, sql FROM sqlite_master WHERE type = 'index' AND tbl_name = %s",
+                [TABLE],
+            )
+        return {name: definition or "" for name, definition in cursor.fetchall()}
+
+
+def assert_recovery_and_expiry_indexes_as_0009_leaves_them() -> None:
+    found = {name: info["columns"] for name, info in indexes().items()}
+    if connection.vendor == "mysql":
+        # No partial indexes there: the plain ones stay, and no others.
+        assert {name: found.get(name) for name in PLAIN_INDEXES} == PLAIN_INDEXES
+        assert not set(PARTIAL_INDEXES) & set(found)
+        return
+    assert {name: found.get(name) for name in PARTIAL_INDEXES} == PARTIAL_INDEXES
+    assert not set(PLAIN_INDEXES) & set(found)
+    definitions = index_definitions()
+    unresolved, resolved = (definitions[name] for name in PARTIAL_INDEXES)
+    for state in ("CLAIMED", "IN_PROGRESS", "UNCERTAIN"):
+        assert f"'{state}'" in unresolved.split("WHERE", 1)[1]
+    for state in ("COMPLETED", "FAILED"):
+        assert f"'{state}'" in resolved.split("WHERE", 1)[1]
+
+
+@pytest.mark.django_db(transaction=True)
+def test_0009_leaves_partial_indexes_where_they_exist_and_the_plain_ones_on_mysql() -> None:
+    assert_recovery_and_expiry_indexes_as_0009_leaves_them()
+    # The model state holds the partial ones: makemigrations has nothing to say.
+    assert set(PARTIAL_INDEXES) <= {index.name for index in IdempotencyRecord._meta.indexes}
+
+
+@pytest.fixture
+def at_0008() -> Iterator[None]:
+    """The records table as 0008 left it; migrated to the latest again afterwards."""
+    migrate_to(DIGESTS)
+    try:
+        yield
+    finally:
+        executor = MigrationExecutor(connection)
+        executor.migrate(executor.loader.graph.leaf_nodes(APP))
+
+
+@pytest.mark.django_db(transaction=True)
+def test_0009_migrates_back_and_forth(at_0008: None) -> None:
+    found = {name: info["columns"] for name, info in indexes().items()}
+    assert {name: found.get(name) for name in PLAIN_INDEXES} == PLAIN_INDEXES
+    assert not set(PARTIAL_INDEXES) & set(found)
+    migrate_to(PARTIAL)
+    assert_recovery_and_expiry_indexes_as_0009_leaves_them()
+    migrate_to(DIGESTS)
+    found = {name: info["columns"] for name, info in indexes().items()}
+    assert {name: found.get(name) for name in PLAIN_INDEXES} == PLAIN_INDEXES
+    assert not set(PARTIAL_INDEXES) & set(found)
+    if connection.vendor == "sqlite":
+        assert steps_trigger_exists()  # indexes only: the table was never rebuilt
+
+
+@pytest.mark.django_db(transaction=True)
+def test_sqlmigrate_shows_0009_building_before_dropping_without_blocking() -> None:
+    out = io.StringIO()
+    call_command("sqlmigrate", APP, "0009", stdout=out)
+    printed = out.getvalue()
+    if connection.vendor == "postgresql":
+        assert "BEGIN;" not in printed  # not atomic
+        built = printed.index('CREATE INDEX CONCURRENTLY "idempotency_unresolved_lease"')
+        assert printed.index('CREATE INDEX CONCURRENTLY "idempotency_resolved_expiry"') > built
+        dropped = printed.index('DROP INDEX CONCURRENTLY IF EXISTS "django_idempotency_recovery"')
+        assert dropped > built
+        assert 'DROP INDEX CONCURRENTLY IF EXISTS "django_idempotency_expiry"' in printed
+    elif connection.vendor == "mysql":
+        assert "CREATE INDEX" not in printed and "DROP INDEX" not in printed
