@@ -28,6 +28,7 @@ from __future__ import annotations
 
 import hashlib
 import re
+from functools import partial
 from collections.abc import Callable
 from datetime import timedelta
 from typing import Any
@@ -265,9 +266,8 @@ def test_the_census_and_the_admins_pages_use_indexes_at_a_million_rows(
     ]
     admin: list[str] = []
     for page in pages:
-        admin += statements_on_records(
-            lambda page=page: client.get(f"/admin/django_idempotency/idempotencyrecord/{page}")
-        )
+        url = f"/admin/django_idempotency/idempotencyrecord/{page}"
+        admin += statements_on_records(partial(client.get, url))
     problems = [
         problem
         for sql in census + admin
