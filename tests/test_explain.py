@@ -28,9 +28,9 @@ from __future__ import annotations
 
 import hashlib
 import re
-from functools import partial
 from collections.abc import Callable
 from datetime import timedelta
+from functools import partial
 from typing import Any
 
 import pytest
