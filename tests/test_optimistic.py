@@ -318,6 +318,50 @@ def test_a_key_held_by_a_two_commit_claim_is_answered_by_the_general_path(
 
 
 @not_in_a_request_transaction
+@pytest.mark.parametrize("in_flight", ["conflict", "wait"])
+def test_a_key_held_by_a_live_two_commit_claim_is_refused_from_the_lookup_alone(
+    api: APIClient, in_flight: str
+) -> None:
+    """409 in one round trip: the general path's claim would only find the same record.
+
+    Except with IN_FLIGHT "wait", which the general path's polling serves.
+    """
+    now = timezone.now()
+    IdempotencyRecord.objects.create(
+        tenant="anonymous",
+        operation="POST api-view/optimistic",
+        key="k",
+        fingerprint=_fingerprint_of_amount_one(api),
+        state=State.CLAIMED,
+        lease_owner="elsewhere",
+        lease_expires_at=now + timedelta(hours=1),
+        created_at=now,
+        updated_at=now,
+        expires_at=now + timedelta(days=1),
+    )
+    wait = timedelta(milliseconds=100)
+    with (
+        override_settings(IDEMPOTENCY={"IN_FLIGHT": in_flight, "IN_FLIGHT_WAIT": wait}),
+        _sent() as sent,
+    ):
+        response = post(api, URL, {"amount": 1}, "k")
+    assert response.status_code == 409
+    assert response.json()["code"] == "idempotency_request_in_progress"
+    if in_flight == "conflict":
+        assert len(sent.round_trips) == 1 and _is_the_lookup(sent.round_trips[0]), sent.round_trips
+    assert not Charge.objects.exists()
+
+
+def _fingerprint_of_amount_one(api: APIClient) -> str:
+    """The stored fingerprint of ``{"amount": 1}`` posted to URL (a record made, then dropped)."""
+    assert post(api, URL, {"amount": 1}, "probe").status_code == 201
+    record = IdempotencyRecord.objects.get(key="probe")
+    record.delete()
+    Charge.objects.all().delete()
+    return str(record.fingerprint)
+
+
+@not_in_a_request_transaction
 def test_an_uncertain_verdict_is_released_like_a_retryable_one(api: APIClient) -> None:
     """Nothing outside the database ran, and its writes rolled back: nothing is uncertain.
 

@@ -145,8 +145,10 @@ def run_optimistically(
     """Look up (autocommit), then run the view and insert its finished record in one transaction.
 
     ``None``: the key is held by an unresolved record (a request of the
-    two-commit kind, a record handed back or left UNCERTAIN): take the
-    general path, which knows how to wait for it or take it over.
+    two-commit kind, a record handed back) that may be taken over or waited
+    for (``IN_FLIGHT`` "wait"): take the general path, which knows how.
+    Any other unresolved record is refused at once (409, or 503 for one
+    left UNCERTAIN), as the general path would.
 
     A deadlock or a serialization failure usually strikes a duplicate
     before the winner has committed, when no record answers yet: the
@@ -249,7 +251,13 @@ def _attempt(
         assert record is not None
         if not fingerprint.matches(record.fingerprint) or record.is_resolved:
             return answer_settled(tally, fingerprint, record)
-        return None
+        if idempotency_settings.IN_FLIGHT == "conflict" and not store.abandoned(
+            record, fingerprint
+        ):
+            # A live claim of the two-commit kind: the general path's claim
+            # would find this very record and refuse; refused from the lookup.
+            held(tally, record)
+        return None  # to take over, or to wait for
     return _settle(tally, fingerprint, run, ttl, database, sender)
 
 
