@@ -333,6 +333,7 @@ def wal_per_request(alias: str, admin: Any, requests: int) -> list[dict[str, Any
                 response_of(body),
                 ttl=LONG_TTL,
                 using=alias,
+                wait=timedelta(seconds=10),
             )
 
     def replay() -> None:

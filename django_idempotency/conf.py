@@ -317,8 +317,9 @@ class IdempotencySettings:
         checks=("E009",),
         doc='A duplicate of a running request gets 409 at once. `"wait"`: it waits up to '
         "`IN_FLIGHT_WAIT` for the first to finish and replays its outcome, else 409. Views "
-        "with `optimistic=True` always wait (on the database, up to `IN_FLIGHT_WAIT` on "
-        "PostgreSQL) whatever this says.",
+        "with `optimistic=True` always wait on the database whatever this says: their "
+        "record's INSERT up to `IN_FLIGHT_WAIT` on PostgreSQL, their own statements as the "
+        "connection's `lock_timeout` allows.",
     )
     IN_FLIGHT_WAIT = Setting(
         timedelta(seconds=10),
@@ -328,8 +329,9 @@ class IdempotencySettings:
         doc='Bound of the `"wait"` mode, and of every wait of a request on another '
         "session's lock on its record (then 409 with Retry-After): on PostgreSQL the "
         "transaction-local `lock_timeout` of the claim, of the takeover of an abandoned claim "
-        "(also on MySQL/MariaDB, in whole seconds) and of `optimistic` views' claims, how "
-        "long a duplicate waits on the first request's rows; and the "
+        "(also on MySQL/MariaDB, in whole seconds) and of an `optimistic` view's record "
+        "INSERT (and of the DELETE of an expired record it replaces), how long a request "
+        "waits on another's record not committed yet; and the "
         "`idle_in_transaction_session_timeout` (at least 1 s) of recovery's takeover, so "
         "that a recovery worker cut off from the database mid-takeover never holds a "
         "record's row longer ([partitions](fleet.md#a-partition)).",

@@ -10,7 +10,8 @@ from __future__ import annotations
 
 import json
 import threading
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
 from datetime import timedelta
 from typing import Any
 
@@ -28,6 +29,7 @@ from django_idempotency import idempotent, signals
 from django_idempotency.models import IdempotencyRecord
 from django_idempotency.outcomes import Verdict, by_status
 from tests import configurations
+from tests.sessions import key_held_by_an_open_transaction
 from tests.test_store_unavailable import unreachable_store  # noqa: F401 (a fixture)
 from tests.testapp.models import Charge, Order
 from tests.utils import post, signals_sent
@@ -62,6 +64,9 @@ def _statements(captured: CaptureQueriesContext) -> list[str]:
     return [query["sql"] for query in captured.captured_queries]
 
 
+optimistic_lock_timeout_view = idempotent(optimistic=True)
+
+
 @not_in_a_request_transaction
 @pytest.mark.parametrize("url", [URL, MIXIN_URL])
 def test_first_execution_writes_the_record_once_and_replays(api: APIClient, url: str) -> None:
@@ -86,30 +91,131 @@ def test_first_execution_writes_the_record_once_and_replays(api: APIClient, url:
     assert abs(retention - timedelta(hours=24)) < timedelta(seconds=1)
 
 
+class _Sent:
+    """What a request sent, in order: every round trip, and where each statement ran."""
+
+    def __init__(self, captured: CaptureQueriesContext, in_a_transaction: list[bool]) -> None:
+        self.captured = captured
+        #: Per statement the wrapper saw (BEGIN and COMMIT are not statements
+        #: of a cursor): whether it ran inside an atomic block.
+        self.in_a_transaction = in_a_transaction
+
+    @property
+    def round_trips(self) -> list[str]:
+        """Statements, BEGIN, COMMIT, ROLLBACK and savepoints: each one a round trip."""
+        return _statements(self.captured)
+
+
+@contextmanager
+def _sent() -> Iterator[_Sent]:
+    in_a_transaction: list[bool] = []
+
+    def note(execute: Any, sql: str, params: Any, many: bool, context: Any) -> Any:
+        if not sql.startswith("BEGIN"):  # SQLite's BEGIN IMMEDIATE comes through a cursor
+            in_a_transaction.append(connection.in_atomic_block)
+        return execute(sql, params, many, context)
+
+    with CaptureQueriesContext(connection) as captured, connection.execute_wrapper(note):
+        yield _Sent(captured, in_a_transaction)
+
+
+def _insert_into(table: str) -> str:
+    return f"INSERT INTO {connection.ops.quote_name(table)}"
+
+
+def _is_the_lookup(sql: str) -> bool:
+    return sql.startswith("SELECT") and "django_idempotency_record" in sql
+
+
+@not_in_a_request_transaction
+@pytest.mark.parametrize(
+    ("body", "status"), [({"amount": 1}, 201), ({"amount": 2}, 422)], ids=["replay", "mismatch"]
+)
+@pytest.mark.parametrize("url", [URL, MIXIN_URL])
+def test_an_answer_from_the_record_is_one_statement_outside_any_transaction(
+    api: APIClient, url: str, body: dict[str, int], status: int
+) -> None:
+    """A replay (or 422) is the lookup alone, in autocommit: one round trip, no BEGIN, no COMMIT."""
+    assert post(api, url, {"amount": 1}, "k").status_code == 201
+    with _sent() as sent:
+        answer = post(api, url, body, "k")
+    assert answer.status_code == status
+    assert len(sent.round_trips) == 1, sent.round_trips
+    assert _is_the_lookup(sent.round_trips[0]), sent.round_trips
+    assert sent.in_a_transaction == [False]
+
+
+@not_in_a_request_transaction
+def test_a_first_execution_is_five_round_trips_its_lookup_before_the_transaction(
+    api: APIClient,
+) -> None:
+    """The lookup in autocommit, then BEGIN, the view's INSERT, the record's INSERT, COMMIT.
+
+    As many round trips as the hand-written one-commit design, on every
+    database: no savepoint around the record's INSERT (a lost INSERT rolls
+    the whole transaction back anyway).
+    """
+    with _sent() as sent:
+        assert post(api, URL, {"amount": 1}, "k").status_code == 201
+    sql = sent.round_trips
+    assert len(sql) == 5, sql
+    assert _is_the_lookup(sql[0]), sql
+    assert sql[1].startswith("BEGIN") and sql[4] == "COMMIT", sql  # SQLite: BEGIN IMMEDIATE
+    assert sql[2].startswith(_insert_into("testapp_charge")), sql
+    assert sql[3].startswith(_insert_into("django_idempotency_record")), sql
+    assert sent.in_a_transaction == [False, True, True]
+
+
 @not_in_a_request_transaction
 @pytest.mark.postgres
-def test_postgresql_statements_are_the_views_plus_two(api: APIClient) -> None:
-    """One statement opens the transaction (lookup + lock_timeout), one closes it (INSERT)."""
+def test_on_postgresql_the_records_insert_carries_the_wait_bound(api: APIClient) -> None:
+    """The record's INSERT, the one statement of ours that waits on a duplicate, bounds its wait.
+
+    ``lock_timeout`` = ``IN_FLIGHT_WAIT``, set inside the statement before its
+    row meets the unique index; the transaction ends right after, so nothing
+    of it is left on the connection.
+    """
     if connection.vendor != "postgresql":
         pytest.skip("PostgreSQL's statements")
-    with CaptureQueriesContext(connection) as captured:
+    with _sent() as sent:
         assert post(api, URL, {"amount": 1}, "k").status_code == 201
-    sql = _statements(captured)
-    with CaptureQueriesContext(connection) as replayed:
-        assert post(api, URL, {"amount": 1}, "k")["Idempotent-Replayed"] == "true"
-    assert sql.count("COMMIT") == 1  # one transaction, one commit
-    sql = [statement for statement in sql if statement not in ("BEGIN", "COMMIT")]
-    assert len(sql) == 1 + 1 + 1, sql  # lookup, the view's INSERT, the record's INSERT
-    assert "set_config('lock_timeout', '10000', true)" in sql[0]
-    assert sql[1].startswith('INSERT INTO "testapp_charge"')
-    assert sql[2].startswith('INSERT INTO "django_idempotency_record"')
-    assert "ON CONFLICT" in sql[2]
-    # A replay: the lookup alone, in the transaction it opened.
-    assert _statements(replayed)[1:] == [_statements(replayed)[1], "COMMIT"]
-    assert _statements(replayed)[0] == "BEGIN" and len(_statements(replayed)) == 3
+    record_insert = sent.round_trips[3]
+    assert "set_config('lock_timeout', '10000', true)" in record_insert
+    assert "set_config" not in sent.round_trips[0]  # the lookup sets nothing
     with connection.cursor() as cursor:  # the timeout was the transaction's only
         cursor.execute("SHOW lock_timeout")
         assert cursor.fetchone()[0] == "0"
+
+
+@optimistic_lock_timeout_view
+def _show_lock_timeout(request: Any) -> Any:
+    """The lock_timeout in force for the view's own statements."""
+    with connection.cursor() as cursor:
+        cursor.execute("SHOW lock_timeout")
+        shown = cursor.fetchone()[0]
+    return JsonResponse({"lock_timeout": shown}, status=201)
+
+
+@not_in_a_request_transaction
+@pytest.mark.postgres
+@pytest.mark.parametrize("replacing_an_expired_record", [False, True], ids=["new", "expired"])
+def test_the_views_own_statements_wait_as_the_connection_says(
+    replacing_an_expired_record: bool,
+) -> None:
+    """No IN_FLIGHT_WAIT on the view's statements: its lock waits are the project's to bound.
+
+    (The lookup used to set the transaction's ``lock_timeout`` before the
+    view; it now runs in autocommit, and the bounds are the record's
+    INSERT's and the expired record's DELETE's own.)
+    """
+    if connection.vendor != "postgresql":
+        pytest.skip("PostgreSQL's lock_timeout")
+    if replacing_an_expired_record:
+        assert _call_plain(_show_lock_timeout, {}, "k").status_code == 201
+        _expire_every_record()
+    response = _call_plain(_show_lock_timeout, {}, "k")
+    assert response.status_code == 201 and "Idempotent-Replayed" not in response
+    assert json.loads(response.content) == {"lock_timeout": "0"}
 
 
 @not_in_a_request_transaction
@@ -209,6 +315,50 @@ def test_a_key_held_by_a_two_commit_claim_is_answered_by_the_general_path(
     response = post(api, URL, {"amount": 1}, "k")
     assert response.status_code in (409, 422)
     assert not Charge.objects.exists()
+
+
+@not_in_a_request_transaction
+@pytest.mark.parametrize("in_flight", ["conflict", "wait"])
+def test_a_key_held_by_a_live_two_commit_claim_is_refused_from_the_lookup_alone(
+    api: APIClient, in_flight: str
+) -> None:
+    """409 in one round trip: the general path's claim would only find the same record.
+
+    Except with IN_FLIGHT "wait", which the general path's polling serves.
+    """
+    now = timezone.now()
+    IdempotencyRecord.objects.create(
+        tenant="anonymous",
+        operation="POST api-view/optimistic",
+        key="k",
+        fingerprint=_fingerprint_of_amount_one(api),
+        state=State.CLAIMED,
+        lease_owner="elsewhere",
+        lease_expires_at=now + timedelta(hours=1),
+        created_at=now,
+        updated_at=now,
+        expires_at=now + timedelta(days=1),
+    )
+    wait = timedelta(milliseconds=100)
+    with (
+        override_settings(IDEMPOTENCY={"IN_FLIGHT": in_flight, "IN_FLIGHT_WAIT": wait}),
+        _sent() as sent,
+    ):
+        response = post(api, URL, {"amount": 1}, "k")
+    assert response.status_code == 409
+    assert response.json()["code"] == "idempotency_request_in_progress"
+    if in_flight == "conflict":
+        assert len(sent.round_trips) == 1 and _is_the_lookup(sent.round_trips[0]), sent.round_trips
+    assert not Charge.objects.exists()
+
+
+def _fingerprint_of_amount_one(api: APIClient) -> str:
+    """The stored fingerprint of ``{"amount": 1}`` posted to URL (a record made, then dropped)."""
+    assert post(api, URL, {"amount": 1}, "probe").status_code == 201
+    record = IdempotencyRecord.objects.get(key="probe")
+    record.delete()
+    Charge.objects.all().delete()
+    return str(record.fingerprint)
 
 
 @not_in_a_request_transaction
@@ -313,17 +463,96 @@ def test_a_loser_with_other_input_gets_422() -> None:
 
 
 @not_in_a_request_transaction
-@pytest.mark.postgres
-def test_a_loser_that_gives_up_waiting_gets_409_not_an_outage() -> None:
-    if connection.vendor != "postgresql":
-        pytest.skip("a transaction-local lock_timeout is PostgreSQL's")
+def test_a_loser_waiting_on_the_winners_business_row_replays_it_past_in_flight_wait() -> None:
+    """The view's own lock waits are not cut at IN_FLIGHT_WAIT: the loser waits, then replays.
+
+    (Until the lookup moved out of the view's transaction, its
+    transaction-local lock_timeout cut this wait at IN_FLIGHT_WAIT: 409.)
+    """
     with override_settings(IDEMPOTENCY={"IN_FLIGHT_WAIT": timedelta(milliseconds=200)}):
-        responses = _concurrently([{"amount": 1, "order": "A-1", "hold": 1.5}] * 2, "race")
-    assert sorted(r.status_code for r in responses) == [201, 409]
-    conflict = next(r for r in responses if r.status_code == 409)
-    assert conflict.json()["code"] == "idempotency_request_in_progress"
-    assert conflict["Retry-After"]
+        responses = _concurrently([{"amount": 1, "order": "A-1", "hold": 1.0}] * 2, "race")
+    _one_winner_the_rest_replay(responses)
+    assert Order.objects.count() == 1
+
+
+@not_in_a_request_transaction
+@pytest.mark.postgres
+def test_the_records_insert_waits_at_most_in_flight_wait_on_an_uncommitted_record(
+    api: APIClient,
+) -> None:
+    """A duplicate inserted its record and went silent before COMMIT (a worker cut off).
+
+    The lookup, in autocommit, does not see it; the view runs; the record's
+    INSERT waits on the unique index for at most IN_FLIGHT_WAIT, then 409
+    with Retry-After, its writes rolled back; the retry runs once the
+    holder is gone.
+    """
+    if connection.vendor != "postgresql":
+        pytest.skip("a statement-local lock_timeout is PostgreSQL's")
+    api.raise_request_exception = False
+    with override_settings(IDEMPOTENCY={"IN_FLIGHT_WAIT": timedelta(milliseconds=300)}):
+        with key_held_by_an_open_transaction("POST api-view/optimistic"):
+            refused = _in_a_thread(lambda: post(api, URL, {"amount": 1}, "k"))
+        assert refused.status_code == 409, refused.content
+        assert refused.json()["code"] == "idempotency_request_in_progress"
+        assert refused["Retry-After"]
+        assert not Charge.objects.exists() and not IdempotencyRecord.objects.exists()
+        assert post(api, URL, {"amount": 1}, "k").status_code == 201
     assert Charge.objects.count() == 1
+
+
+@not_in_a_request_transaction
+@pytest.mark.postgres
+def test_replacing_an_expired_record_waits_at_most_in_flight_wait_on_its_uncommitted_delete(
+    api: APIClient,
+) -> None:
+    """Another session deleted the expired record (a duplicate replacing it) and went silent."""
+    if connection.vendor != "postgresql":
+        pytest.skip("a statement-local lock_timeout is PostgreSQL's")
+    api.raise_request_exception = False
+    assert post(api, URL, {"amount": 1}, "k").status_code == 201
+    _expire_every_record()
+    expired = IdempotencyRecord.objects.get()
+    with override_settings(IDEMPOTENCY={"IN_FLIGHT_WAIT": timedelta(milliseconds=300)}):
+        with _deleted_by_an_open_transaction(expired.pk):
+            refused = _in_a_thread(lambda: post(api, URL, {"amount": 1}, "k"))
+        assert refused.status_code == 409, refused.content
+        assert refused.json()["code"] == "idempotency_request_in_progress"
+        assert Charge.objects.count() == 1  # the first run's only
+        assert IdempotencyRecord.objects.get().pk == expired.pk
+        again = post(api, URL, {"amount": 1}, "k")
+    assert again.status_code == 201 and "Idempotent-Replayed" not in again
+    assert Charge.objects.count() == 2
+
+
+@contextmanager
+def _deleted_by_an_open_transaction(record_id: int) -> Iterator[None]:
+    other = connections.create_connection("default")
+    try:
+        other.set_autocommit(False)
+        with other.cursor() as cursor:
+            cursor.execute("DELETE FROM django_idempotency_record WHERE id = %s", [record_id])
+        yield
+    finally:
+        other.rollback()
+        other.close()
+
+
+def _in_a_thread(call: Callable[[], Any]) -> Any:
+    """``call()`` on a thread of its own (its own connection), waited for: a hang fails."""
+    outcome: list[Any] = []
+
+    def run() -> None:
+        try:
+            outcome.append(call())
+        finally:
+            connections.close_all()
+
+    thread = threading.Thread(target=run, daemon=True)
+    thread.start()
+    thread.join(timeout=30)
+    assert not thread.is_alive(), "the request waited without bound"
+    return outcome[0]
 
 
 @not_in_a_request_transaction

@@ -3,8 +3,8 @@
 The promise (SPEC "Contract additions", docs/transactions.md "Optimistic
 mode"): concurrent duplicates may each run the view body; exactly one
 commits; every other one rolls back and answers with the winner's replay
-(or 422; 409 only when it gave up waiting, its lock_timeout run out before
-the winner committed): never the domain error it met, never an outage.
+(or 422; 409 only when it gave up waiting: its record's INSERT waited
+IN_FLIGHT_WAIT on a record not committed yet): never the domain error it met, never an outage.
 Each test asserts that promise; a failure is a finding.
 """
 
@@ -25,6 +25,7 @@ from django.test import Client, override_settings
 
 from django_idempotency import signals
 from django_idempotency.models import IdempotencyRecord
+from tests.sessions import key_held_by_an_open_transaction
 from tests.testapp.models import Charge, Order
 from tests.utils import TokenClient, post, raw_body, signals_sent
 
@@ -180,8 +181,8 @@ def test_deadlocked_duplicates_answer_the_winners_replay(in_flight: str) -> None
     """Two duplicates write two business rows in opposite orders: the deadlock's victim replays.
 
     docs/transactions.md lists a deadlock among the failures a loser
-    answers with the winner's replay; 409 only when its lock_timeout ran
-    out before the winner committed, which is not what happened here. With
+    answers with the winner's replay; 409 only when it gave up waiting before
+    the winner committed, which is not what happened here. With
     IN_FLIGHT "wait" a duplicate is promised a wait for the outcome, too.
     """
     body = {"amount": 1, "ref": "R", "hold": 0.5}
@@ -235,39 +236,30 @@ def test_a_deploy_switching_modes_commits_once() -> None:
     assert IdempotencyRecord.objects.get().state == State.COMPLETED
 
 
-# -- the transaction-local lock_timeout and requests that are not duplicates ------------
+# -- lock waits of requests that are not duplicates ------------------------------------
 
 
-def test_a_different_key_waiting_on_a_hot_account_row_in_the_default_mode_is_served() -> None:
-    """The default mode sets no lock_timeout on the view: the second transfer waits and runs."""
-    responses = _hot_account_transfers("/optimistic-duplicates/lock-account-default")
+@pytest.mark.parametrize("mode", ["default", "optimistic"])
+def test_a_different_key_waiting_on_a_hot_account_row_is_served(mode: str) -> None:
+    """Neither mode sets a lock_timeout on the view's statements: the second transfer waits, runs.
+
+    (Until the optimistic lookup ran in autocommit, its transaction-local
+    lock_timeout, IN_FLIGHT_WAIT, cut every lock wait of the view's
+    transaction: the second transfer was told 409 to retry.)
+    """
+    suffix = "-default" if mode == "default" else ""
+    responses = _hot_account_transfers(f"/optimistic-duplicates/lock-account{suffix}")
     assert [r.status_code for r in responses] == [201, 201], _described(responses)
     assert Order.objects.get(number="acct").amount == 3
 
 
-def test_a_different_key_waiting_past_in_flight_wait_is_told_to_retry() -> None:
-    """Optimistic mode: the transaction-local lock_timeout (IN_FLIGHT_WAIT) bounds every wait.
-
-    Easy to miss: a request that is no duplicate, waiting on a hot row
-    longer than IN_FLIGHT_WAIT, is cut too. The documented answer
-    (docs/transactions.md, "Waiting"): 409 with Retry-After, nothing
-    committed, and its retry with the same key runs.
-    """
-    responses = _hot_account_transfers("/optimistic-duplicates/lock-account")
-    assert [r.status_code for r in responses] == [201, 409], _described(responses)
-    assert responses[1]["Retry-After"]
-    assert Order.objects.get(number="acct").amount == 1
-    retry = _send(
-        "/optimistic-duplicates/lock-account", {"account": "acct", "amount": 2}, "second", {}
-    )
-    assert retry.status_code == 201 and "Idempotent-Replayed" not in retry
-    assert Order.objects.get(number="acct").amount == 3
-
-
 def _hot_account_transfers(url: str) -> list[Any]:
-    """Two transfers (different keys) on one account row; the second waits for the first's lock."""
+    """Two transfers (different keys) on one account row; the second waits for the first's lock.
+
+    The first holds the row for 0.6 s, three times IN_FLIGHT_WAIT.
+    """
     if connection.vendor != "postgresql":
-        pytest.skip("the transaction-local lock_timeout is PostgreSQL's")
+        pytest.skip("IN_FLIGHT_WAIT bounds waits with a lock_timeout on PostgreSQL")
     Order.objects.create(number="acct", amount=0)
     wait = timedelta(milliseconds=200)
     with override_settings(IDEMPOTENCY={"IN_FLIGHT": "conflict", "IN_FLIGHT_WAIT": wait}):
@@ -378,28 +370,57 @@ def test_a_session_lost_mid_view_is_503_and_leaves_nothing() -> None:
 
 
 def test_a_loser_that_gave_up_leaves_no_lock_timeout_on_its_connection() -> None:
+    """It gave up at its record's INSERT, on a duplicate's record that never committed."""
     if connection.vendor != "postgresql":
-        pytest.skip("the transaction-local lock_timeout is PostgreSQL's")
-    winner: list[Any] = []
-    body = {"amount": 1, "order": "A-1", "hold": 1.5}
+        pytest.skip("the statement's lock_timeout is PostgreSQL's")
+    body = {"amount": 1}
+    with (
+        override_settings(IDEMPOTENCY={"IN_FLIGHT_WAIT": timedelta(milliseconds=200)}),
+        key_held_by_an_open_transaction("POST api-view/optimistic"),
+    ):
+        loser = _send("/api-view/optimistic", body, "k", {})
+        with connection.cursor() as cursor:  # the same connection, reused as a pool would
+            cursor.execute("SHOW lock_timeout")
+            after = cursor.fetchone()[0]
+    assert loser.status_code == 409, loser.content
+    assert after == "0"
 
-    def run_the_winner() -> None:
+
+# -- a duplicate committing between the lookup and the transaction ----------------------
+
+
+def test_a_duplicate_committing_right_after_the_lookup_is_replayed(isolation: str) -> None:
+    """The lookup, in autocommit, found nothing; a duplicate then ran and committed.
+
+    This request's view runs all the same, its record's INSERT finds the
+    key taken, everything it wrote rolls back, and it answers with the
+    winner's replay: one charge, one record.
+    """
+    url, body = "/api-view/optimistic", {"amount": 1}
+    winner: list[Any] = []
+
+    def run_the_duplicate() -> None:
         try:
-            winner.append(_send("/api-view/optimistic", body, "k", {}))
+            winner.append(_send(url, body, "race", {}))
         finally:
             connections.close_all()
 
-    thread = threading.Thread(target=run_the_winner)
-    thread.start()
-    time.sleep(0.4)
-    with override_settings(IDEMPOTENCY={"IN_FLIGHT_WAIT": timedelta(milliseconds=200)}):
-        loser = _send("/api-view/optimistic", body, "k", {})
-    with connection.cursor() as cursor:  # the same connection, reused as a pool would
-        cursor.execute("SHOW lock_timeout")
-        after = cursor.fetchone()[0]
-    thread.join(timeout=30)
-    assert loser.status_code == 409 and winner[0].status_code == 201
-    assert after == "0"
+    def after_the_lookup(execute: Any, sql: str, params: Any, many: bool, context: Any) -> Any:
+        result = execute(sql, params, many, context)
+        if not winner and sql.startswith("SELECT") and "django_idempotency_record" in sql:
+            thread = threading.Thread(target=run_the_duplicate)  # its own connection
+            thread.start()
+            thread.join(timeout=60)
+        return result
+
+    with connection.execute_wrapper(after_the_lookup):
+        late = _send(url, body, "race", {})
+    assert winner and winner[0].status_code == 201, _described(winner)
+    assert "Idempotent-Replayed" not in winner[0]
+    assert late.status_code == 201 and late["Idempotent-Replayed"] == "true", _described([late])
+    assert late.content == winner[0].content
+    assert Charge.objects.count() == 1
+    assert IdempotencyRecord.objects.get().state == State.COMPLETED
 
 
 @contextlib.contextmanager

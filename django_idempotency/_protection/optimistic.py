@@ -1,11 +1,12 @@
 """``optimistic``: the view runs first, and its record is written once, finished.
 
 For views whose effects all live in the records' database. Nothing is
-claimed before the view: its transaction opens with a lookup of the key
-(a settled record is answered at once), runs the view, and ends with one
-conditional INSERT of the finished record (``store.record_finished``),
-which the unique index on (tenant, operation, key) arbitrates. One commit,
-no UPDATE, no dead row version.
+claimed before the view: a lookup of the key, in autocommit, answers a
+settled record at once (a replay is that one statement, in no explicit
+transaction); otherwise the view runs in its transaction, which ends with
+one INSERT of the finished record (``store.record_finished``), which the
+unique index on (tenant, operation, key) arbitrates. One commit, no
+UPDATE, no dead row version.
 
 The promise differs from the other modes': concurrent duplicates may each
 run the view body, and exactly one commits. Every other one rolls back,
@@ -61,6 +62,7 @@ from django_idempotency._store.errors import (
 from django_idempotency.conf import idempotency_settings
 from django_idempotency.context import IdempotencyContext
 from django_idempotency.exceptions import StoreUnavailable
+from django_idempotency.models import IdempotencyRecord
 from django_idempotency.outcomes import Outcome
 from django_idempotency.responses import StoredResponse, Verdict
 from django_idempotency.scope import Scope
@@ -73,19 +75,27 @@ logger = logging.getLogger("django_idempotency")
 
 
 class _OptimisticRecording:
-    """The optimistic mode's part of the run: the view in the lookup's
-    transaction, then one conditional INSERT of its finished record."""
+    """The optimistic mode's part of the run: the view in its transaction, then
+    one INSERT of its finished record (after the DELETE of the expired record
+    it replaces, if any)."""
 
     refuses_a_rolled_back_success_at_once = False  # the winner answers first
 
     def __init__(
-        self, scope: Scope, fingerprint: Fingerprint, ttl: timedelta, database: str, sender: Sender
+        self,
+        scope: Scope,
+        fingerprint: Fingerprint,
+        ttl: timedelta,
+        database: str,
+        sender: Sender,
+        replacing: IdempotencyRecord | None,
     ) -> None:
         self.scope = scope
         self.fingerprint = fingerprint
         self.ttl = ttl
         self.database = database
         self.sender = sender
+        self.replacing = replacing
 
     @contextmanager
     def transactions(self) -> Iterator[list[str]]:
@@ -96,8 +106,16 @@ class _OptimisticRecording:
         return writes_discarded()
 
     def write(self, verdict: Verdict, stored: StoredResponse) -> bool:
+        wait = idempotency_settings.IN_FLIGHT_WAIT
         with step_span("idempotency.complete", self.scope) as span:
             span.set_attribute("idempotency.outcome", verdict.value)
+            if self.replacing is not None:
+                # Here, not before the view: its wait bound (the DELETE's own)
+                # then covers only our statements, and a run that rolls back
+                # never took the expired record's row lock.
+                store.discard_expired_waiting_at_most(
+                    self.replacing, using=self.database, wait=wait
+                )
             recorded = store.record_finished(
                 self.scope,
                 self.fingerprint,
@@ -106,6 +124,7 @@ class _OptimisticRecording:
                 ttl=self.ttl,
                 using=self.database,
                 sender=self.sender,
+                wait=wait,
             )
             span.set_attribute("idempotency.recorded", recorded)
         return recorded
@@ -123,11 +142,13 @@ def run_optimistically(
     outcome: Outcome,
     sender: Sender = NOBODY,
 ) -> HttpResponseBase | None:
-    """Look up, run the view and insert its finished record, in one transaction.
+    """Look up (autocommit), then run the view and insert its finished record in one transaction.
 
     ``None``: the key is held by an unresolved record (a request of the
-    two-commit kind, a record handed back or left UNCERTAIN): take the
-    general path, which knows how to wait for it or take it over.
+    two-commit kind, a record handed back) that may be taken over or waited
+    for (``IN_FLIGHT`` "wait"): take the general path, which knows how.
+    Any other unresolved record is refused at once (409, or 503 for one
+    left UNCERTAIN), as the general path would.
 
     A deadlock or a serialization failure usually strikes a duplicate
     before the winner has committed, when no record answers yet: the
@@ -193,26 +214,20 @@ def _attempt(
     record = None
     run: Ran | None = None
     try:
-        with transaction.atomic(using=database):
-            record = store.lookup_waiting_at_most(
-                scope, using=database, wait=idempotency_settings.IN_FLIGHT_WAIT
-            )
-            if record is not None and store.past_retention(record):
-                # Replaced only under its own condition (resolved, past
-                # retention, not taken over since): a DELETE that commits
-                # only with this view's record, so a duplicate doing the
-                # same waits for this one and then finds nothing to delete.
-                store.discard_expired(record, using=database)
-                record = None
-            if record is None:
-                progress.phase = Phase.VIEW
-                # No record exists while the view runs: nothing to fence
-                # (token 0), no lease to renew, no intent to commit before a call.
-                unclaimed = store.Claim(
-                    record_id=0, fencing_token=0, scope=scope, database=database
-                )
-                request.idempotency = IdempotencyContext(unclaimed, optimistic=True)  # type: ignore[attr-defined]
-                recording = _OptimisticRecording(scope, fingerprint, ttl, database, sender)
+        # In autocommit, before any transaction: a replay (the common retry)
+        # is this one statement. It takes no lock and waits on nobody: the
+        # statements that may wait on a duplicate (the record's INSERT, the
+        # expired record's DELETE) carry their own bound.
+        record = store.lookup(scope, using=database)
+        replacing = record if record is not None and store.past_retention(record) else None
+        if record is None or replacing is not None:
+            progress.phase = Phase.VIEW
+            # No record exists while the view runs: nothing to fence
+            # (token 0), no lease to renew, no intent to commit before a call.
+            unclaimed = store.Claim(record_id=0, fencing_token=0, scope=scope, database=database)
+            request.idempotency = IdempotencyContext(unclaimed, optimistic=True)  # type: ignore[attr-defined]
+            recording = _OptimisticRecording(scope, fingerprint, ttl, database, sender, replacing)
+            with transaction.atomic(using=database):
                 run = run_view(view, outcome, recording, progress)
     except SimulatedCrash:
         raise  # a "killed" process cleans nothing up (testing helper)
@@ -236,7 +251,13 @@ def _attempt(
         assert record is not None
         if not fingerprint.matches(record.fingerprint) or record.is_resolved:
             return answer_settled(tally, fingerprint, record)
-        return None
+        if idempotency_settings.IN_FLIGHT == "conflict" and not store.abandoned(
+            record, fingerprint
+        ):
+            # A live claim of the two-commit kind: the general path's claim
+            # would find this very record and refuse; refused from the lookup.
+            held(tally, record)
+        return None  # to take over, or to wait for
     return _settle(tally, fingerprint, run, ttl, database, sender)
 
 
@@ -293,6 +314,7 @@ def _store_on_its_own(
             ttl=ttl,
             using=database,
             sender=sender,
+            wait=idempotency_settings.IN_FLIGHT_WAIT,
         )
     except DatabaseError as exc:
         log_unsettled(exc, f"store the refusal of {scope}", "its retry runs again")

@@ -9,7 +9,7 @@ changes them only by calling the functions exported here:
 - ``owner_writes``: what the owner of a claim writes, each write
   conditional on its fencing token;
 - ``finished``: the optimistic mode's one INSERT of a finished record,
-  and the lookup that opens its transaction;
+  and the DELETE of an expired one it replaces;
 - ``presented``: the record a retry whose authentication failed may be
   answered with, found by the credential it presented;
 - ``steps``: the rows of a multi-step operation's steps, written only
@@ -66,7 +66,10 @@ if TYPE_CHECKING:
         commit_now_alias,
         snapshot_isolated,
     )
-    from django_idempotency._store.finished import lookup_waiting_at_most, record_finished
+    from django_idempotency._store.finished import (
+        discard_expired_waiting_at_most,
+        record_finished,
+    )
     from django_idempotency._store.maintenance import (
         PurgedBatch,
         ResealBatch,
@@ -120,6 +123,7 @@ _HOMES = {
     "commit_now_alias": "django_idempotency._store.connections",
     "complete": "django_idempotency._store.owner_writes",
     "discard_expired": "django_idempotency._store.claims",
+    "discard_expired_waiting_at_most": "django_idempotency._store.finished",
     "expire_leases": "django_idempotency._store.maintenance",
     "extend_retention": "django_idempotency._store.maintenance",
     "finished_for_credential": "django_idempotency._store.presented",
@@ -129,7 +133,6 @@ _HOMES = {
     "kept_as_tombstone": "django_idempotency._store.claims",
     "lease_owner": "django_idempotency._store.claims",
     "lookup": "django_idempotency._store.claims",
-    "lookup_waiting_at_most": "django_idempotency._store.finished",
     "mark_uncertain": "django_idempotency._store.owner_writes",
     "note_provider_operation": "django_idempotency._store.owner_writes",
     "past_retention": "django_idempotency._store.claims",
@@ -170,6 +173,7 @@ __all__ = [
     "commit_now_alias",
     "complete",
     "discard_expired",
+    "discard_expired_waiting_at_most",
     "expire_leases",
     "extend_retention",
     "finished_for_credential",
@@ -179,7 +183,6 @@ __all__ = [
     "kept_as_tombstone",
     "lease_owner",
     "lookup",
-    "lookup_waiting_at_most",
     "mark_uncertain",
     "note_provider_operation",
     "past_retention",

@@ -89,7 +89,8 @@ def claim(
 
     The database's unique constraint on (tenant, operation, key) is the
     arbiter: on PostgreSQL ``INSERT ... ON CONFLICT DO NOTHING RETURNING``,
-    elsewhere an INSERT inside a savepoint whose IntegrityError means "lost".
+    elsewhere an INSERT whose IntegrityError means "lost" (in a savepoint inside
+    a caller's transaction).
     Never SELECT-then-INSERT. Outside a transaction the statement commits at
     once; inside one (the caller's), it commits with it.
     """
@@ -106,8 +107,13 @@ def claim(
             cursor.execute(sql.claim, params)
             row = cursor.fetchone()
         return None if row is None else Claim(row[0], 1, scope, using, committed)
+    # A savepoint only in a caller's transaction (an IntegrityError would
+    # otherwise leave it to roll back): in autocommit the INSERT is a
+    # transaction of its own, and BEGIN and COMMIT around it would be two
+    # more round trips for every claim and every replay.
+    savepoint = transaction.atomic(using=using) if not committed else nullcontext()
     try:
-        with transaction.atomic(using=using):
+        with savepoint:
             record = IdempotencyRecord.objects.using(using).create(
                 tenant=scope.tenant,
                 operation=scope.operation,
@@ -383,14 +389,15 @@ def discard_expired(record: IdempotencyRecord, *, using: str) -> bool:
     ``past_retention()`` judges it, in the statement itself.
     """
     deleted = delete_where(
-        IdempotencyRecord.objects.filter(
-            pk=record.pk,
-            fencing_token=record.fencing_token,
-            state__in=RESOLVED_STATES,
-        ).filter(forgotten(idempotency_settings.TOMBSTONE_TTL)),
-        using=using,
+        IdempotencyRecord.objects.filter(expired_and_unchanged(record)), using=using
     )
     return bool(deleted)
+
+
+def expired_and_unchanged(record: IdempotencyRecord) -> Q:
+    """``record``, if it is still resolved, past retention and not taken over since."""
+    unchanged = Q(pk=record.pk, fencing_token=record.fencing_token, state__in=RESOLVED_STATES)
+    return unchanged & forgotten(idempotency_settings.TOMBSTONE_TTL)
 
 
 def forgotten(tombstone_ttl: timedelta | None) -> Q:

@@ -107,18 +107,13 @@ class Statements:
     purge_to_tombstones: str
     #: The clock the statements read the time from.
     clock: DatabaseClock
-    #: ``find``, first setting ``lock_timeout`` for the rest of the
-    #: transaction (one more parameter, first: milliseconds, as text).
-    #: Always one row: the record's columns are NULL when there is none.
-    #: PostgreSQL only (``optimistic=True``).
-    find_waiting_at_most: str = ""
     #: A finished record, as the optimistic mode writes it at the end of the
     #: view's transaction: tenant, operation, key, fingerprint, state,
-    #: status, headers, body, sealed, principal digest, credential digest,
-    #: then the clock's parameters for the
-    #: retention's end and the current time (twice) -> rowcount 1, or 0 when
-    #: the scope is taken (PostgreSQL: ``ON CONFLICT DO NOTHING``; elsewhere
-    #: the caller reads the IntegrityError).
+    #: status, headers, body, sealed, then (PostgreSQL only) the bound on its
+    #: wait (milliseconds, as text), then principal digest, credential
+    #: digest, then the clock's parameters for the retention's end and the
+    #: current time (twice) -> rowcount 1; a plain INSERT, so a scope already
+    #: taken raises an IntegrityError (the unique constraint's).
     insert_finished: str = ""
 
     @property
@@ -241,29 +236,27 @@ def _build(connection: BaseDatabaseWrapper, clock: DatabaseClock) -> Statements:
         "SELECT (SELECT count(*) FROM purged), (SELECT count(*) FROM buried), "
         f"GREATEST((SELECT max({expires_at}) FROM purged), (SELECT max({expires_at}) FROM buried))"
     )
-    # The timeout is set by a one-row subquery that the LEFT JOIN always
-    # reads, record or not: one round trip, and the lock_timeout is in force
-    # for everything the view's transaction does after it.
-    scoped = " AND ".join(f"{table}.{quote(name)} = %s" for name in ("tenant", "operation", "key"))
-    qualified_columns = ", ".join(
-        read_as(f"{table}.{quote(column)}")
-        if column in _TIME_COLUMNS
-        else f"{table}.{quote(column)}"
-        for column in _COLUMNS
-    )
-    find_waiting_at_most = (
-        f"SELECT {qualified_columns}{read_time} "
-        f"FROM (SELECT {wait_bounds.exactly('lock_timeout')}) AS waiting "
-        f"LEFT JOIN {table} ON {scoped}"
+    # A plain INSERT, not ON CONFLICT DO NOTHING: losing it means the whole
+    # transaction rolls back anyway (the view's writes with it), so the
+    # unique constraint's error says "taken" as well as a rowcount of 0
+    # would, and the speculative insertion ON CONFLICT needs (a probe of the
+    # unique index first, then a confirmation record: 48 bytes of WAL per
+    # record) is saved. On PostgreSQL the row's lease owner, '', is computed
+    # by the set_config() that bounds the INSERT's wait on a duplicate's
+    # uncommitted record: the values are computed before the row meets the
+    # unique index, so the bound is in force when it waits (as in the claim),
+    # and nothing of the transaction runs after it but the COMMIT.
+    bounded_owner = (
+        f"left({wait_bounds.exactly('lock_timeout')}, 0)"
+        if connection.vendor == "postgresql"
+        else "''"
     )
     finished_columns = ", ".join(quote(name) for name in (*_FINISHED_COLUMNS, *_FINISHED_TIMES))
     insert_finished = (
         f"INSERT INTO {table} ({finished_columns}) VALUES ("
-        "%s, %s, %s, %s, %s, %s, %s, %s, %s, '', NULL, 1, '', '', false, %s, %s, "
+        f"%s, %s, %s, %s, %s, %s, %s, %s, %s, {bounded_owner}, NULL, 1, '', '', false, %s, %s, "
         f"{clock.later}, {clock.now}, {clock.now})"
     )
-    if connection.vendor == "postgresql":
-        insert_finished += f" ON CONFLICT ({scope}) DO NOTHING"
     return Statements(
         claim,
         claim_waiting_at_most,
@@ -272,7 +265,6 @@ def _build(connection: BaseDatabaseWrapper, clock: DatabaseClock) -> Statements:
         purge,
         purge_to_tombstones,
         clock,
-        find_waiting_at_most=find_waiting_at_most,
         insert_finished=insert_finished,
     )
 

@@ -13,7 +13,9 @@ where the ``sleep`` of the other views waits. One whose note contains
 ``crash_after_record_insert()``, called by a view, kills the worker right
 after the next INSERT into the records' table on this thread has run: in the
 optimistic mode, the finished record's INSERT, before the COMMIT
-(tests/testapp/optimistic_views.py). A wrapper on every connection watches
+(tests/testapp/optimistic_live_views.py). ``hold_after_record_insert(seconds)``
+sleeps there instead: the record's index entry stays uncommitted that long,
+and a duplicate's INSERT waits on it. A wrapper on every connection watches
 the statements (``connection.execute_wrapper``), so the library needs no hook.
 """
 
@@ -59,23 +61,35 @@ def crash_after_record_insert() -> None:
     _armed.record_insert = True
 
 
+def hold_after_record_insert(seconds: float) -> None:
+    """Sleep ``seconds`` after the next INSERT into the records' table on this thread."""
+    _armed.hold = seconds
+
+
 def _disarm(**kwargs: Any) -> None:
     _armed.record_insert = False
+    _armed.hold = 0.0
 
 
-def _crash_after_record_insert(
+def _after_record_insert(
     execute: Callable[..., Any], sql: str, params: Any, many: bool, context: Any
 ) -> Any:
-    result = execute(sql, params, many, context)
-    if getattr(_armed, "record_insert", False) and RECORD_INSERT.search(sql):
+    result = execute(sql, params, many, context)  # only a record INSERT that ran gets further
+    if not RECORD_INSERT.search(sql):
+        return result
+    if getattr(_armed, "record_insert", False):
         os.kill(os.getpid(), signal.SIGKILL)
         time.sleep(10)  # never reached: SIGKILL cannot be caught
+    hold = getattr(_armed, "hold", 0.0)
+    if hold:
+        _armed.hold = 0.0
+        time.sleep(min(hold, 5.0))
     return result
 
 
 def _watch_statements(sender: Any, connection: Any, **kwargs: Any) -> None:
-    if _crash_after_record_insert not in connection.execute_wrappers:
-        connection.execute_wrappers.append(_crash_after_record_insert)
+    if _after_record_insert not in connection.execute_wrappers:
+        connection.execute_wrappers.append(_after_record_insert)
 
 
 def _log_server_errors() -> None:

@@ -1,9 +1,9 @@
 """``tests.settings`` with IN_FLIGHT and IN_FLIGHT_WAIT from the environment.
 
 ``IDEMPOTENCY_IN_FLIGHT_WAIT`` (seconds): for the optimistic mode's live
-test of losers that give up, the winner holding its rows longer than they
-are willing to wait (the transaction-local ``lock_timeout`` the mode sets on
-PostgreSQL). ``IDEMPOTENCY_IN_FLIGHT`` ("conflict" or "wait"): for
+test of losers that give up, the winner holding its record uncommitted
+longer than they are willing to wait (the ``lock_timeout`` of their
+record's INSERT on PostgreSQL). ``IDEMPOTENCY_IN_FLIGHT`` ("conflict" or "wait"): for
 benchmarks/contention.py, the default mode's duplicates answered 409 at once
 or waiting for the outcome.
 """

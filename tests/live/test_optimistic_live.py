@@ -23,8 +23,10 @@ domain error; one 201 without ``Idempotent-Replayed``, the others its replay
 COMPLETED, holding those bytes; a retry replays and runs no body.
 
 Losers that give up: on PostgreSQL, a server whose IN_FLIGHT_WAIT (the
-transaction-local ``lock_timeout``) is shorter than the winner holds its
-Order row: the duplicates waiting on it answer 409, never 500.
+``lock_timeout`` of the record's INSERT) is shorter than the winner holds
+its record uncommitted: the duplicates whose INSERT waits on it answer
+409, never 500. The view's own waits are not cut: duplicates waiting on
+the winner's Order row longer than IN_FLIGHT_WAIT replay it.
 
 The crash points (``X-Crash-At``): the worker SIGKILLed in the view, after
 the record's INSERT before the COMMIT (a statement wrapper in
@@ -92,9 +94,9 @@ SLEEP = 0.2
 IN_PROGRESS = "idempotency_request_in_progress"
 DEFAULT_MARIADB_URL = "mysql://root@127.0.0.1:3306/test"
 VENDORS = ("postgres", "mariadb")
-#: Seconds the losers wait for the winner's rows before they give up (409).
+#: Seconds the losers' record INSERTs wait for the winner's before they give up (409).
 GIVE_UP_WAIT = 0.2
-#: Seconds the winner holds its Order row in the give-up test.
+#: Seconds the winner holds its record uncommitted (or its Order row) in those tests.
 GIVE_UP_HOLD = 2.0
 GIVE_UP_ROUNDS = 3
 #: The test project with IN_FLIGHT_WAIT from the environment.
@@ -196,7 +198,7 @@ def optimistic(
 
 @pytest.fixture(scope="module")
 def short_wait(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Lazy[Deployment]]:
-    """PostgreSQL, IN_FLIGHT_WAIT = GIVE_UP_WAIT: the lock_timeout losers wait under."""
+    """PostgreSQL, IN_FLIGHT_WAIT = GIVE_UP_WAIT: the lock_timeout of the losers' INSERTs."""
     log_dir = tmp_path_factory.mktemp("optimistic-short-wait")
     environment = {"IDEMPOTENCY_IN_FLIGHT_WAIT": str(GIVE_UP_WAIT)}
     lazy = Lazy(
@@ -341,21 +343,36 @@ def test_fifty_simultaneous_duplicates_commit_once(
 
 
 def test_losers_that_give_up_waiting_answer_409(short_wait: Lazy[Deployment]) -> None:
-    """The winner holds its Order row past IN_FLIGHT_WAIT: the waiting duplicates get 409."""
+    """The winner holds its record uncommitted past IN_FLIGHT_WAIT: waiting duplicates get 409."""
     running = short_wait.get()
     variant = Variant(
-        "orders-give-up",
-        "/optimistic/orders",
-        lambda ident: {"order": ident, "amount": 100, "hold": GIVE_UP_HOLD},
-        Deployment.order_runs,
+        "notes-give-up",
+        "/optimistic/notes",
+        lambda ident: {"order": ident, "amount": 100, "hold_after_record_insert": GIVE_UP_HOLD},
+        Deployment.note_runs,
     )
     conflicts = 0
     for number in range(1, GIVE_UP_ROUNDS + 1):
         storm, bodies = storm_round(running, variant, number)
         BODIES[f"{running.vendor} {variant.label}"].append(bodies)
         conflicts += len(storm.conflicts)
-    # Every round, the other workers' duplicates wait on the held row meanwhile.
-    assert conflicts > 0, "no duplicate gave up waiting: the lock_timeout is not in force"
+    # Every round, the other workers' duplicates reach their INSERT meanwhile.
+    assert conflicts > 0, "no duplicate gave up waiting: the INSERT's lock_timeout is not in force"
+
+
+def test_losers_waiting_on_the_winners_order_row_are_not_cut(short_wait: Lazy[Deployment]) -> None:
+    """The winner holds its Order row past IN_FLIGHT_WAIT: the duplicates wait, then replay."""
+    running = short_wait.get()
+    variant = Variant(
+        "orders-held-long",
+        "/optimistic/orders",
+        lambda ident: {"order": ident, "amount": 100, "hold": GIVE_UP_HOLD},
+        Deployment.order_runs,
+    )
+    for number in range(1, GIVE_UP_ROUNDS + 1):
+        storm, bodies = storm_round(running, variant, number)
+        BODIES[f"{running.vendor} {variant.label}"].append(bodies)
+        assert not storm.conflicts, f"{len(storm.conflicts)} duplicates were cut at IN_FLIGHT_WAIT"
 
 
 # -- the crash points -----------------------------------------------------------------------

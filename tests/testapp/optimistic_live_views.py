@@ -19,7 +19,9 @@ INSERT. ``/optimistic/orders-default`` is the orders view in the default
 
 The body steers the view: ``sleep`` (seconds, inside the transaction before
 the business write: the duplicates overlap), ``hold`` (seconds after it: the
-duplicates wait on the row the winner wrote), and, where the live server
+duplicates wait on the row the winner wrote), ``hold_after_record_insert``
+(seconds after the INSERT of the finished record, before the COMMIT, under
+the live server's hooks: the duplicates' INSERTs wait on it), and, where the live server
 allows it (``TESTAPP_ALLOW_SIGKILL=1``), the ``X-Crash-At`` header (not
 the body, which the fingerprint covers: a retry without it is the same
 request): SIGKILL the worker
@@ -78,7 +80,12 @@ def crash_point(request: Request) -> str | None:
 
 
 def prepare_crash(request: Request) -> None:
-    """Arm the crash points that fire after the body returns."""
+    """Arm the crash points that fire after the body returns (and the hold after the INSERT)."""
+    hold = data_of(request).get("hold_after_record_insert")
+    if hold:
+        from tests.live import hooks
+
+        hooks.hold_after_record_insert(float(hold))
     point = crash_point(request)
     if point == "after-record-insert":
         from tests.live import hooks
