@@ -1,0 +1,66 @@
+"""The loops callgrind counts: run as ``python -m benchmarks.costs.loop SPEC.json`` under valgrind.
+
+For each cell, after a warm-up loop: a loop of ``short`` requests, then a
+loop of ``long`` ones, each between two markers. A marker is a call of
+``getloadavg()`` (``os.getloadavg``), which nothing else in the process
+calls: valgrind runs with ``--dump-before=getloadavg``, so each marker
+dumps the instructions counted since the previous one and starts again
+from zero. The loop of ``long`` requests minus the loop of ``short``
+requests, divided by ``long - short``, is what one request costs, whatever
+a loop costs to start and end. Before each loop the tables are vacuumed
+and analysed (as in the counting pass) and the heap is collected and
+frozen (``gc.freeze()``), so that both loops start from the same state and
+a full collection, whose cost depends on everything the process holds,
+lands in neither by chance.
+
+Writes SPEC's ``layout`` file: the markers in order, each named.
+"""
+
+from __future__ import annotations
+
+import gc
+import json
+import os
+import sys
+from pathlib import Path
+
+import psycopg
+
+
+def main(spec_path: str) -> int:
+    spec = json.loads(Path(spec_path).read_text())
+    import django
+
+    django.setup()
+    from benchmarks.costs.cells import Driver, cells, variants_named
+    from benchmarks.costs.counting import vacuum
+
+    driver_cells = cells(variants_named(spec["variants"]))
+    driver = Driver(locker_url=os.environ["DATABASE_URL"])
+    markers: list[str] = []
+
+    def mark(name: str) -> None:
+        os.getloadavg()
+        markers.append(name)
+
+    with psycopg.connect(os.environ["DATABASE_URL"], autocommit=True) as admin:
+        for cell in driver_cells:
+            with driver.ready(cell, "w", first_loop=True):
+                driver.run(cell, "w", spec["warmup"])
+            for loop, count in (("a", spec["short"]), ("b", spec["long"])):
+                vacuum(admin)
+                with driver.ready(cell, loop, first_loop=False):
+                    gc.collect()
+                    gc.freeze()
+                    mark(f"{cell.name}|{loop}|start")
+                    driver.run(cell, loop, count)
+                    mark(f"{cell.name}|{loop}|end")
+    from django.db import connections
+
+    connections.close_all()
+    Path(spec["layout"]).write_text(json.dumps(markers))
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main(sys.argv[1]))
