@@ -47,6 +47,7 @@ sys.path[:] = [entry for entry in sys.path if Path(entry or ".").resolve() != _H
 sys.path.insert(0, str(_HERE.parent))
 
 import argparse  # noqa: E402
+import contextlib  # noqa: E402
 import json  # noqa: E402
 import statistics  # noqa: E402
 import subprocess  # noqa: E402
@@ -63,8 +64,9 @@ from benchmarks.benchlib import (  # noqa: E402
     server_facts,
 )
 from benchmarks.costs import counting, instructions, report, targets  # noqa: E402
-from benchmarks.costs.cells import VARIANTS, Cell, cells, variants_named  # noqa: E402
+from benchmarks.costs.cells import VARIANTS, Cell, Variant, cells, variants_named  # noqa: E402
 from benchmarks.costs.counting import Counted  # noqa: E402
+from benchmarks.costs.own_server import OwnServer  # noqa: E402
 from benchmarks.costs.writes import Catalog, short  # noqa: E402
 
 BASELINE = _HERE / "figures" / "request_costs_1.0.0rc1.json"
@@ -148,13 +150,13 @@ def catalog_indexes(catalog: Catalog) -> list[dict[str, Any]]:
 
 
 def measure_instructions(
-    args: argparse.Namespace, figures: dict[str, Any], variants: list[str]
+    args: argparse.Namespace, server_url: str, figures: dict[str, Any], variants: list[str]
 ) -> None:
     short_loop, long_loop = args.loops
     runs: list[dict[str, float]] = []
     for number in range(1, args.runs + 1):
         started = time.monotonic()
-        loops = instructions.run(variants, args.warmup, short_loop, long_loop)
+        loops = instructions.run(server_url, variants, args.warmup, short_loop, long_loop)
         runs.append(
             {
                 cell: instructions.per_request(found, short_loop, long_loop)
@@ -219,6 +221,14 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--runs", type=int, default=2, help="callgrind runs (default 2)")
     parser.add_argument("--no-instructions", action="store_true", help="skip callgrind")
     parser.add_argument("--only", help="comma-separated designs, e.g. 'floor,package default'")
+    parser.add_argument(
+        "--server",
+        choices=("own", "shared"),
+        default="own",
+        help="own (default): a PostgreSQL server of its own, started for the run; shared: "
+        "IDEMPOTENCY_BENCH_POSTGRES_URL or the local server, where other databases' "
+        "transactions change which UPDATEs are HOT and what reads prune",
+    )
     parser.add_argument("--baseline", default=str(BASELINE), help="'none' for no before")
     parser.add_argument("--label", help="what this measurement is (kept in --json)")
     parser.add_argument("--json", type=Path, help="write every figure here")
@@ -231,37 +241,13 @@ def main(argv: list[str] | None = None) -> int:
     )
     chosen = cells(variants)
     before = load_baseline(args.baseline)
-    facts = machine()
     started = time.monotonic()
-    with Database(postgres_url(), "idem_bench_costs") as database:
-        with database.connect() as admin:
-            facts.update(server_facts(admin))
-        migrate(database)
-        counted = counting.count(database, chosen, args.requests, args.warmup)
-    print(f"counting pass: {time.monotonic() - started:.0f} s", flush=True)
-    import psycopg
-
-    figures: dict[str, Any] = {
-        "label": args.label or facts["commit"],
-        "measured": {
-            **{key: facts[key] for key in ("cpus", "cpu", "memory", "python", "commit")},
-            "package_tree": package_tree(),
-            "django": version("django"),
-            "drf": version("djangorestframework"),
-            "psycopg": f"{psycopg.__version__} ({psycopg.pq.__impl__})",
-            "server_version": facts["server_version"],
-            "valgrind": instructions.valgrind_version() if not args.no_instructions else "",
-            "requests": args.requests,
-            "warmup": args.warmup,
-            "loops": list(args.loops),
-            "runs": 0 if args.no_instructions else args.runs,
-        },
-        "indexes": catalog_indexes(counted["catalog"]),
-        "cells": {cell.name: cell_figures(cell, counted["cells"][cell.name]) for cell in chosen},
-        "no_409": {variant.name: variant.in_flight for variant in variants if variant.in_flight},
-    }
-    if not args.no_instructions:
-        measure_instructions(args, figures, [variant.name for variant in variants])
+    with contextlib.ExitStack() as stack:
+        if args.server == "own":
+            server_url = stack.enter_context(OwnServer()).url
+        else:
+            server_url = postgres_url()
+        figures = measure(args, server_url, chosen, variants)
     figures["targets"] = targets.evaluate(figures, before)
     text = report.block(figures, before)
     print()
@@ -279,6 +265,45 @@ def main(argv: list[str] | None = None) -> int:
         print(f"\nrewrote the block of {DOCS.relative_to(REPO_ROOT)}")
     print(f"\nwall time {time.monotonic() - started:.0f} s")
     return 0
+
+
+def measure(
+    args: argparse.Namespace, server_url: str, chosen: list[Cell], variants: tuple[Variant, ...]
+) -> dict[str, Any]:
+    """The counting pass, then the callgrind runs, on fresh databases of ``server_url``."""
+    import psycopg
+
+    facts = machine()
+    started = time.monotonic()
+    with Database(server_url, "idem_bench_costs") as database:
+        with database.connect() as admin:
+            facts.update(server_facts(admin))
+        migrate(database)
+        counted = counting.count(database, chosen, args.requests, args.warmup)
+    print(f"counting pass: {time.monotonic() - started:.0f} s", flush=True)
+    figures: dict[str, Any] = {
+        "label": args.label or facts["commit"],
+        "measured": {
+            **{key: facts[key] for key in ("cpus", "cpu", "memory", "python", "commit")},
+            "package_tree": package_tree(),
+            "django": version("django"),
+            "drf": version("djangorestframework"),
+            "psycopg": f"{psycopg.__version__} ({psycopg.pq.__impl__})",
+            "server_version": facts["server_version"],
+            "server": args.server,
+            "valgrind": instructions.valgrind_version() if not args.no_instructions else "",
+            "requests": args.requests,
+            "warmup": args.warmup,
+            "loops": list(args.loops),
+            "runs": 0 if args.no_instructions else args.runs,
+        },
+        "indexes": catalog_indexes(counted["catalog"]),
+        "cells": {cell.name: cell_figures(cell, counted["cells"][cell.name]) for cell in chosen},
+        "no_409": {variant.name: variant.in_flight for variant in variants if variant.in_flight},
+    }
+    if not args.no_instructions:
+        measure_instructions(args, server_url, figures, [variant.name for variant in variants])
+    return figures
 
 
 if __name__ == "__main__":

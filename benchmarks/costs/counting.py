@@ -26,6 +26,7 @@ from benchmarks.costs.writes import (
     insert_position,
     read_catalog,
     statistics_rows,
+    wal_kept,
     wal_writes,
 )
 
@@ -115,7 +116,7 @@ def count_cell(
     logged: list[int] = []
     statements: list[int] = []
     sql: list[str] = []
-    with driver.ready(cell, "m", first_loop=False):
+    with driver.ready(cell, "m", first_loop=False), wal_kept(admin):
         before = flush_statistics(admin)
         start = insert_position(admin)
         debug_cursor, connection.force_debug_cursor = connection.force_debug_cursor, True
@@ -134,7 +135,7 @@ def count_cell(
             connection.force_debug_cursor = debug_cursor
         end = insert_position(admin)
         after = flush_statistics(admin)
-    writes = wal_writes(admin, catalog, start, end)
+        writes = wal_writes(admin, catalog, start, end)
     counted = Counted(requests, round_trips, logged, statements, sql, writes)
     check(counted, cell, catalog, before, after)
     return counted

@@ -18,7 +18,7 @@ import tempfile
 from dataclasses import dataclass
 from pathlib import Path
 
-from benchmarks.benchlib import REPO_ROOT, Database, django_env, migrate, postgres_url
+from benchmarks.benchlib import REPO_ROOT, Database, django_env, migrate
 
 _TOTAL = re.compile(r"^(?:summary|totals): (\d+)", re.MULTILINE)
 
@@ -46,12 +46,14 @@ def dump_total(path: Path) -> int:
     return int(found[1])
 
 
-def run(variants: list[str], warmup: int, short: int, long: int) -> dict[str, Loops]:
+def run(
+    server_url: str, variants: list[str], warmup: int, short: int, long: int
+) -> dict[str, Loops]:
     """One run under callgrind on a fresh database: each cell's two loops, in instructions."""
     if shutil.which("valgrind") is None:
         raise RuntimeError("valgrind is not installed (Debian: apt-get install valgrind)")
     with (
-        Database(postgres_url(), "idem_bench_costs_cg") as database,
+        Database(server_url, "idem_bench_costs_cg") as database,
         tempfile.TemporaryDirectory(prefix="idem-callgrind-") as scratch,
     ):
         migrate(database)

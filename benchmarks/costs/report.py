@@ -27,10 +27,10 @@ Figures = dict[str, Any]
 
 
 def number(value: float) -> str:
-    """An integer when it is one (to 0.005), else two decimals."""
-    if abs(value - round(value)) < 0.005:
+    """An integer when it is one, else up to three decimals (0.995 is not 1)."""
+    if abs(value - round(value)) < 1e-9:
         return f"{round(value):,}"
-    return f"{value:,.2f}"
+    return f"{value:,.3f}".rstrip("0")
 
 
 def rows_updated(cell: Figures) -> str:
@@ -91,20 +91,41 @@ def _design_case(figures: Figures, name: str) -> tuple[str, str]:
 
 
 def cost_table(now: Figures, before: Figures | None) -> list[str]:
+    """One row per cell, in the designs' order; a design answering no 409 says so in its place."""
     lines = [
         "| design | request | " + " | ".join(column.title for column in COLUMNS) + " |",
         "|---|---|" + "---:|" * len(COLUMNS),
     ]
     old_cells = before["cells"] if before else {}
-    for name in cell_order(now):
+    blank = " | ".join("" for _ in COLUMNS)
+    notes = footnotes(now)
+    names = cell_order(now)
+    for position, name in enumerate(names):
         cell = now["cells"][name]
         figures = [figure_text(column, cell, old_cells.get(name)) for column in COLUMNS]
         lines.append(
             f"| {cell['design']} | {CASE_LABEL[cell['case']]} | " + " | ".join(figures) + " |"
         )
-    for design in now.get("no_409", {}):
-        blank = " | ".join("" for _ in COLUMNS)
-        lines.append(f"| {design} | 409: none (a) | {blank} |")
+        last_of_design = position + 1 == len(names) or (
+            now["cells"][names[position + 1]]["design"] != cell["design"]
+        )
+        if last_of_design and cell["design"] in now.get("no_409", {}):
+            mark = notes[now["no_409"][cell["design"]]]
+            lines.append(f"| {cell['design']} | 409: none ({mark}) | {blank} |")
+    return lines
+
+
+def footnotes(figures: Figures) -> dict[str, str]:
+    """A letter for each distinct reason a design answers no 409."""
+    reasons = dict.fromkeys(figures.get("no_409", {}).values())
+    return {reason: "abcdefgh"[number] for number, reason in enumerate(reasons)}
+
+
+def footnote_lines(figures: Figures) -> list[str]:
+    lines = []
+    for reason, mark in footnotes(figures).items():
+        designs = [design for design, why in figures["no_409"].items() if why == reason]
+        lines.append(f"({mark}) {' and '.join(designs)}: {reason}.")
     return lines
 
 
@@ -194,12 +215,17 @@ def targets_table(targets: list[Figures]) -> list[str]:
 
 def machine_line(figures: Figures) -> str:
     m = figures["measured"]
+    server = "a server of the script's own" if m.get("server") == "own" else "the shared server"
+    instructions = (
+        f"{m['valgrind']}, loops of {m['loops'][0]} and {m['loops'][1]} requests, {m['runs']} runs"
+        if m["runs"]
+        else "no instructions counted"
+    )
     return (
         f"Measured on {m['cpus']} x {m['cpu']}, {m['memory']}; Python {m['python']}, "
-        f"Django {m['django']}, DRF {m['drf']}, psycopg {m['psycopg']}, PostgreSQL "
-        f"{m['server_version']}, {m['valgrind']}; commit {m['commit']} (the package's tree "
-        f"{m['package_tree']}); {m['requests']} requests per cell counted, callgrind loops of "
-        f"{m['loops'][0]} and {m['loops'][1]} requests, {m['runs']} runs."
+        f"Django {m['django']}, DRF {m['drf']}, psycopg {m['psycopg']}; PostgreSQL "
+        f"{m['server_version']} ({server}); {m['requests']} requests counted per cell; "
+        f"{instructions}; commit {m['commit']} (the package's tree {m['package_tree']})."
     )
 
 
@@ -211,9 +237,7 @@ def block(now: Figures, before: Figures | None) -> str:
             f"Before: {before['label']} (commit {before['measured']['commit']}), "
             f"`{before['path']}`; a figure that moved shows before → now."
         )
-    lines += ["", *cost_table(now, before), ""]
-    for design, what in now.get("no_409", {}).items():
-        lines.append(f"(a) {design}: {what}.")
+    lines += ["", *cost_table(now, before), "", *footnote_lines(now)]
     spread = now.get("repeatability")
     if spread:
         lines += [

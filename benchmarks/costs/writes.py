@@ -20,9 +20,13 @@ depend on when the last checkpoint ran, the records do not.
 
 from __future__ import annotations
 
+import contextlib
+import itertools
+import os
 import re
 import time
 from collections import Counter
+from collections.abc import Iterator
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -34,6 +38,7 @@ SHORT_NAMES = {
 }
 _RELATION = re.compile(r"rel (\d+)/(\d+)/(\d+)")
 _LEVEL = re.compile(r"level:? (\d+)")
+_SLOTS = itertools.count()
 
 
 def short(table: str) -> str:
@@ -113,6 +118,23 @@ class Writes:
     other_index_records: Counter[str] = field(default_factory=Counter)
     #: (resource manager, record type) -> records, all of this database's
     records: Counter[tuple[str, str]] = field(default_factory=Counter)
+
+
+@contextlib.contextmanager
+def wal_kept(admin: Any) -> Iterator[None]:
+    """Keep the WAL written from now on until it has been read.
+
+    Other databases on the server may write enough WAL for a checkpoint to
+    recycle a segment before pg_walinspect reads it: a temporary physical
+    replication slot, reserving WAL at once, holds it back (and goes away
+    with the session if the script dies).
+    """
+    name = f"idem_bench_costs_{os.getpid()}_{next(_SLOTS)}"
+    admin.execute("SELECT pg_create_physical_replication_slot(%s, true, true)", [name])
+    try:
+        yield
+    finally:
+        admin.execute("SELECT pg_drop_replication_slot(%s)", [name])
 
 
 def insert_position(admin: Any) -> str:
