@@ -208,6 +208,45 @@ def print_instructions(figures: dict[str, Any]) -> None:
         print(f"  {name:<42}{runs}   spread {spread:,} ({spread / cell['instructions']:.4%})")
 
 
+def measure(
+    args: argparse.Namespace, server_url: str, chosen: list[Cell], variants: tuple[Variant, ...]
+) -> dict[str, Any]:
+    """The counting pass, then the callgrind runs, on fresh databases of ``server_url``."""
+    import psycopg
+
+    facts = machine()
+    started = time.monotonic()
+    with Database(server_url, "idem_bench_costs") as database:
+        with database.connect() as admin:
+            facts.update(server_facts(admin))
+        migrate(database)
+        counted = counting.count(database, chosen, args.requests, args.warmup)
+    print(f"counting pass: {time.monotonic() - started:.0f} s", flush=True)
+    figures: dict[str, Any] = {
+        "label": args.label or facts["commit"],
+        "measured": {
+            **{key: facts[key] for key in ("cpus", "cpu", "memory", "python", "commit")},
+            "package_tree": package_tree(),
+            "django": version("django"),
+            "drf": version("djangorestframework"),
+            "psycopg": f"{psycopg.__version__} ({psycopg.pq.__impl__})",
+            "server_version": facts["server_version"],
+            "server": args.server,
+            "valgrind": instructions.valgrind_version() if not args.no_instructions else "",
+            "requests": args.requests,
+            "warmup": args.warmup,
+            "loops": list(args.loops),
+            "runs": 0 if args.no_instructions else args.runs,
+        },
+        "indexes": catalog_indexes(counted["catalog"]),
+        "cells": {cell.name: cell_figures(cell, counted["cells"][cell.name]) for cell in chosen},
+        "no_409": {variant.name: variant.in_flight for variant in variants if variant.in_flight},
+    }
+    if not args.no_instructions:
+        measure_instructions(args, server_url, figures, [variant.name for variant in variants])
+    return figures
+
+
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--requests", type=int, default=200, help="counted per cell")
@@ -265,45 +304,6 @@ def main(argv: list[str] | None = None) -> int:
         print(f"\nrewrote the block of {DOCS.relative_to(REPO_ROOT)}")
     print(f"\nwall time {time.monotonic() - started:.0f} s")
     return 0
-
-
-def measure(
-    args: argparse.Namespace, server_url: str, chosen: list[Cell], variants: tuple[Variant, ...]
-) -> dict[str, Any]:
-    """The counting pass, then the callgrind runs, on fresh databases of ``server_url``."""
-    import psycopg
-
-    facts = machine()
-    started = time.monotonic()
-    with Database(server_url, "idem_bench_costs") as database:
-        with database.connect() as admin:
-            facts.update(server_facts(admin))
-        migrate(database)
-        counted = counting.count(database, chosen, args.requests, args.warmup)
-    print(f"counting pass: {time.monotonic() - started:.0f} s", flush=True)
-    figures: dict[str, Any] = {
-        "label": args.label or facts["commit"],
-        "measured": {
-            **{key: facts[key] for key in ("cpus", "cpu", "memory", "python", "commit")},
-            "package_tree": package_tree(),
-            "django": version("django"),
-            "drf": version("djangorestframework"),
-            "psycopg": f"{psycopg.__version__} ({psycopg.pq.__impl__})",
-            "server_version": facts["server_version"],
-            "server": args.server,
-            "valgrind": instructions.valgrind_version() if not args.no_instructions else "",
-            "requests": args.requests,
-            "warmup": args.warmup,
-            "loops": list(args.loops),
-            "runs": 0 if args.no_instructions else args.runs,
-        },
-        "indexes": catalog_indexes(counted["catalog"]),
-        "cells": {cell.name: cell_figures(cell, counted["cells"][cell.name]) for cell in chosen},
-        "no_409": {variant.name: variant.in_flight for variant in variants if variant.in_flight},
-    }
-    if not args.no_instructions:
-        measure_instructions(args, server_url, figures, [variant.name for variant in variants])
-    return figures
 
 
 if __name__ == "__main__":
