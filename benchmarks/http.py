@@ -202,7 +202,7 @@ TARGETS = (
 
 
 def endpoints(args: argparse.Namespace) -> tuple[Endpoint, ...]:
-    chosen = EVERY_ENDPOINT if args.single_transaction else ENDPOINTS
+    chosen: tuple[Endpoint, ...] = EVERY_ENDPOINT if args.single_transaction else ENDPOINTS
     if args.targets:
         chosen = TARGET_ENDPOINTS
     elif args.only:

@@ -49,6 +49,7 @@ sys.path.insert(0, str(_HERE.parent))
 import argparse  # noqa: E402
 import contextlib  # noqa: E402
 import json  # noqa: E402
+import signal  # noqa: E402
 import statistics  # noqa: E402
 import subprocess  # noqa: E402
 import time  # noqa: E402
@@ -164,21 +165,21 @@ def measure_instructions(
             }
         )
         print(f"callgrind run {number}/{args.runs}: {time.monotonic() - started:.0f} s", flush=True)
-    worst = {"relative": 0.0, "absolute": 0.0, "cell": ""}
+    worst: tuple[float, float, str] = (0.0, 0.0, "")  # relative, absolute, cell
     for name, cell in figures["cells"].items():
         values = [run[name] for run in runs]
         cell["instructions_runs"] = [round(value) for value in values]
         cell["instructions"] = statistics.fmean(values)
         spread = max(values) - min(values)
         relative = spread / cell["instructions"] if cell["instructions"] else 0.0
-        if relative >= worst["relative"]:
-            worst = {"relative": relative, "absolute": spread, "cell": name}
+        if relative >= worst[0]:
+            worst = (relative, spread, name)
     if args.runs > 1:
         figures["repeatability"] = {
             "runs": args.runs,
-            "max_relative": worst["relative"],
-            "max_absolute": worst["absolute"],
-            "cell": worst["cell"],
+            "max_relative": worst[0],
+            "max_absolute": worst[1],
+            "cell": worst[2],
         }
 
 
@@ -273,6 +274,9 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--json", type=Path, help="write every figure here")
     parser.add_argument("--write-docs", action="store_true", help=f"rewrite the block of {DOCS}")
     args = parser.parse_args(argv)
+    # A SIGTERM unwinds like an exception: the server of its own is stopped, the databases
+    # dropped.
+    signal.signal(signal.SIGTERM, lambda number, frame: sys.exit(128 + number))
     if len(args.loops) != 2 or not 0 < args.loops[0] < args.loops[1]:
         parser.error("--loops: SHORT,LONG with 0 < SHORT < LONG")
     variants = (

@@ -11,7 +11,8 @@ a loop costs to start and end. Before each loop the tables are vacuumed
 and analysed (as in the counting pass) and the heap is collected and
 frozen (``gc.freeze()``), so that both loops start from the same state and
 a full collection, whose cost depends on everything the process holds,
-lands in neither by chance.
+lands in neither by chance. Connections persist for the whole run
+(``CONN_MAX_AGE`` None): no reconnection lands in a loop.
 
 Writes SPEC's ``layout`` file: the markers in order, each named.
 """
@@ -32,6 +33,11 @@ def main(spec_path: str) -> int:
     import django
 
     django.setup()
+    from django.db import connections
+
+    # Persistent for the whole run: the benchmark settings' CONN_MAX_AGE (600 s) would
+    # reconnect in the middle of whichever loop runs when a slow run reaches it.
+    connections.settings["default"]["CONN_MAX_AGE"] = None
     from benchmarks.costs.cells import Driver, cells, variants_named
     from benchmarks.costs.counting import vacuum
 
@@ -55,8 +61,6 @@ def main(spec_path: str) -> int:
                     mark(f"{cell.name}|{loop}|start")
                     driver.run(cell, loop, count)
                     mark(f"{cell.name}|{loop}|end")
-    from django.db import connections
-
     connections.close_all()
     Path(spec["layout"]).write_text(json.dumps(markers))
     return 0

@@ -131,9 +131,10 @@ def footnote_lines(figures: Figures) -> list[str]:
 
 def _index_shape(index: Figures) -> str:
     """``(columns) WHERE predicate``, from the index's definition."""
-    found = re.search(r" USING (\w+) (\(.*)$", index["definition"])
+    definition = str(index["definition"])
+    found = re.search(r" USING (\w+) (\(.*)$", definition)
     if found is None:
-        return index["definition"]
+        return definition
     method, rest = found[1], found[2]
     rest = re.sub(r" WITH \(.*?\)", "", rest)
     return rest if method == "btree" else f"{method} {rest}"
