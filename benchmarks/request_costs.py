@@ -3,7 +3,8 @@
 
     .venv/bin/python benchmarks/request_costs.py [--write-docs] [--json FILE]
         [--requests 200] [--loops 50,150] [--runs 2] [--only DESIGNS]
-        [--baseline FILE | --baseline none] [--no-instructions]
+        [--baseline FILE | --baseline none] [--no-instructions] [--keep-dumps DIR]
+        [--server own|shared]
 
 For the unprotected view (and the same view without its INSERT, the
 framework's own cost), the hand-written floors (claim first, lookup first,
@@ -157,7 +158,8 @@ def measure_instructions(
     runs: list[dict[str, float]] = []
     for number in range(1, args.runs + 1):
         started = time.monotonic()
-        loops = instructions.run(server_url, variants, args.warmup, short_loop, long_loop)
+        keep = args.keep_dumps / f"run{number}" if args.keep_dumps else None
+        loops = instructions.run(server_url, variants, args.warmup, short_loop, long_loop, keep)
         runs.append(
             {
                 cell: instructions.per_request(found, short_loop, long_loop)
@@ -260,6 +262,12 @@ def main(argv: list[str] | None = None) -> int:
     )
     parser.add_argument("--runs", type=int, default=2, help="callgrind runs (default 2)")
     parser.add_argument("--no-instructions", action="store_true", help="skip callgrind")
+    parser.add_argument(
+        "--keep-dumps",
+        type=Path,
+        help="copy each loop's callgrind dump here (DIR/runN/CELL.LOOP.callgrind), for "
+        "callgrind_annotate",
+    )
     parser.add_argument("--only", help="comma-separated designs, e.g. 'floor,package default'")
     parser.add_argument(
         "--server",
