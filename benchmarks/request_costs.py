@@ -159,7 +159,9 @@ def measure_instructions(
     for number in range(1, args.runs + 1):
         started = time.monotonic()
         keep = args.keep_dumps / f"run{number}" if args.keep_dumps else None
-        loops = instructions.run(server_url, variants, args.warmup, short_loop, long_loop, keep)
+        loops = instructions.run(
+            server_url, variants, args.warmup, short_loop, long_loop, keep, shift=number - 1
+        )
         runs.append(
             {
                 cell: instructions.per_request(found, short_loop, long_loop)

@@ -70,11 +70,13 @@ def run(
     short: int,
     long: int,
     keep: Path | None = None,
+    shift: int = 0,
 ) -> dict[str, Loops]:
     """One run under callgrind on a fresh database: each cell's two loops, in instructions.
 
     ``keep``: a folder to copy each loop's callgrind dump to (``callgrind_annotate`` reads
-    them: which C functions the interpreter spent the loop in).
+    them: which C functions the interpreter spent the loop in). ``shift``: how far to
+    move the heap before anything else is allocated (``loop.shift_heap``).
     """
     if shutil.which("valgrind") is None:
         raise RuntimeError("valgrind is not installed (Debian: apt-get install valgrind)")
@@ -94,6 +96,7 @@ def run(
                     "short": short,
                     "long": long,
                     "layout": str(layout),
+                    "shift": shift,
                 }
             )
         )
