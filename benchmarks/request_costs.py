@@ -277,7 +277,7 @@ def main(argv: list[str] | None = None) -> int:
         default="own",
         help="own (default): a PostgreSQL server of its own, started for the run; shared: "
         "IDEMPOTENCY_BENCH_POSTGRES_URL or the local server, where other databases' "
-        "transactions change which UPDATEs are HOT and what reads prune",
+        "transactions change which updates are HOT and what reads prune",
     )
     parser.add_argument("--baseline", default=str(BASELINE), help="'none' for no before")
     parser.add_argument("--label", help="what this measurement is (kept in --json)")
