@@ -58,7 +58,8 @@ settings-reference: $(VENV)/.installed
 # under callgrind, for the unprotected view, the hand-written floors and both
 # modes of the package, against the 1.0.0rc1 baseline (benchmarks/figures/);
 # rewrites the table of docs/performance.md's "Per request, counted". Needs
-# PostgreSQL on 127.0.0.1 and valgrind; about 10 minutes.
+# PostgreSQL's server binaries (it starts a server of its own) and valgrind;
+# about 10 minutes.
 request-costs: $(VENV)/.installed
 	$(VENV)/bin/python benchmarks/request_costs.py --write-docs $(REQUEST_COSTS_ARGS)
 
