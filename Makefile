@@ -3,7 +3,7 @@
 PYTHON ?= python3
 VENV ?= .venv
 
-.PHONY: demo test configurations fleet lint precommit docs settings-reference dist-check matrix matrix-ci clean
+.PHONY: demo test configurations fleet lint precommit docs settings-reference dist-check matrix matrix-ci clean request-costs
 
 $(VENV)/.installed: pyproject.toml
 	$(PYTHON) -m venv $(VENV)
@@ -52,6 +52,16 @@ precommit: $(VENV)/.installed
 # in django_idempotency/conf.py (tests/test_conf.py fails while they differ).
 settings-reference: $(VENV)/.installed
 	$(VENV)/bin/python scripts/settings_reference.py
+
+# What one request costs, counted (benchmarks/request_costs.py): round trips,
+# statements, rows and index entries written, WAL bytes, and instructions
+# under callgrind, for the unprotected view, the hand-written floors and both
+# modes of the package, against the 1.0.0rc1 baseline (benchmarks/figures/);
+# rewrites the table of docs/performance.md's "Per request, counted". Needs
+# PostgreSQL's server binaries (it starts a server of its own) and valgrind;
+# about 10 minutes.
+request-costs: $(VENV)/.installed
+	$(VENV)/bin/python benchmarks/request_costs.py --write-docs $(REQUEST_COSTS_ARGS)
 
 # The documentation site (mkdocs.yml), warnings as errors.
 docs: $(VENV)/.installed
