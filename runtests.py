@@ -15,10 +15,13 @@ The SQLite pass runs every test; the server passes only the tests that may
 reach a database (``--database-tests-only``, tests/selection.py): a test
 that reaches none proves the same thing on every database, once is enough.
 
-The PostgreSQL pass runs beside the SQLite and MariaDB passes (which run
-one after the other), each pass's output shown whole when it ends and kept
-in ``.test-passes/``; ``--sequential`` runs the three one by one, output as
-it comes.
+The passes run side by side in three lanes, each pass's output shown whole
+when it ends and kept in ``.test-passes/``: the PostgreSQL pass's live
+tests (``-m live``: real servers and workers, mostly waiting on them), the
+SQLite pass, and the PostgreSQL pass's other tests then the MariaDB pass.
+With pytest arguments the PostgreSQL pass is one process (beside SQLite then
+MariaDB); ``--sequential`` runs the three passes one by one, output as it
+comes.
 
 The server passes use POSTGRES_URL and MARIADB_URL (default: the local
 servers' `test` databases; pytest-django creates and drops a test database
@@ -99,27 +102,30 @@ def _pass_env(database_url: str) -> dict[str, str]:
 PASS_LOGS = Path(os.environ.get("IDEMPOTENCY_PASS_LOGS", ".test-passes"))
 
 
-def run_side_by_side(
-    lanes: list[list[tuple[str, str]]], args: list[str], *, coverage: bool
-) -> dict[str, int]:
+#: A pass (or a part of one): its name, its DATABASE_URL, the pytest
+#: arguments that select its part of the suite.
+Pass = tuple[str, str, tuple[str, ...]]
+
+
+def run_side_by_side(lanes: list[list[Pass]], args: list[str], *, coverage: bool) -> dict[str, int]:
     """Each lane's passes one after another, the lanes at the same time.
 
-    The PostgreSQL pass spends much of its time waiting (on its server, on
-    the live tests' processes, on leases running out), time the other two
-    passes can use. Every pass has its own test databases (named by pid) and
-    its own coverage data file, so nothing they write collides.
+    The PostgreSQL pass's live tests spend most of their time waiting (on
+    the servers and workers they start, on leases running out), time the
+    other passes can use. Every pass has its own test databases (named by
+    pid) and its own coverage data file, so nothing they write collides.
     """
     PASS_LOGS.mkdir(exist_ok=True)
     printing = threading.Lock()
     results: dict[str, int] = {}
 
-    def run_lane(lane: list[tuple[str, str]]) -> None:
-        for name, url in lane:
-            log = PASS_LOGS / f"{name.lower()}.log"
+    def run_lane(lane: list[Pass]) -> None:
+        for name, url, selection in lane:
+            log = PASS_LOGS / f"{name.lower().replace(' ', '-')}.log"
             started = time.monotonic()
             with log.open("w") as output:
                 code = subprocess.call(
-                    _pass_command(args, coverage=coverage, server=bool(url)),
+                    _pass_command([*selection, *args], coverage=coverage, server=bool(url)),
                     env=_pass_env(url),
                     stdout=output,
                     stderr=subprocess.STDOUT,
@@ -132,7 +138,7 @@ def run_side_by_side(
                 sys.stdout.flush()
 
     with printing:
-        names = " | ".join(" then ".join(name for name, _ in lane) for lane in lanes)
+        names = " | ".join(" then ".join(name for name, _, _ in lane) for lane in lanes)
         print(f"===== passes side by side: {names} =====", flush=True)
     threads = [threading.Thread(target=run_lane, args=(lane,)) for lane in lanes if lane]
     for thread in threads:
@@ -152,6 +158,38 @@ def coverage_report(judged: bool) -> int:
     subprocess.call([*coverage, "report", "--fail-under=0"])
     print("(not judged against fail_under: not the whole suite on all three databases)")
     return 0
+
+
+ALL_DATABASES = {"SQLite", "PostgreSQL", "MariaDB"}
+#: The two parts of the PostgreSQL pass when it is split (the whole suite).
+POSTGRES_LIVE = ("-m", "live")
+POSTGRES_IN_PROCESS = ("-m", "not live")
+
+
+def lanes(passes: list[tuple[str, str]], *, split: bool) -> list[list[Pass]]:
+    """The passes in lanes that run side by side.
+
+    The whole suite: the PostgreSQL pass's live tests alone (they mostly
+    wait), the SQLite pass (every test, the longest in-process pass), the
+    PostgreSQL pass's other tests then the MariaDB pass. With pytest
+    arguments (which may select by marker or path themselves) the PostgreSQL
+    pass stays one process, beside SQLite then MariaDB.
+    """
+    url = dict(passes)
+    postgres, sqlite, mariadb = ("PostgreSQL" in url), ("SQLite" in url), ("MariaDB" in url)
+    if not split:
+        return [
+            [("PostgreSQL", url["PostgreSQL"], ())] if postgres else [],
+            [(name, url[name], ()) for name in ("SQLite", "MariaDB") if name in url],
+        ]
+    return [
+        [("PostgreSQL live", url["PostgreSQL"], POSTGRES_LIVE)] if postgres else [],
+        [("SQLite", url["SQLite"], ())] if sqlite else [],
+        [
+            *([("PostgreSQL", url["PostgreSQL"], POSTGRES_IN_PROCESS)] if postgres else []),
+            *([("MariaDB", url["MariaDB"], ())] if mariadb else []),
+        ],
+    ]
 
 
 def main(args: list[str]) -> int:
@@ -183,18 +221,17 @@ def main(args: list[str]) -> int:
     if sequential:
         results = {name: run_pass(name, url, args, coverage=coverage) for name, url in passes}
     else:
-        postgres = [(name, url) for name, url in passes if name == "PostgreSQL"]
-        others = [(name, url) for name, url in passes if name != "PostgreSQL"]
-        results = run_side_by_side([postgres, others], args, coverage=coverage)
-    judged = not args and len(results) == 3
+        results = run_side_by_side(lanes(passes, split=not args), args, coverage=coverage)
+    # Every test on all three databases: the PostgreSQL pass may be two parts.
+    judged = not args and {name.split()[0] for name in results} == ALL_DATABASES
     if coverage:
         gate = coverage_report(judged)
     print("\n===== summary =====")
-    for name, code in ((name, results[name]) for name, _ in passes if name in results):
-        print(f"{name:>10}: {'passed' if code == 0 else f'FAILED (exit {code})'}")
+    for name, code in results.items():
+        print(f"{name:>15}: {'passed' if code == 0 else f'FAILED (exit {code})'}")
     if coverage:
         verdict = "passed" if gate == 0 else f"FAILED (exit {gate})"
-        print(f"{'coverage':>10}: {verdict if judged else 'reported, not judged'}")
+        print(f"{'coverage':>15}: {verdict if judged else 'reported, not judged'}")
         return max(*results.values(), gate)
     return max(results.values())
 

@@ -47,6 +47,27 @@ def atomic_requests() -> Iterator[None]:
         settings_dict["ATOMIC_REQUESTS"] = False
 
 
+@pytest.fixture(scope="session")
+def django_db_modify_db_settings(django_db_modify_db_settings_parallel_suffix: None) -> None:
+    """The test process's PostgreSQL sessions commit without waiting for the WAL flush.
+
+    ``synchronous_commit=off`` spares every commit of the suite the wait for
+    the disk (1-2 ms here, tens of thousands of commits in a PostgreSQL pass,
+    migrations included). A commit is as visible to other sessions as before,
+    and nothing the tests do loses it: they kill Python processes, never the
+    server, which only ``pg_ctl stop -m immediate`` in tests/live and
+    tests/fleet would do, on clusters of their own. Only this process's
+    connections, set here (not in tests/settings.py): the processes those
+    tests start load the settings too, and a failover test needs its
+    server's ``synchronous_commit = on``.
+    """
+    for alias in connections:
+        settings_dict = connections[alias].settings_dict
+        if connections[alias].vendor == "postgresql":
+            options = settings_dict.setdefault("OPTIONS", {})
+            options["options"] = f"{options.get('options', '')} -c synchronous_commit=off".strip()
+
+
 # --- PostgreSQL tests and the CI policy ------------------------------------
 #
 # The suite runs three times (runtests.py): on SQLite (the default), then
