@@ -33,7 +33,7 @@ from django_idempotency._protection.answers import (
 from django_idempotency._protection.body_limit import refuse_a_body_too_large
 from django_idempotency._protection.keys import KeySource
 from django_idempotency._protection.optimistic import run_optimistically
-from django_idempotency._protection.outcome import Tally, announce, finish
+from django_idempotency._protection.outcome import Tally, announce, finish, observed
 from django_idempotency._protection.owned import run_owned
 from django_idempotency._protection.refused import sender_of
 from django_idempotency._protection.retention import advertise_first_execution
@@ -155,18 +155,20 @@ def protect(
     if request.method not in PROTECTED_METHODS:
         return run_unprotected(view)
     tally = Tally()
-    tally.operation_from_code = _operation_from_code(request, options.operation)
     refused: IdempotencyRefusal | None = None
     try:
         return _protect(request, _timed(view, tally), options, view_args, view_kwargs, tally)
     except IdempotencyRefusal as refusal:
         refused = refusal
-        if tally.scope is None:  # refused before it had one: no key, a body too large
-            with contextlib.suppress(Exception):
-                tally.operation = resolve_operation(request, options.operation)
         raise
     finally:
-        announce(request, finish(tally, refused))
+        if observed():  # else nothing would hear of it: nothing to build
+            if refused is not None and tally.scope is None:
+                # Refused before it had a scope (no key, a body too large): named anyway.
+                with contextlib.suppress(Exception):
+                    tally.operation = resolve_operation(request, options.operation)
+            tally.operation_from_code = _operation_from_code(request, options.operation)
+            announce(request, finish(tally, refused))
 
 
 def _operation_from_code(request: HttpRequest, spec: OperationSpec) -> bool:

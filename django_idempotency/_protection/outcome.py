@@ -170,6 +170,33 @@ def finish(tally: Tally, refusal: BaseException | None) -> RequestOutcome:
     )
 
 
+#: The signals ``announce`` sends, whichever the outcome calls for.
+_OUTCOME_SIGNALS = (
+    signals.store_unavailable,
+    signals.record_uncertain,
+    signals.claim_released,
+    signals.response_stored,
+    signals.response_replayed,
+    signals.key_reused,
+    signals.key_expired,
+    signals.request_in_flight,
+)
+
+
+def observed() -> bool:
+    """Whether anything would hear of a request's outcome: a receiver, a metrics sink, a span.
+
+    Asked at the end of every protected request: with no receiver connected
+    to the outcome signals, no metrics backend and no tracing SDK (the
+    common case), the outcome is neither frozen nor announced. Asked each
+    time, so a receiver connected later hears of the next request.
+    """
+    for signal in _OUTCOME_SIGNALS:
+        if signal.receivers:
+            return True
+    return recording.receiving() or tracing.recording_spans()
+
+
 def announce(request: HttpRequest, outcome: RequestOutcome) -> None:
     """Send the outcome's signals, count it and set it on the request's span.
 
@@ -230,7 +257,7 @@ def _signals_of(outcome: RequestOutcome) -> list[tuple[Signal, dict[str, object]
 
 
 def _count(outcome: RequestOutcome) -> None:
-    if not recording.sinks():
+    if not recording.receiving():
         return
     operation = outcome.operation
     if operation is None:
