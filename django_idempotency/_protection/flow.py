@@ -20,6 +20,7 @@ from typing import TYPE_CHECKING, Any
 
 from django.core.exceptions import ImproperlyConfigured
 from django.db import connections
+from rest_framework.request import Request
 
 from django_idempotency import _store as store
 from django_idempotency._observability.tracing import contended, step_span, traced_view
@@ -35,6 +36,7 @@ from django_idempotency._protection.keys import KeySource
 from django_idempotency._protection.optimistic import run_optimistically
 from django_idempotency._protection.outcome import Tally, announce, finish, observed
 from django_idempotency._protection.owned import run_owned
+from django_idempotency._protection.plan import Plan, plan_of
 from django_idempotency._protection.refused import sender_of
 from django_idempotency._protection.retention import advertise_first_execution
 from django_idempotency._protection.transactions import run_unprotected
@@ -207,21 +209,24 @@ def _protect(
     view_kwargs: Mapping[str, Any],
     tally: Tally,
 ) -> HttpResponseBase:
-    conf = idempotency_settings
-    if options.key.reads_body:
-        refuse_a_body_too_large(request)  # before it is read for the key
+    plan = plan_of(options)
     try:
-        key = options.key.read(request, conf.KEY_MAX_LENGTH)
+        if plan.client_header:
+            key = plan.client_key(request)
+        else:
+            if options.key.reads_body:
+                refuse_a_body_too_large(request)  # before it is read for the key
+            key = options.key.read(request, plan.key_max_length)
     except NonCanonicalValue as exc:  # a body too deeply nested to find the key in
         raise InputUnreadable(str(exc)) from exc
     if key is None:
-        if options.required if options.required is not None else conf.REQUIRED:
+        if plan.required:
             raise KeyMissing(f"This operation requires {options.key.wanted()}.")
         return run_unprotected(view)
-    if not options.key.is_client_header:
+    if not plan.client_header:
         tally.key_source = options.key.describe()
     scope = Scope(
-        tenant=resolve_tenant(request, options.tenant or conf.TENANT),
+        tenant=resolve_tenant(request, plan.tenant),
         operation=resolve_operation(request, options.operation),
         key=key,
     )
@@ -235,29 +240,30 @@ def _protect(
     # Asked once: the claim, the view's transaction and the completion all
     # use this alias, and the view learns it as request.idempotency.database.
     database = database_for(scope, request=request)
-    connection = connections[database]
     # Kept on the record for a retry that DRF refuses before the claim (``refused``).
     sender = sender_of(request, options)
     response = None
-    if options.optimistic and not connection.in_atomic_block:
+    if options.optimistic and not connections[database].in_atomic_block:
         response = run_optimistically(
             request,
             tally,
             scope,
             fingerprint,
             view,
-            options.retention,
+            plan.retention,
             database=database,
-            outcome=options.outcome_policy,
+            outcome=plan.outcome,
             sender=sender,
         )
     if response is None:
-        response = _claim_or_answer(request, tally, fingerprint, view, options, database, sender)
-    if options.key.is_client_header:
-        # Echoed to the client that sent it; a key read from elsewhere (a
-        # webhook's delivery id) is the sender's, and no Idempotency-Key.
-        response[conf.HEADER] = request.headers[conf.HEADER]
-    advertise_first_execution(response, options.retention, stored=tally.stored_state is not None)
+        response = _claim_or_answer(request, tally, fingerprint, view, plan, database, sender)
+    if plan.client_header:
+        # Echoed to the client that sent it, as it sent it; a key read from
+        # elsewhere (a webhook's delivery id) is the sender's, and no
+        # Idempotency-Key.
+        meta = request._request.META if isinstance(request, Request) else request.META
+        response[plan.header] = meta[plan.header_meta]
+    advertise_first_execution(response, plan.retention, stored=tally.stored_state is not None)
     return response
 
 
@@ -276,15 +282,15 @@ def _claim_or_answer(
     tally: Tally,
     fingerprint: Fingerprint,
     view: Callable[[], HttpResponseBase],
-    options: Options,
+    plan: Plan,
     database: str,
     sender: Sender,
 ) -> HttpResponseBase:
     conf = idempotency_settings
     scope = tally.scope
     assert scope is not None
-    ttl = options.retention
-    lease = conf.LEASE
+    ttl = plan.retention
+    lease = plan.lease
     deadline: float | None = None  # "wait" mode: when to stop, once there is a wait
     poll = _FIRST_POLL
     while True:
@@ -299,7 +305,7 @@ def _claim_or_answer(
                 in_flight(tally, state="contended", cause=exc)
             return store_unavailable(tally, view, exc)
         if attempt.held is not None:
-            return run_owned(request, tally, attempt.held, view, ttl, options.outcome_policy)
+            return run_owned(request, tally, attempt.held, view, ttl, plan.outcome)
         record = attempt.record
         if record is not None and (
             not fingerprint.matches(record.fingerprint) or record.is_resolved
