@@ -20,7 +20,6 @@ from __future__ import annotations
 import functools
 import os
 from types import ModuleType
-from typing import Any
 
 #: The variables the API reads a provider's entry point name from.
 _TRACER_VARIABLE = "OTEL_PYTHON_TRACER_PROVIDER"
@@ -51,24 +50,20 @@ def _named_by_environment(variable: str) -> bool:
     return variable in os.environ
 
 
-def _provider(api: ModuleType, variable: str, getter: str, global_name: str) -> Any:
-    """The provider set in ``api``, or None while there is only the API's proxy."""
-    # The API's global, None until a provider is set (set once, never unset).
-    # Read before calling its getter, which would look the environment up;
-    # an API without that global is asked through its getter, as documented.
-    provider = getattr(api, global_name, None)
-    if provider is None and hasattr(api, global_name) and not _named_by_environment(variable):
-        return None
-    return getattr(api, getter)()
-
-
 def tracer_provider_set() -> bool:
     """Whether spans started through the API are recorded by a provider (an SDK's)."""
     api = trace_api()
     if api is None:
         return False
-    provider = _provider(api, _TRACER_VARIABLE, "get_tracer_provider", "_TRACER_PROVIDER")
-    return provider is not None and not isinstance(provider, api.ProxyTracerProvider)
+    # The API's global, None until a provider is set (set once, never unset).
+    # Read before calling its getter, which would look the environment up;
+    # an API without that global is asked through its getter, as documented.
+    provider = getattr(api, "_TRACER_PROVIDER", None)
+    if provider is None:
+        if hasattr(api, "_TRACER_PROVIDER") and not _named_by_environment(_TRACER_VARIABLE):
+            return False
+        provider = api.get_tracer_provider()
+    return not isinstance(provider, api.ProxyTracerProvider)
 
 
 def meter_provider_set() -> bool:
@@ -76,6 +71,9 @@ def meter_provider_set() -> bool:
     api = _metrics_api()
     if api is None:
         return False
-    provider = _provider(api, _METER_VARIABLE, "get_meter_provider", "_METER_PROVIDER")
-    proxy = getattr(api, "_ProxyMeterProvider", ())
-    return provider is not None and not isinstance(provider, proxy)
+    provider = getattr(api, "_METER_PROVIDER", None)  # as the tracer provider's
+    if provider is None:
+        if hasattr(api, "_METER_PROVIDER") and not _named_by_environment(_METER_VARIABLE):
+            return False
+        provider = api.get_meter_provider()
+    return not isinstance(provider, getattr(api, "_ProxyMeterProvider", ()))

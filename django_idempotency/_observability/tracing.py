@@ -59,7 +59,7 @@ def _active_tracer() -> Any:
     rather than the environment (``providers``). Asked on every call, so a
     provider set later is used from then on.
     """
-    if not idempotency_settings.TRACING or not tracer_provider_set():
+    if not tracer_provider_set() or not idempotency_settings.TRACING:
         return None
     return _tracer()
 

@@ -37,7 +37,7 @@ from django_idempotency._protection.optimistic import run_optimistically
 from django_idempotency._protection.outcome import Tally, announce, finish, observed
 from django_idempotency._protection.owned import run_owned
 from django_idempotency._protection.plan import Plan, plan_of
-from django_idempotency._protection.refused import sender_of
+from django_idempotency._protection.refused import sender_named, sender_of
 from django_idempotency._protection.retention import advertise_first_execution
 from django_idempotency._protection.transactions import run_unprotected
 from django_idempotency._store.digests import Fingerprint, Sender
@@ -57,9 +57,12 @@ from django_idempotency.fingerprint import (
 from django_idempotency.models import IdempotencyRecord
 from django_idempotency.outcomes import Outcome, standard, webhook
 from django_idempotency.scope import (
+    ANONYMOUS_TENANT,
     OperationSpec,
     Scope,
     check_operation_spec,
+    checked_tenant,
+    default_tenant,
     resolve_operation,
     resolve_tenant,
 )
@@ -225,8 +228,17 @@ def _protect(
         return run_unprotected(view)
     if not plan.client_header:
         tally.key_source = options.key.describe()
+    drf_request = isinstance(request, Request)
+    principal: str | None = None
+    if drf_request and plan.tenant is default_tenant:
+        # The tenant is who sent it (principal_of): asked once, for both.
+        tenant = default_tenant(request)
+        principal = None if tenant == ANONYMOUS_TENANT else tenant
+        tenant = checked_tenant(tenant, default_tenant)
+    else:
+        tenant = resolve_tenant(request, plan.tenant)
     scope = Scope(
-        tenant=resolve_tenant(request, plan.tenant),
+        tenant=tenant,
         operation=resolve_operation(request, options.operation),
         key=key,
     )
@@ -241,7 +253,10 @@ def _protect(
     # use this alias, and the view learns it as request.idempotency.database.
     database = database_for(scope, request=request)
     # Kept on the record for a retry that DRF refuses before the claim (``refused``).
-    sender = sender_of(request, options)
+    if plan.tenant is default_tenant and drf_request:
+        sender = sender_named(request, principal, plan.credential_window)
+    else:
+        sender = sender_of(request, options)
     response = None
     if options.optimistic and not connections[database].in_atomic_block:
         response = run_optimistically(
@@ -261,9 +276,10 @@ def _protect(
         # Echoed to the client that sent it, as it sent it; a key read from
         # elsewhere (a webhook's delivery id) is the sender's, and no
         # Idempotency-Key.
-        meta = request._request.META if isinstance(request, Request) else request.META
+        meta = request._request.META if drf_request else request.META
         response[plan.header] = meta[plan.header_meta]
-    advertise_first_execution(response, plan.retention, stored=tally.stored_state is not None)
+    if plan.advertise_retention:
+        advertise_first_execution(response, plan.retention, stored=tally.stored_state is not None)
     return response
 
 

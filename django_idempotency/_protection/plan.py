@@ -57,6 +57,7 @@ class Plan:
     lease: timedelta
     outcome: Outcome
     credential_window: timedelta | None
+    advertise_retention: bool
 
     def client_key(self, request: HttpRequest) -> str | None:
         """The key of the client's header, as ``KeySource.read`` reads it; None if absent."""
@@ -95,4 +96,5 @@ def _made(options: Options, resolved: dict[str, Any]) -> Plan:
         lease=conf.LEASE,
         outcome=options.outcome_policy,
         credential_window=options.credential_window,
+        advertise_retention=conf.ADVERTISE_RETENTION,
     )
