@@ -41,52 +41,36 @@ _REFUSAL_LABELS = {
 
 
 class Tally:
-    """What one protected request has learnt so far; written by the flow as it goes."""
+    """What one protected request has learnt so far; written by the flow as it goes.
 
-    __slots__ = (
-        "claimed",
-        "fail_open",
-        "in_flight_state",
-        "key_source",
-        "operation",
-        "operation_from_code",
-        "refusal",
-        "release_reason",
-        "replayed",
-        "replayed_status",
-        "scope",
-        "started",
-        "store_unreachable",
-        "stored_state",
-        "stored_status",
-        "uncertain_reason",
-        "view_ran",
-        "view_seconds",
-    )
+    Every field but ``started`` starts as its class's default: most stay
+    so, and a request writes only what it learns.
+    """
+
+    scope: Scope | None = None
+    #: Where the key came from, as refusals name it ("the body field
+    #: 'id'"); None for the client's Idempotency-Key header.
+    key_source: str | None = None
+    #: The operation of a request refused before it had a scope.
+    operation: str | None = None
+    #: Whether the operation's name is the route's or a literal one.
+    operation_from_code = False
+    claimed = False
+    view_ran = False
+    view_seconds = 0.0
+    stored_state: str | None = None
+    stored_status: int | None = None
+    replayed = False
+    replayed_status: int | None = None
+    refusal: str | None = None
+    in_flight_state: str | None = None
+    release_reason: object = None
+    uncertain_reason: object = None
+    store_unreachable = False
+    fail_open = False
 
     def __init__(self) -> None:
         self.started = time.perf_counter()
-        self.scope: Scope | None = None
-        #: Where the key came from, as refusals name it ("the body field
-        #: 'id'"); None for the client's Idempotency-Key header.
-        self.key_source: str | None = None
-        #: The operation of a request refused before it had a scope.
-        self.operation: str | None = None
-        #: Whether the operation's name is the route's or a literal one.
-        self.operation_from_code = False
-        self.claimed = False
-        self.view_ran = False
-        self.view_seconds = 0.0
-        self.stored_state: str | None = None
-        self.stored_status: int | None = None
-        self.replayed = False
-        self.replayed_status: int | None = None
-        self.refusal: str | None = None
-        self.in_flight_state: str | None = None
-        self.release_reason: object = None
-        self.uncertain_reason: object = None
-        self.store_unreachable = False
-        self.fail_open = False
 
 
 @dataclass(frozen=True)
