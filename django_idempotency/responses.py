@@ -89,8 +89,12 @@ class StoredResponse:
 def capture(
     response: HttpResponseBase, extra_headers: Iterable[str], max_body: int
 ) -> StoredResponse:
-    names = [*BASE_HEADERS, *extra_headers]
-    headers = [[name, response[name]] for name in names if name in response]
+    stored = response.headers
+    headers = []
+    for name in (*BASE_HEADERS, *extra_headers):
+        value = stored.get(name)  # one lookup, where ``in`` and [] were two
+        if value is not None:
+            headers.append([name, value])
     if isinstance(response, StreamingHttpResponse) or not isinstance(response, HttpResponse):
         logger.warning(
             "A streaming response cannot be stored for replay; replays will carry "

@@ -76,9 +76,10 @@ class _NoSpan:
         pass
 
 
-_NO_SPAN = _NoSpan()
+#: What a step's block yields when nothing records spans.
+NO_SPAN = _NoSpan()
 #: The block a step is in when nothing records spans: no generator, no span.
-_NO_SPAN_BLOCK = contextlib.nullcontext(_NO_SPAN)
+_NO_SPAN_BLOCK = contextlib.nullcontext(NO_SPAN)
 
 
 def step_span(
@@ -120,7 +121,7 @@ def _recorded_step(
         span = opened.__enter__()
     except Exception:
         logger.exception("The %s span could not be started; the request goes on.", name)
-        yield _NO_SPAN
+        yield NO_SPAN
         return
     try:
         yield span

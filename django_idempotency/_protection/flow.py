@@ -23,7 +23,12 @@ from django.db import connections
 from rest_framework.request import Request
 
 from django_idempotency import _store as store
-from django_idempotency._observability.tracing import contended, step_span, traced_view
+from django_idempotency._observability.tracing import (
+    NO_SPAN,
+    contended,
+    step_span,
+    traced_view,
+)
 from django_idempotency._protection.answers import (
     UNREACHABLE_ERRORS,
     answer_settled,
@@ -315,7 +320,8 @@ def _claim_or_answer(
                 attempt = store.claim_or_take_over(
                     scope, fingerprint, ttl=ttl, lease=lease, using=database, sender=sender
                 )
-                _describe_claim(span, attempt)
+                if span is not NO_SPAN:  # described only where a span records it
+                    _describe_claim(span, attempt)
         except UNREACHABLE_ERRORS as exc:
             if is_contention(exc):  # a busy database, most likely this very key
                 in_flight(tally, state="contended", cause=exc)
@@ -323,10 +329,10 @@ def _claim_or_answer(
         if attempt.held is not None:
             return run_owned(request, tally, attempt.held, view, ttl, plan.outcome)
         record = attempt.record
-        if record is not None and (
-            not fingerprint.matches(record.fingerprint) or record.is_resolved
-        ):
-            return answer_settled(tally, fingerprint, record)
+        if record is not None:
+            matched = fingerprint.matches(record.fingerprint)
+            if not matched or record.is_resolved:
+                return answer_settled(tally, fingerprint, record, matched=matched)
         if record is not None and record.state == State.UNCERTAIN:
             held(tally, record)  # nothing runs it: waiting would not settle it
         if record is not None and conf.IN_FLIGHT == "wait":

@@ -141,11 +141,23 @@ _statements: dict[tuple[str, DatabaseClock], Statements] = {}
 
 
 def statements_for(connection: BaseDatabaseWrapper) -> Statements:
+    # Asked for every statement of every request: kept per connection, with
+    # the time zone its clock follows (a cached property, read as a plain
+    # attribute), which a test may change in DATABASES without a signal.
+    zone = connection.timezone_name
+    kept = _statements_of_connection.get(connection)
+    if kept is not None and kept[0] == zone:
+        return kept[1]
     built_for = (connection.vendor, clock_of(connection))
     built = _statements.get(built_for)
     if built is None:
         built = _statements[built_for] = _build(connection, built_for[1])
+    _statements_of_connection[connection] = (zone, built)
     return built
+
+
+_statements_of_connection: weakref.WeakKeyDictionary[BaseDatabaseWrapper, tuple[str, Statements]]
+_statements_of_connection = weakref.WeakKeyDictionary()
 
 
 def _build(connection: BaseDatabaseWrapper, clock: DatabaseClock) -> Statements:
@@ -324,8 +336,10 @@ _converters = weakref.WeakKeyDictionary()
 
 
 def _forget_converters(*, setting: str, **kwargs: Any) -> None:
+    # The clock too: MySQL's follows USE_TZ and the time zones.
     if setting in ("USE_TZ", "TIME_ZONE", "DATABASES"):
         _converters.clear()
+        _statements_of_connection.clear()
 
 
 setting_changed.connect(_forget_converters, dispatch_uid="django_idempotency._store.statements")
