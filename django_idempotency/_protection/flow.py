@@ -281,7 +281,7 @@ def _protect(
         # Echoed to the client that sent it, as it sent it; a key read from
         # elsewhere (a webhook's delivery id) is the sender's, and no
         # Idempotency-Key.
-        meta = request._request.META if drf_request else request.META
+        meta = request._request.META if isinstance(request, Request) else request.META
         response[plan.header] = meta[plan.header_meta]
     if plan.advertise_retention:
         advertise_first_execution(response, plan.retention, stored=tally.stored_state is not None)

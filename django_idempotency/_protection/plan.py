@@ -62,7 +62,7 @@ class Plan:
     def client_key(self, request: HttpRequest) -> str | None:
         """The key of the client's header, as ``KeySource.read`` reads it; None if absent."""
         meta = request._request.META if isinstance(request, Request) else request.META
-        raw = meta.get(self.header_meta)
+        raw: str | None = meta.get(self.header_meta)
         if raw is None:
             return None
         if len(raw) <= self.key_max_length and _PLAIN_KEY.fullmatch(raw) is not None:
