@@ -17,63 +17,81 @@ is seen at the next request: the globals are read each time.
 
 from __future__ import annotations
 
-import functools
 import os
 from types import ModuleType
+from typing import Any
 
 #: The variables the API reads a provider's entry point name from.
 _TRACER_VARIABLE = "OTEL_PYTHON_TRACER_PROVIDER"
 _METER_VARIABLE = "OTEL_PYTHON_METER_PROVIDER"
 
 
-@functools.cache
+_UNKNOWN: Any = object()
+#: The API's modules once looked for (None: not installed).
+_trace: Any = _UNKNOWN
+_metrics: Any = _UNKNOWN
+#: Whether the environment names a provider, read once (see above).
+_environment_names: dict[str, bool] = {}
+
+
 def trace_api() -> ModuleType | None:
     """``opentelemetry.trace``, or None when the API is not installed."""
-    try:
-        from opentelemetry import trace
-    except ImportError:
-        return None
-    return trace
+    global _trace
+    if _trace is _UNKNOWN:
+        try:
+            from opentelemetry import trace
+        except ImportError:
+            trace = None  # type: ignore[assignment]
+        _trace = trace
+    return _trace  # type: ignore[no-any-return]
 
 
-@functools.cache
 def _metrics_api() -> ModuleType | None:
-    try:
-        from opentelemetry.metrics import _internal as metrics
-    except ImportError:
-        return None
-    return metrics
+    global _metrics
+    if _metrics is _UNKNOWN:
+        try:
+            from opentelemetry.metrics import _internal as metrics
+        except ImportError:
+            metrics = None  # type: ignore[assignment]
+        _metrics = metrics
+    return _metrics  # type: ignore[no-any-return]
 
 
-@functools.cache
 def _named_by_environment(variable: str) -> bool:
-    return variable in os.environ
+    named = _environment_names.get(variable)
+    if named is None:
+        named = _environment_names[variable] = variable in os.environ
+    return named
 
 
 def tracer_provider_set() -> bool:
     """Whether spans started through the API are recorded by a provider (an SDK's)."""
-    api = trace_api()
+    api = _trace if _trace is not _UNKNOWN else trace_api()
     if api is None:
         return False
     # The API's global, None until a provider is set (set once, never unset).
     # Read before calling its getter, which would look the environment up;
     # an API without that global is asked through its getter, as documented.
-    provider = getattr(api, "_TRACER_PROVIDER", None)
+    provider = getattr(api, "_TRACER_PROVIDER", _UNKNOWN)
     if provider is None:
-        if hasattr(api, "_TRACER_PROVIDER") and not _named_by_environment(_TRACER_VARIABLE):
+        if not _named_by_environment(_TRACER_VARIABLE):
             return False
+        provider = api.get_tracer_provider()
+    elif provider is _UNKNOWN:
         provider = api.get_tracer_provider()
     return not isinstance(provider, api.ProxyTracerProvider)
 
 
 def meter_provider_set() -> bool:
     """Whether measurements made through the API reach a provider (an SDK's)."""
-    api = _metrics_api()
+    api = _metrics if _metrics is not _UNKNOWN else _metrics_api()
     if api is None:
         return False
-    provider = getattr(api, "_METER_PROVIDER", None)  # as the tracer provider's
+    provider = getattr(api, "_METER_PROVIDER", _UNKNOWN)  # as the tracer provider's
     if provider is None:
-        if hasattr(api, "_METER_PROVIDER") and not _named_by_environment(_METER_VARIABLE):
+        if not _named_by_environment(_METER_VARIABLE):
             return False
+        provider = api.get_meter_provider()
+    elif provider is _UNKNOWN:
         provider = api.get_meter_provider()
     return not isinstance(provider, getattr(api, "_ProxyMeterProvider", ()))

@@ -132,6 +132,8 @@ def sender_named(
 ) -> Sender:
     """``sender_of``, for a DRF request whose ``principal_of`` is ``principal``."""
     credential = presented_credential(request) if credential_window else None
+    if principal is None and credential is None:
+        return NOBODY  # an anonymous request: the sender every such claim keeps
     return Sender(
         principal=None if principal is None else principal_digest(principal),
         credential=None if credential is None else credential_digest(credential),

@@ -28,6 +28,12 @@ from functools import lru_cache
 
 from django_idempotency.conf import idempotency_settings
 
+#: ``hmac.digest`` without its Python layer where OpenSSL's is there.
+try:
+    from _hashlib import hmac_digest as _digest
+except ImportError:  # pragma: no cover - a Python built without OpenSSL
+    _digest = hmac.digest  # type: ignore[assignment]
+
 #: Some providers take idempotency keys of at most 64 characters.
 PROVIDER_KEY_MAX_LENGTH = 64
 #: Separates a digest's secret version from its hex digits.
@@ -134,7 +140,7 @@ class FingerprintHasher:
         """The fingerprint of every chunk given, then of ``last``."""
         if self._macs is None:
             by_version = tuple(
-                (secret.version, hmac.digest(secret.fingerprint_key, last, "sha256").hex())
+                (secret.version, _digest(secret.fingerprint_key, last, "sha256").hex())
                 for secret in self._secrets
             )
         else:
