@@ -336,16 +336,31 @@ def _encode(value: Any, out: _Chunks) -> None:
 
 
 def _encode_mapping(value: Mapping[Any, Any], out: _Chunks) -> None:
-    out.append("{")
-    for index, name in enumerate(sorted(value, key=str)):
-        if index:
-            out.append(",")
-        _encode_string(str(name), out)
-        out.append(":")
-        _encode(value[name], out)
+    append = out.append
+    append("{")
+    separator = ""
+    for name in sorted(value, key=str):
+        text = name if type(name) is str else str(name)
+        if len(text) <= _LONG_STRING:
+            append(f"{separator}{_json_string(text)}:")
+        else:
+            append(separator)
+            _encode_string(text, out)
+            append(":")
+        separator = ","
+        item = value[name]
+        # The scalars parsers deliver most, written here rather than by a
+        # call of _encode each (as it writes them).
+        kind = type(item)
+        if kind is str and len(item) <= _LONG_STRING:
+            append(_json_string(item))
+        elif kind is int and -_POSITIONAL_INTEGERS < item < _POSITIONAL_INTEGERS:
+            append(str(item))
+        else:
+            _encode(item, out)
         if len(out) > _PARTS_PER_CHUNK:
             out.flush()
-    out.append("}")
+    append("}")
 
 
 def _encode_sequence(value: Sequence[Any], out: _Chunks) -> None:
@@ -396,8 +411,14 @@ def canonical(value: Any) -> bytes:
 
 def fingerprint(value: Any) -> Fingerprint:
     hasher = FingerprintHasher()
-    write_canonical(value, hasher)
-    return hasher.finish()
+    out = _Chunks((hasher,))
+    _encode(value, out)
+    return _finished(hasher, out)
+
+
+def _finished(hasher: FingerprintHasher, out: _Chunks) -> Fingerprint:
+    """The fingerprint of what ``out`` wrote to ``hasher`` and of what it still holds."""
+    return hasher.finish("".join(out).encode("ascii"))
 
 
 def select_fields(data: Any, fields: Sequence[str]) -> dict[str, Any]:
@@ -523,6 +544,8 @@ def request_fingerprint(
     value is the view's own.
     """
     try:
+        if spec is None:
+            return _whole_input_fingerprint(request, view_args, view_kwargs)
         return fingerprint(_fingerprinted_input(request, spec, view_args, view_kwargs))
     except RecursionError as exc:
         # The parser (DRF's, inside request.data) or the encoder gave up.
@@ -545,6 +568,56 @@ def request_fingerprint(
             )
             % {"type": exc.type_name}
         ) from exc
+
+
+def _whole_input_fingerprint(
+    request: HttpRequest, view_args: Sequence[Any], view_kwargs: Mapping[str, Any]
+) -> Fingerprint:
+    """The fingerprint of the whole input (``fingerprint=None``), written in one pass.
+
+    The bytes ``fingerprint()`` writes for ``{"body": ..., "query": ...,
+    "renderer": ..., "url": {"args": ..., "kwargs": ...}}`` (the keys in the
+    canonical order, the renderer only when negotiated), with no such dict,
+    list of URL values or copy of the query built first: every protected
+    request with a key pays for this.
+    """
+    body = _parsed_body(request)
+    query_params = getattr(request, "query_params", None)  # a DRF Request's
+    hasher = FingerprintHasher()
+    out = _Chunks((hasher,))
+    out.append('{"body":')
+    _encode(body, out)
+    out.append(',"query":')
+    query = request.GET if query_params is None else query_params
+    if query:
+        # Never JSON, so no form token: a plain mapping of lists, as earlier
+        # versions wrote it. DRF's ``?format=`` picks a renderer, as the
+        # suffix does: the negotiated renderer below stands for both.
+        lists = dict(query.lists())
+        if query_params is not None:
+            lists.pop(_format_override(), None)
+        _encode_mapping(lists, out)
+    else:
+        out.append("{}")
+    renderer = _negotiated_renderer(request)
+    if renderer is not None:
+        out.append(',"renderer":')
+        _encode_mapping(renderer, out)
+    out.append(',"url":{"args":')
+    if view_args:
+        _encode_sequence([_url_value(value) for value in view_args], out)
+    else:
+        out.append("[]")
+    out.append(',"kwargs":')
+    # DRF's format suffix (".json") picks a renderer, not an operation.
+    if view_kwargs and (len(view_kwargs) > 1 or "format" not in view_kwargs):
+        kwargs = {name: _url_value(value) for name, value in view_kwargs.items()}
+        kwargs.pop("format", None)
+        _encode_mapping(kwargs, out)
+    else:
+        out.append("{}")
+    out.append("}}")
+    return _finished(hasher, out)
 
 
 def _format_override() -> str | None:

@@ -89,8 +89,12 @@ class StoredResponse:
 def capture(
     response: HttpResponseBase, extra_headers: Iterable[str], max_body: int
 ) -> StoredResponse:
-    names = [*BASE_HEADERS, *extra_headers]
-    headers = [[name, response[name]] for name in names if name in response]
+    stored = response.headers
+    headers = []
+    for name in (*BASE_HEADERS, *extra_headers):
+        value = stored.get(name)  # one lookup, where ``in`` and [] were two
+        if value is not None:
+            headers.append([name, value])
     if isinstance(response, StreamingHttpResponse) or not isinstance(response, HttpResponse):
         logger.warning(
             "A streaming response cannot be stored for replay; replays will carry "
@@ -112,11 +116,21 @@ def capture(
 
 
 def replay(status: int, headers: list[list[str]], body: bytes | None) -> HttpResponse:
-    # The stored headers given to the constructor: one pass over them, and
-    # no default Content-Type built to be replaced.
-    response = HttpResponse(b"" if body is None else bytes(body), status=status, headers=headers)
-    if not any(name.lower() == "content-type" for name, _ in headers):
+    # The stored bytes as they are (bytes, or a memoryview, which the
+    # response copies once); the stored Content-Type given to the
+    # constructor, so that no default is built to be replaced.
+    content_type = None
+    at = -1
+    for index, (name, value) in enumerate(headers):
+        if name.lower() == "content-type":
+            content_type, at = value, index
+            break
+    response = HttpResponse(b"" if body is None else body, status=status, content_type=content_type)
+    if content_type is None:
         del response["Content-Type"]  # the default HttpResponse added: none was stored
+    for index, (name, value) in enumerate(headers):
+        if index != at:
+            response[name] = value
     response[REPLAYED_HEADER] = "true"
     if body is None:
         response[BODY_OMITTED_HEADER] = "true"

@@ -168,6 +168,25 @@ OperationNames = Literal["pattern", "normalised", "route_name"]
 OPERATION_NAMES: tuple[OperationNames, ...] = ("pattern", "normalised", "route_name")
 
 
+def _route_of(request: HttpRequest) -> tuple[str, str, str | None]:
+    """The request's method, route (its path if it has none) and route name."""
+    # A DRF Request's own attributes are looked up through its __getattr__.
+    django_request = getattr(request, "_request", request)
+    match = django_request.resolver_match
+    route = match.route if match is not None and match.route else django_request.path
+    route_name = match.view_name if match is not None and match.url_name else None
+    return str(request.method), route, route_name  # a DRF clone's method may be its own
+
+
+@lru_cache(maxsize=1024)  # a route comes back on every request to it
+def _judged_default_name(
+    method: str, route: str, route_name: str | None, style: str
+) -> tuple[str, str | None]:
+    """The default name of the route's operation, and what is wrong with it, if anything."""
+    name = operation_name(method, route, route_name, style)
+    return name, operation_name_fault(name)
+
+
 def default_operation(request: HttpRequest) -> str:
     """``"POST v1/payments/<int:pk>/refunds"``: method plus URL route pattern.
 
@@ -178,12 +197,7 @@ def default_operation(request: HttpRequest) -> str:
     ``IDEMPOTENCY["OPERATION_NAMES"]`` may name it differently (see
     ``operation_name``).
     """
-    match = request.resolver_match
-    route = match.route if match is not None and match.route else request.path
-    route_name = match.view_name if match is not None and match.url_name else None
-    return operation_name(
-        str(request.method), route, route_name, idempotency_settings.OPERATION_NAMES
-    )
+    return operation_name(*_route_of(request), idempotency_settings.OPERATION_NAMES)
 
 
 def operation_name(method: str, route: str, route_name: str | None, style: str) -> str:
@@ -308,7 +322,9 @@ def resolve_operation(request: HttpRequest, spec: OperationSpec) -> str:
     if isinstance(spec, str):
         return spec  # checked when the view was decorated (check_operation_spec)
     if spec is None:
-        name = default_operation(request)
+        name, fault = _judged_default_name(
+            *_route_of(request), idempotency_settings.OPERATION_NAMES
+        )
     else:
         name = spec(request)
         if not isinstance(name, str):
@@ -316,7 +332,7 @@ def resolve_operation(request: HttpRequest, spec: OperationSpec) -> str:
             raise ImproperlyConfigured(
                 f"The operation callable {function} returned {name!r}; it must return a string."
             )
-    fault = operation_name_fault(name)
+        fault = operation_name_fault(name)
     if fault is not None:
         # The name comes from the request (a path where the route has no
         # pattern; a callable reading the body): the client's to change.
@@ -329,7 +345,15 @@ def resolve_operation(request: HttpRequest, spec: OperationSpec) -> str:
 
 
 def resolve_tenant(request: HttpRequest, resolver: Callable[[HttpRequest], str]) -> str:
-    tenant = resolver(request)
+    return checked_tenant(resolver(request), resolver)
+
+
+def checked_tenant(tenant: object, resolver: Callable[[HttpRequest], str]) -> str:
+    """``tenant``, what ``resolver`` returned, as a tenant column holds it.
+
+    Raises:
+        ImproperlyConfigured: ``tenant`` is not a string.
+    """
     if not isinstance(tenant, str):
         name = getattr(resolver, "__qualname__", repr(resolver))
         raise ImproperlyConfigured(

@@ -7,10 +7,14 @@ import re
 from datetime import timedelta
 from pathlib import Path
 
+import pytest
 from django.conf import settings
 from django.test import override_settings
+from rest_framework.test import APIClient
 
 from django_idempotency.conf import DEFAULTS, SETTINGS, idempotency_settings
+from django_idempotency.models import IdempotencyRecord
+from tests.utils import post
 
 
 def test_resolved_values_follow_every_change_of_the_setting() -> None:
@@ -79,3 +83,53 @@ def test_the_default_digest_keys_follow_secret_key_and_its_fallbacks() -> None:
     with override_settings(IDEMPOTENCY={"DIGEST_KEYS": [("v1", "s" * 40)]}):
         given: object = idempotency_settings.DIGEST_KEYS
         assert given == (("v1", b"s" * 40),)
+
+
+# --- what a protected view decides once, per value of the settings -------------------------
+
+CHARGES = "/api-view/charges"
+
+
+@pytest.mark.django_db(transaction=True)
+def test_a_views_plan_follows_every_change_of_the_settings(api: APIClient) -> None:
+    """A view's key header, echo, requirement, retention and retention header are resolved
+    once (its plan) and again at the first request after IDEMPOTENCY changed."""
+    before = post(api, CHARGES, {"amount": 1}, "plan-before")  # the plan is made here
+    changed = {
+        **getattr(settings, "IDEMPOTENCY", {}),
+        "HEADER": "X-Request-Key",
+        "ADVERTISE_RETENTION": True,
+        "TTL": 90,
+    }
+    with override_settings(IDEMPOTENCY=changed):
+        during = api.post(CHARGES, {"amount": 1}, format="json", HTTP_X_REQUEST_KEY="plan-during")
+        old_header = post(api, CHARGES, {"amount": 1}, "plan-old-header")
+        with override_settings(IDEMPOTENCY={**changed, "REQUIRED": False}):
+            keyless = post(api, CHARGES, {"amount": 1}, None)
+    after = post(api, CHARGES, {"amount": 1}, "plan-after")
+
+    assert (before.status_code, before["Idempotency-Key"]) == (201, "plan-before")
+    assert "Idempotency-Key-Expires-In" not in before
+    assert (during.status_code, during["X-Request-Key"]) == (201, "plan-during")
+    assert "Idempotency-Key" not in during
+    assert during["Idempotency-Key-Expires-In"] == "90"
+    assert old_header.status_code == 400  # no X-Request-Key: the key is missing
+    assert keyless.status_code == 201 and not IdempotencyRecord.objects.filter(key="").exists()
+    assert (after.status_code, after["Idempotency-Key"]) == (201, "plan-after")
+    assert "Idempotency-Key-Expires-In" not in after
+    assert "X-Request-Key" not in after
+
+
+@pytest.mark.django_db(transaction=True)
+def test_a_routes_default_operation_name_follows_a_change_of_its_naming_style(
+    api: APIClient,
+) -> None:
+    """The name of a route's operation is judged once per route and style, not per request."""
+    post(api, "/api-view/by-ref/0b8e5a1c-0a5b-4d3e-9a8c-2b9f6a1d7e44", {"amount": 1}, "named-1")
+    with override_settings(IDEMPOTENCY={"OPERATION_NAMES": "normalised"}):
+        post(api, "/api-view/by-ref/0b8e5a1c-0a5b-4d3e-9a8c-2b9f6a1d7e44", {"amount": 1}, "named-2")
+    post(api, "/api-view/by-ref/0b8e5a1c-0a5b-4d3e-9a8c-2b9f6a1d7e44", {"amount": 1}, "named-3")
+
+    operations = dict(IdempotencyRecord.objects.values_list("key", "operation"))
+    assert operations["named-1"] == operations["named-3"] != operations["named-2"]
+    assert "{" in operations["named-2"] and "{" not in operations["named-1"]

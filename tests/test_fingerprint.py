@@ -267,6 +267,59 @@ def test_json_requests_keep_their_canonical_form(body: str, expected: str) -> No
     assert canonical_form.hexdigest() == expected
 
 
+def _drf_request(path: str, body: str, **extra: Any) -> Request:
+    from rest_framework.parsers import FormParser, MultiPartParser
+    from rest_framework.renderers import BrowsableAPIRenderer, JSONRenderer
+    from rest_framework.views import APIView
+
+    content_type = extra.pop("content_type", "application/json")
+    request = Request(
+        APIRequestFactory().post(path, body, content_type=content_type, **extra),
+        parsers=[JSONParser(), FormParser(), MultiPartParser()],
+    )
+    view = APIView()
+    view.renderer_classes = [JSONRenderer, BrowsableAPIRenderer]
+    request.parser_context = {"view": view}
+    request.accepted_renderer = (
+        BrowsableAPIRenderer() if "text/html" in extra.get("HTTP_ACCEPT", "") else JSONRenderer()
+    )
+    return request
+
+
+_LARGE_BODY = json.dumps({f"field{index}": [index, str(index)] for index in range(800)})
+
+
+@pytest.mark.parametrize(
+    ("path", "body", "args", "kwargs", "extra"),
+    [
+        ("/x", '{"amount": 4200, "currency": "EUR"}', (), {}, {}),
+        ("/x?b=2&a=1&a=0", '{"a": [1, 2.5, -0.0, 1e20], "b": {"c": null}}', (), {"pk": 7}, {}),
+        ("/x?format=json&b=2", '{"a": 1}', ("uuid", 3), {"pk": "7", "format": "json"}, {}),
+        ("/x", '{"a": 1}', (), {"format": "json"}, {}),
+        ("/x", '{"a": 1}', (), {}, {"HTTP_ACCEPT": "text/html"}),
+        (
+            "/x",
+            "amount=5&amount=6&csrfmiddlewaretoken=t",
+            (),
+            {},
+            {"content_type": "application/x-www-form-urlencoded"},
+        ),
+        ("/x?q=1", _LARGE_BODY, (1,), {"pk": 1}, {}),
+        ("/x", '{"long": "' + "é" * 20000 + '"}', (), {}, {}),
+    ],
+)
+def test_the_whole_input_is_fingerprinted_in_one_pass_as_its_canonical_dict_is(
+    path: str, body: str, args: tuple[Any, ...], kwargs: dict[str, Any], extra: dict[str, Any]
+) -> None:
+    """``fingerprint=None`` writes the canonical form of ``{"body", "query", "renderer", "url"}``
+    without building that dict: the same bytes, so the same fingerprints stored fingerprints
+    are compared with (a long body's form is streamed in chunks, a short one's digested whole)."""
+    request = _drf_request(path, body, **extra)
+    expected = fingerprint(_fingerprinted_input(request, None, args, kwargs))
+
+    assert request_fingerprint(request, None, args, kwargs) == expected
+
+
 # --- form data is not JSON ----------------------------------------------------------------
 
 

@@ -531,3 +531,24 @@ def test_a_release_after_the_store_was_lost_has_a_documented_reason() -> None:
 
     reasons = {labels.get("reason") for labels in Readings(reader).labels("idempotency.releases")}
     assert reasons <= DOCUMENTED_RELEASE_REASONS, reasons
+
+
+def test_requests_are_counted_for_opentelemetry_only_once_a_meter_provider_is_set(
+    api: APIClient, counted: Callable[..., float], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Until an SDK's meter provider is set the API drops every measurement: nothing is
+    counted for it (no work for an observer nobody registered); from then on, everything."""
+    from opentelemetry.metrics import _internal as api_internals
+
+    provider = api_internals._METER_PROVIDER
+    monkeypatch.setattr(api_internals, "_METER_PROVIDER", None)  # as before any is set
+    assert not metrics.receiving()
+    post(api, URL, {"amount": 1}, "m-unset")
+
+    monkeypatch.setattr(api_internals, "_METER_PROVIDER", provider)  # set now
+    assert metrics.receiving()
+    post(api, URL, {"amount": 1}, "m-unset")
+
+    requests = "idempotency.requests"
+    assert counted(requests, operation=OPERATION, outcome="executed") == 0
+    assert counted(requests, operation=OPERATION, outcome="replayed") == 1

@@ -110,3 +110,20 @@ def test_a_request_announces_its_outcome_once_when_answered(
     assert during_view == ["request_claimed"]
     assert names(sent) == ["request_claimed", "claim_released"]
     assert sent[1][1]["reason"] == "exception"
+
+
+def test_a_receiver_connected_after_requests_nobody_heard_hears_the_next_one(
+    api: APIClient,
+) -> None:
+    """With no receiver, no metrics backend and no tracing SDK, a request's outcome is not
+    even built; whether anything listens is asked at every request, not once."""
+    url = "/api-view/charges"
+    post(api, url, {"amount": 1}, "late")
+    post(api, url, {"amount": 1}, "late")  # a replay nobody hears of
+
+    with signals_sent({"response_replayed": signals.response_replayed}) as log:
+        post(api, url, {"amount": 1}, "late")
+    post(api, url, {"amount": 1}, "late")  # disconnected again: unheard
+
+    assert names(log) == ["response_replayed"]
+    assert log[0][1]["status"] == 201

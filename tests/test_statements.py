@@ -49,6 +49,40 @@ def test_a_looked_up_record_is_the_one_the_orm_reads(use_tz: bool) -> None:
             assert (value.tzinfo is None) == (wanted.tzinfo is None), name
 
 
+def test_a_looked_up_record_is_a_saved_instance_of_its_database() -> None:
+    record = RecordFactory.create()
+
+    found = store.lookup(scope_of(record), using="default")
+
+    assert found is not None
+    assert (found._state.db, found._state.adding) == ("default", False)
+    assert found == record
+    found.provider_operation_id = "op_1"
+    found.save(update_fields=["provider_operation_id"])  # an UPDATE, as of any saved instance
+    assert IdempotencyRecord.objects.get(pk=record.pk).provider_operation_id == "op_1"
+
+
+def test_init_signal_receivers_get_the_records_the_store_reads() -> None:
+    """Records are built without ``Model.__init__`` only while nothing listens to its signals."""
+    from django.db.models.signals import post_init
+
+    record = RecordFactory.create()
+    seen: list[object] = []
+
+    def receiver(sender: type, instance: object, **kwargs: object) -> None:
+        seen.append(instance)
+
+    post_init.connect(receiver, sender=IdempotencyRecord)
+    try:
+        found = store.lookup(scope_of(record), using="default")
+    finally:
+        post_init.disconnect(receiver, sender=IdempotencyRecord)
+    unheard = store.lookup(scope_of(record), using="default")
+
+    assert seen == [found]
+    assert unheard == found
+
+
 @pytest.mark.parametrize("use_tz", [True, False])
 def test_completion_stores_the_response_and_never_shortens_retention(use_tz: bool) -> None:
     with override_settings(USE_TZ=use_tz):

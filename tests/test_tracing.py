@@ -14,6 +14,7 @@ from opentelemetry.sdk.trace.export.in_memory_span_exporter import InMemorySpanE
 from opentelemetry.trace import SpanKind, StatusCode
 from rest_framework.test import APIClient
 
+from django_idempotency._observability.providers import tracer_provider_set
 from tests.telemetry import installed
 from tests.utils import post
 
@@ -267,3 +268,23 @@ def _two_at_once(url: str, body: dict[str, Any], key: str) -> list[Any]:
     for thread in threads:
         thread.join()
     return results
+
+
+def test_no_span_is_made_until_a_tracer_provider_is_set_and_each_one_after(
+    api: APIClient, exporter: InMemorySpanExporter, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Without an SDK's provider the API would record nothing: nothing is made (no work for
+    an observer nobody registered). Asked at every step, so a provider set later is used."""
+    provider = trace.get_tracer_provider()
+    monkeypatch.setattr(trace, "_TRACER_PROVIDER", None)  # as before any is set
+    assert not tracer_provider_set()
+
+    unset = post(api, URL, {"amount": 1}, "t-unset")
+    assert ours(exporter) == []
+
+    monkeypatch.setattr(trace, "_TRACER_PROVIDER", provider)  # set now
+    assert tracer_provider_set()
+    replayed = post(api, URL, {"amount": 1}, "t-unset")
+
+    assert (unset.status_code, replayed.status_code) == (201, 201)
+    assert [span.name for span in ours(exporter)] == ["idempotency.claim", "idempotency.replay"]

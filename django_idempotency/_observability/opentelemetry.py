@@ -16,6 +16,7 @@ from collections.abc import Mapping
 from typing import Any
 
 from django_idempotency import __version__
+from django_idempotency._observability.providers import meter_provider_set
 from django_idempotency.metrics import DURATION_BUCKETS, INSTRUMENTS, Instrument
 
 #: How long a process goes on reporting the census it took (seconds): the
@@ -61,6 +62,11 @@ class OpenTelemetrySink:
                     description=instrument.description,
                 )
             self.instruments[instrument.name] = made
+
+    @property
+    def receiving(self) -> bool:
+        """Whether an SDK's meter provider is set: until then the API drops measurements."""
+        return meter_provider_set()
 
     def add(self, instrument: Instrument, amount: float, labels: Mapping[str, str]) -> None:
         self.instruments[instrument.name].add(amount, labels)

@@ -44,6 +44,9 @@ from django_idempotency.metrics import DURATION_BUCKETS, INSTRUMENTS, Instrument
 class PrometheusSink:
     """``prometheus_client`` metrics in its default registry (one set per process)."""
 
+    #: prometheus_client keeps every count, scraped or not.
+    receiving = True
+
     def __init__(self) -> None:
         self.metrics: dict[str, Any] = {}
         for instrument in INSTRUMENTS:

@@ -62,6 +62,11 @@ logger = logging.getLogger("django_idempotency")
 
 
 class Sink(Protocol):
+    @property
+    def receiving(self) -> bool:
+        """Whether what is counted now reaches anything (a backend, an SDK)."""
+        ...
+
     def add(self, instrument: Instrument, amount: float, labels: Mapping[str, str]) -> None: ...
 
     def record(self, instrument: Instrument, value: float, labels: Mapping[str, str]) -> None: ...
@@ -112,6 +117,17 @@ def _made(names: tuple[str, ...]) -> Iterator[Sink]:
             continue
         if sink is not None:
             yield sink
+
+
+def receiving() -> bool:
+    """Whether a request's counts would reach anything: a sink whose backend is there.
+
+    The OpenTelemetry sink's instruments drop what they are given until the
+    project sets an SDK's meter provider: counting each request for them
+    would be work for an observer nobody registered.
+    """
+    # A sink that does not say so receives.
+    return any(getattr(sink, "receiving", True) for sink in sinks())
 
 
 def reuse_files_across_runs(command: str) -> None:

@@ -20,9 +20,11 @@ import contextlib
 import functools
 import logging
 from collections.abc import Callable, Iterator, Mapping
+from contextlib import AbstractContextManager
 from typing import TYPE_CHECKING, Any
 
 from django_idempotency import __version__
+from django_idempotency._observability.providers import trace_api, tracer_provider_set
 from django_idempotency.conf import idempotency_settings
 
 if TYPE_CHECKING:
@@ -44,11 +46,8 @@ SPAN_NAMES = (
 
 @functools.cache
 def _tracer() -> Any:
-    try:
-        from opentelemetry import trace
-    except ImportError:
-        return None
-    return trace.get_tracer("django_idempotency", __version__)
+    api = trace_api()
+    return None if api is None else api.get_tracer("django_idempotency", __version__)
 
 
 def _active_tracer() -> Any:
@@ -56,19 +55,18 @@ def _active_tracer() -> Any:
 
     Until an SDK's TracerProvider is set, the API's spans record nothing;
     making them anyway cost 5 microseconds each against under 2 for this
-    check (benchmarks/telemetry_cost.py). Asked on every call, so a
+    check (benchmarks/telemetry_cost.py), which reads the API's global
+    rather than the environment (``providers``). Asked on every call, so a
     provider set later is used from then on.
     """
-    if not idempotency_settings.TRACING:
+    if not tracer_provider_set() or not idempotency_settings.TRACING:
         return None
-    tracer = _tracer()
-    if tracer is None:
-        return None
-    from opentelemetry import trace
+    return _tracer()
 
-    if isinstance(trace.get_tracer_provider(), trace.ProxyTracerProvider):
-        return None
-    return tracer
+
+def recording_spans() -> bool:
+    """Whether a span made now would be recorded (tracing on, an SDK's provider set)."""
+    return _active_tracer() is not None
 
 
 class _NoSpan:
@@ -78,13 +76,15 @@ class _NoSpan:
         pass
 
 
-_NO_SPAN = _NoSpan()
+#: What a step's block yields when nothing records spans.
+NO_SPAN = _NoSpan()
+#: The block a step is in when nothing records spans: no generator, no span.
+_NO_SPAN_BLOCK = contextlib.nullcontext(NO_SPAN)
 
 
-@contextlib.contextmanager
 def step_span(
     name: str, scope: Scope, *, expected: Callable[[BaseException], str | None] | None = None
-) -> Iterator[Any]:
+) -> AbstractContextManager[Any]:
     """A span named ``name`` around a step of ``scope``'s protection.
 
     Yields the span, for the step to add what it found (``set_attribute``).
@@ -100,8 +100,17 @@ def step_span(
     """
     tracer = _active_tracer()
     if tracer is None:
-        yield _NO_SPAN
-        return
+        return _NO_SPAN_BLOCK  # every step of every request, with tracing unused
+    return _recorded_step(tracer, name, scope, expected)
+
+
+@contextlib.contextmanager
+def _recorded_step(
+    tracer: Any,
+    name: str,
+    scope: Scope,
+    expected: Callable[[BaseException], str | None] | None,
+) -> Iterator[Any]:
     try:
         opened = tracer.start_as_current_span(
             name,
@@ -112,7 +121,7 @@ def step_span(
         span = opened.__enter__()
     except Exception:
         logger.exception("The %s span could not be started; the request goes on.", name)
-        yield _NO_SPAN
+        yield NO_SPAN
         return
     try:
         yield span
@@ -158,10 +167,9 @@ def describe_current_span(attributes: Callable[[], Mapping[str, str | int | bool
     """
     if _active_tracer() is None:
         return
-    from opentelemetry import trace
-
+    trace = trace_api()
     try:
-        span = trace.get_current_span()
+        span = trace.get_current_span()  # type: ignore[union-attr]
         if span.is_recording():
             span.set_attributes(dict(attributes()))
     except Exception:

@@ -112,7 +112,11 @@ def until_recovery(record: IdempotencyRecord) -> int:
 
 
 def answer_settled(
-    tally: Tally, fingerprint: Fingerprint, record: IdempotencyRecord
+    tally: Tally,
+    fingerprint: Fingerprint,
+    record: IdempotencyRecord,
+    *,
+    matched: bool | None = None,
 ) -> HttpResponseBase:
     """The answer a settled record gives: 422 for other input, else its replay.
 
@@ -122,7 +126,9 @@ def answer_settled(
     """
     scope = tally.scope
     assert scope is not None
-    if not fingerprint.matches(record.fingerprint):
+    if matched is None:  # ``matched``: what the caller found comparing them already
+        matched = fingerprint.matches(record.fingerprint)
+    if not matched:
         raise KeyReused.from_source(tally.key_source)
     if store.kept_as_tombstone(record):
         logger.info("Refused a retry of %s: past retention, kept as a tombstone.", scope)

@@ -9,6 +9,8 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING
 
+from rest_framework.request import Request
+
 from django_idempotency.conf import idempotency_settings
 from django_idempotency.exceptions import BodyTooLarge
 
@@ -29,7 +31,9 @@ def _declared_length(request: HttpRequest) -> int:
     """The body's length, as declared; 0 for multipart (uploads are hashed as streams)."""
     if (request.content_type or "").startswith("multipart/"):
         return 0
+    # request.headers["Content-Length"], read where it comes from.
+    meta = request._request.META if isinstance(request, Request) else request.META
     try:
-        return int(request.headers.get("content-length") or 0)
+        return int(meta.get("CONTENT_LENGTH") or 0)
     except ValueError:
         return 0

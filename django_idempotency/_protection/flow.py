@@ -20,9 +20,15 @@ from typing import TYPE_CHECKING, Any
 
 from django.core.exceptions import ImproperlyConfigured
 from django.db import connections
+from rest_framework.request import Request
 
 from django_idempotency import _store as store
-from django_idempotency._observability.tracing import contended, step_span, traced_view
+from django_idempotency._observability.tracing import (
+    NO_SPAN,
+    contended,
+    step_span,
+    traced_view,
+)
 from django_idempotency._protection.answers import (
     UNREACHABLE_ERRORS,
     answer_settled,
@@ -33,9 +39,10 @@ from django_idempotency._protection.answers import (
 from django_idempotency._protection.body_limit import refuse_a_body_too_large
 from django_idempotency._protection.keys import KeySource
 from django_idempotency._protection.optimistic import run_optimistically
-from django_idempotency._protection.outcome import Tally, announce, finish
+from django_idempotency._protection.outcome import Tally, announce, finish, observed
 from django_idempotency._protection.owned import run_owned
-from django_idempotency._protection.refused import sender_of
+from django_idempotency._protection.plan import Plan, plan_of
+from django_idempotency._protection.refused import sender_named, sender_of
 from django_idempotency._protection.retention import advertise_first_execution
 from django_idempotency._protection.transactions import run_unprotected
 from django_idempotency._store.digests import Fingerprint, Sender
@@ -55,9 +62,12 @@ from django_idempotency.fingerprint import (
 from django_idempotency.models import IdempotencyRecord
 from django_idempotency.outcomes import Outcome, standard, webhook
 from django_idempotency.scope import (
+    ANONYMOUS_TENANT,
     OperationSpec,
     Scope,
     check_operation_spec,
+    checked_tenant,
+    default_tenant,
     resolve_operation,
     resolve_tenant,
 )
@@ -155,18 +165,20 @@ def protect(
     if request.method not in PROTECTED_METHODS:
         return run_unprotected(view)
     tally = Tally()
-    tally.operation_from_code = _operation_from_code(request, options.operation)
     refused: IdempotencyRefusal | None = None
     try:
         return _protect(request, _timed(view, tally), options, view_args, view_kwargs, tally)
     except IdempotencyRefusal as refusal:
         refused = refusal
-        if tally.scope is None:  # refused before it had one: no key, a body too large
-            with contextlib.suppress(Exception):
-                tally.operation = resolve_operation(request, options.operation)
         raise
     finally:
-        announce(request, finish(tally, refused))
+        if observed():  # else nothing would hear of it: nothing to build
+            if refused is not None and tally.scope is None:
+                # Refused before it had a scope (no key, a body too large): named anyway.
+                with contextlib.suppress(Exception):
+                    tally.operation = resolve_operation(request, options.operation)
+            tally.operation_from_code = _operation_from_code(request, options.operation)
+            announce(request, finish(tally, refused))
 
 
 def _operation_from_code(request: HttpRequest, spec: OperationSpec) -> bool:
@@ -205,21 +217,33 @@ def _protect(
     view_kwargs: Mapping[str, Any],
     tally: Tally,
 ) -> HttpResponseBase:
-    conf = idempotency_settings
-    if options.key.reads_body:
-        refuse_a_body_too_large(request)  # before it is read for the key
+    plan = plan_of(options)
     try:
-        key = options.key.read(request, conf.KEY_MAX_LENGTH)
+        if plan.client_header:
+            key = plan.client_key(request)
+        else:
+            if options.key.reads_body:
+                refuse_a_body_too_large(request)  # before it is read for the key
+            key = options.key.read(request, plan.key_max_length)
     except NonCanonicalValue as exc:  # a body too deeply nested to find the key in
         raise InputUnreadable(str(exc)) from exc
     if key is None:
-        if options.required if options.required is not None else conf.REQUIRED:
+        if plan.required:
             raise KeyMissing(f"This operation requires {options.key.wanted()}.")
         return run_unprotected(view)
-    if not options.key.is_client_header:
+    if not plan.client_header:
         tally.key_source = options.key.describe()
+    drf_request = isinstance(request, Request)
+    principal: str | None = None
+    if drf_request and plan.tenant is default_tenant:
+        # The tenant is who sent it (principal_of): asked once, for both.
+        tenant = default_tenant(request)
+        principal = None if tenant == ANONYMOUS_TENANT else tenant
+        tenant = checked_tenant(tenant, default_tenant)
+    else:
+        tenant = resolve_tenant(request, plan.tenant)
     scope = Scope(
-        tenant=resolve_tenant(request, options.tenant or conf.TENANT),
+        tenant=tenant,
         operation=resolve_operation(request, options.operation),
         key=key,
     )
@@ -233,29 +257,34 @@ def _protect(
     # Asked once: the claim, the view's transaction and the completion all
     # use this alias, and the view learns it as request.idempotency.database.
     database = database_for(scope, request=request)
-    connection = connections[database]
     # Kept on the record for a retry that DRF refuses before the claim (``refused``).
-    sender = sender_of(request, options)
+    if plan.tenant is default_tenant and drf_request:
+        sender = sender_named(request, principal, plan.credential_window)
+    else:
+        sender = sender_of(request, options)
     response = None
-    if options.optimistic and not connection.in_atomic_block:
+    if options.optimistic and not connections[database].in_atomic_block:
         response = run_optimistically(
             request,
             tally,
             scope,
             fingerprint,
             view,
-            options.retention,
+            plan.retention,
             database=database,
-            outcome=options.outcome_policy,
+            outcome=plan.outcome,
             sender=sender,
         )
     if response is None:
-        response = _claim_or_answer(request, tally, fingerprint, view, options, database, sender)
-    if options.key.is_client_header:
-        # Echoed to the client that sent it; a key read from elsewhere (a
-        # webhook's delivery id) is the sender's, and no Idempotency-Key.
-        response[conf.HEADER] = request.headers[conf.HEADER]
-    advertise_first_execution(response, options.retention, stored=tally.stored_state is not None)
+        response = _claim_or_answer(request, tally, fingerprint, view, plan, database, sender)
+    if plan.client_header:
+        # Echoed to the client that sent it, as it sent it; a key read from
+        # elsewhere (a webhook's delivery id) is the sender's, and no
+        # Idempotency-Key.
+        meta = request._request.META if isinstance(request, Request) else request.META
+        response[plan.header] = meta[plan.header_meta]
+    if plan.advertise_retention:
+        advertise_first_execution(response, plan.retention, stored=tally.stored_state is not None)
     return response
 
 
@@ -274,15 +303,15 @@ def _claim_or_answer(
     tally: Tally,
     fingerprint: Fingerprint,
     view: Callable[[], HttpResponseBase],
-    options: Options,
+    plan: Plan,
     database: str,
     sender: Sender,
 ) -> HttpResponseBase:
     conf = idempotency_settings
     scope = tally.scope
     assert scope is not None
-    ttl = options.retention
-    lease = conf.LEASE
+    ttl = plan.retention
+    lease = plan.lease
     deadline: float | None = None  # "wait" mode: when to stop, once there is a wait
     poll = _FIRST_POLL
     while True:
@@ -291,18 +320,19 @@ def _claim_or_answer(
                 attempt = store.claim_or_take_over(
                     scope, fingerprint, ttl=ttl, lease=lease, using=database, sender=sender
                 )
-                _describe_claim(span, attempt)
+                if span is not NO_SPAN:  # described only where a span records it
+                    _describe_claim(span, attempt)
         except UNREACHABLE_ERRORS as exc:
             if is_contention(exc):  # a busy database, most likely this very key
                 in_flight(tally, state="contended", cause=exc)
             return store_unavailable(tally, view, exc)
         if attempt.held is not None:
-            return run_owned(request, tally, attempt.held, view, ttl, options.outcome_policy)
+            return run_owned(request, tally, attempt.held, view, ttl, plan.outcome)
         record = attempt.record
-        if record is not None and (
-            not fingerprint.matches(record.fingerprint) or record.is_resolved
-        ):
-            return answer_settled(tally, fingerprint, record)
+        if record is not None:
+            matched = fingerprint.matches(record.fingerprint)
+            if not matched or record.is_resolved:
+                return answer_settled(tally, fingerprint, record, matched=matched)
         if record is not None and record.state == State.UNCERTAIN:
             held(tally, record)  # nothing runs it: waiting would not settle it
         if record is not None and conf.IN_FLIGHT == "wait":

@@ -41,52 +41,36 @@ _REFUSAL_LABELS = {
 
 
 class Tally:
-    """What one protected request has learnt so far; written by the flow as it goes."""
+    """What one protected request has learnt so far; written by the flow as it goes.
 
-    __slots__ = (
-        "claimed",
-        "fail_open",
-        "in_flight_state",
-        "key_source",
-        "operation",
-        "operation_from_code",
-        "refusal",
-        "release_reason",
-        "replayed",
-        "replayed_status",
-        "scope",
-        "started",
-        "store_unreachable",
-        "stored_state",
-        "stored_status",
-        "uncertain_reason",
-        "view_ran",
-        "view_seconds",
-    )
+    Every field but ``started`` starts as its class's default: most stay
+    so, and a request writes only what it learns.
+    """
+
+    scope: Scope | None = None
+    #: Where the key came from, as refusals name it ("the body field
+    #: 'id'"); None for the client's Idempotency-Key header.
+    key_source: str | None = None
+    #: The operation of a request refused before it had a scope.
+    operation: str | None = None
+    #: Whether the operation's name is the route's or a literal one.
+    operation_from_code = False
+    claimed = False
+    view_ran = False
+    view_seconds = 0.0
+    stored_state: str | None = None
+    stored_status: int | None = None
+    replayed = False
+    replayed_status: int | None = None
+    refusal: str | None = None
+    in_flight_state: str | None = None
+    release_reason: object = None
+    uncertain_reason: object = None
+    store_unreachable = False
+    fail_open = False
 
     def __init__(self) -> None:
         self.started = time.perf_counter()
-        self.scope: Scope | None = None
-        #: Where the key came from, as refusals name it ("the body field
-        #: 'id'"); None for the client's Idempotency-Key header.
-        self.key_source: str | None = None
-        #: The operation of a request refused before it had a scope.
-        self.operation: str | None = None
-        #: Whether the operation's name is the route's or a literal one.
-        self.operation_from_code = False
-        self.claimed = False
-        self.view_ran = False
-        self.view_seconds = 0.0
-        self.stored_state: str | None = None
-        self.stored_status: int | None = None
-        self.replayed = False
-        self.replayed_status: int | None = None
-        self.refusal: str | None = None
-        self.in_flight_state: str | None = None
-        self.release_reason: object = None
-        self.uncertain_reason: object = None
-        self.store_unreachable = False
-        self.fail_open = False
 
 
 @dataclass(frozen=True)
@@ -170,6 +154,33 @@ def finish(tally: Tally, refusal: BaseException | None) -> RequestOutcome:
     )
 
 
+#: The signals ``announce`` sends, whichever the outcome calls for.
+_OUTCOME_SIGNALS = (
+    signals.store_unavailable,
+    signals.record_uncertain,
+    signals.claim_released,
+    signals.response_stored,
+    signals.response_replayed,
+    signals.key_reused,
+    signals.key_expired,
+    signals.request_in_flight,
+)
+
+
+def observed() -> bool:
+    """Whether anything would hear of a request's outcome: a receiver, a metrics sink, a span.
+
+    Asked at the end of every protected request: with no receiver connected
+    to the outcome signals, no metrics backend and no tracing SDK (the
+    common case), the outcome is neither frozen nor announced. Asked each
+    time, so a receiver connected later hears of the next request.
+    """
+    for signal in _OUTCOME_SIGNALS:
+        if signal.receivers:
+            return True
+    return recording.receiving() or tracing.recording_spans()
+
+
 def announce(request: HttpRequest, outcome: RequestOutcome) -> None:
     """Send the outcome's signals, count it and set it on the request's span.
 
@@ -230,7 +241,7 @@ def _signals_of(outcome: RequestOutcome) -> list[tuple[Signal, dict[str, object]
 
 
 def _count(outcome: RequestOutcome) -> None:
-    if not recording.sinks():
+    if not recording.receiving():
         return
     operation = outcome.operation
     if operation is None:

@@ -74,7 +74,7 @@ class _OwnedRecording:
 
 def _complete(held: store.Claim, verdict: Verdict, stored: StoredResponse, ttl: timedelta) -> None:
     with step_span("idempotency.complete", held.scope) as span:
-        span.set_attribute("idempotency.outcome", verdict.value)
+        span.set_attribute("idempotency.outcome", verdict._value_)  # .value: two calls
         store.complete(held, verdict, stored, ttl=ttl)
 
 
@@ -138,7 +138,7 @@ def run_owned(
 
 
 def note_stored(tally: Tally, verdict: Verdict, status: int) -> None:
-    tally.stored_state = verdict.value
+    tally.stored_state = verdict._value_
     tally.stored_status = status
 
 

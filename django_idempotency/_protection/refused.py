@@ -31,6 +31,7 @@ from __future__ import annotations
 import hmac
 import logging
 from collections.abc import Mapping, Sequence
+from datetime import timedelta
 from typing import TYPE_CHECKING, Any
 
 from django.core.exceptions import ImproperlyConfigured
@@ -123,8 +124,16 @@ def sender_of(request: HttpRequest, options: Options) -> Sender:
     """
     if not isinstance(request, Request):
         return NOBODY
-    principal = principal_of(request)
-    credential = presented_credential(request) if options.credential_window else None
+    return sender_named(request, principal_of(request), options.credential_window)
+
+
+def sender_named(
+    request: HttpRequest, principal: str | None, credential_window: timedelta | None
+) -> Sender:
+    """``sender_of``, for a DRF request whose ``principal_of`` is ``principal``."""
+    credential = presented_credential(request) if credential_window else None
+    if principal is None and credential is None:
+        return NOBODY  # an anonymous request: the sender every such claim keeps
     return Sender(
         principal=None if principal is None else principal_digest(principal),
         credential=None if credential is None else credential_digest(credential),

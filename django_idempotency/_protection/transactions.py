@@ -27,15 +27,19 @@ def view_transactions(*, records_database: str | None = None) -> Iterator[list[s
     transaction on every such database, after the claim. Yields the aliases
     whose block was opened here.
     """
-    opened: list[str] = []
+    opened = [
+        alias
+        for alias, settings_dict in connections.settings.items()
+        if alias == records_database
+        or (settings_dict.get("ATOMIC_REQUESTS") and not connections[alias].in_atomic_block)
+    ]
+    if len(opened) == 1:  # the records' database alone, nearly always: no ExitStack
+        with transaction.atomic(using=opened[0]):
+            yield opened
+        return
     with ExitStack() as stack:
-        for alias, settings_dict in connections.settings.items():
-            wanted = alias == records_database or (
-                settings_dict.get("ATOMIC_REQUESTS") and not connections[alias].in_atomic_block
-            )
-            if wanted:
-                stack.enter_context(transaction.atomic(using=alias))
-                opened.append(alias)
+        for alias in opened:
+            stack.enter_context(transaction.atomic(using=alias))
         yield opened
 
 

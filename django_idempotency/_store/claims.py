@@ -48,6 +48,7 @@ _HOST = socket.gethostname()
 #: than looping.
 MAX_RECLAIMS = 3
 ZERO = timedelta(0)
+_CLAIMED = State.CLAIMED.value
 
 
 @dataclass(frozen=True)
@@ -73,7 +74,20 @@ class Claim:
 
 
 def lease_owner() -> str:
-    return f"{_HOST}:{os.getpid()}:{threading.get_ident()}"[:255]
+    thread = threading.get_ident()
+    try:
+        return _lease_owners[thread]
+    except KeyError:
+        owner = _lease_owners[thread] = f"{_HOST}:{os.getpid()}:{thread}"[:255]
+        return owner
+
+
+#: Each thread's lease owner: ``host:pid:thread`` costs a system call
+#: (getpid) and a format per claim otherwise. A thread id may be reused by a
+#: later thread, whose owner it then is (the same text); a forked child
+#: starts afresh, its pid another.
+_lease_owners: dict[int, str] = {}
+os.register_at_fork(after_in_child=_lease_owners.clear)
 
 
 def claim(
@@ -194,7 +208,7 @@ def _claim_params(
         scope.operation,
         scope.key,
         fingerprint.stored,
-        State.CLAIMED.value,
+        _CLAIMED,
         lease_owner(),
         sender.principal,
         sender.credential,

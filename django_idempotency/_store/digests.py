@@ -28,6 +28,12 @@ from functools import lru_cache
 
 from django_idempotency.conf import idempotency_settings
 
+#: ``hmac.digest`` without its Python layer where OpenSSL's is there.
+try:
+    from _hashlib import hmac_digest as _digest
+except ImportError:  # pragma: no cover - a Python built without OpenSSL
+    _digest = hmac.digest  # type: ignore[assignment]
+
 #: Some providers take idempotency keys of at most 64 characters.
 PROVIDER_KEY_MAX_LENGTH = 64
 #: Separates a digest's secret version from its hex digits.
@@ -48,6 +54,9 @@ class _Secret:
     principal_mac: hmac.HMAC
     credential_mac: hmac.HMAC
     tenant_mac: hmac.HMAC
+    #: The fingerprint's key itself: a canonical form that arrives whole (a
+    #: request's, nearly always) is digested in one call, no HMAC copied.
+    fingerprint_key: bytes
 
 
 def _derive(purpose: str, secret: bytes) -> bytes:
@@ -65,6 +74,7 @@ def _secrets(keys: tuple[tuple[str | None, bytes], ...]) -> tuple[_Secret, ...]:
             hmac.new(_derive("principal", secret), digestmod="sha256"),
             hmac.new(_derive("credential", secret), digestmod="sha256"),
             hmac.new(_derive("tenant", secret), digestmod="sha256"),
+            _derive("fingerprint", secret),
         )
         for version, secret in keys
     )
@@ -104,24 +114,41 @@ class FingerprintHasher:
     """Takes the canonical form in chunks; ``finish()`` gives the Fingerprint.
 
     Each chunk goes to one HMAC per active secret: the canonical form is
-    produced once and never held whole.
+    produced once and never held whole. The last chunk may be handed to
+    ``finish()``: when it is the only one (a request's canonical form
+    nearly always is), each secret digests it in one call.
     """
 
+    __slots__ = ("_macs", "_secrets")
+
     def __init__(self) -> None:
-        self._macs = [
-            (secret.version, secret.fingerprint_mac.copy()) for secret in active_secrets()
-        ]
+        self._secrets = active_secrets()
+        #: Made at the first chunk ``update()`` is given.
+        self._macs: list[tuple[str, hmac.HMAC]] | None = None
 
     def update(self, chunk: str | bytes) -> None:
         data = chunk.encode("utf-8") if isinstance(chunk, str) else chunk
-        for _, mac in self._macs:
+        macs = self._macs
+        if macs is None:
+            macs = self._macs = [
+                (secret.version, secret.fingerprint_mac.copy()) for secret in self._secrets
+            ]
+        for _, mac in macs:
             mac.update(data)
 
-    def finish(self) -> Fingerprint:
-        by_version = tuple((version, mac.hexdigest()) for version, mac in self._macs)
+    def finish(self, last: bytes = b"") -> Fingerprint:
+        """The fingerprint of every chunk given, then of ``last``."""
+        if self._macs is None:
+            by_version = tuple(
+                (secret.version, _digest(secret.fingerprint_key, last, "sha256").hex())
+                for secret in self._secrets
+            )
+        else:
+            if last:
+                self.update(last)
+            by_version = tuple((version, mac.hexdigest()) for version, mac in self._macs)
         newest_version, newest = by_version[0]
-        stored = f"{newest_version}{VERSION_SEPARATOR}{newest}"
-        return Fingerprint(stored, by_version)
+        return Fingerprint(f"{newest_version}{VERSION_SEPARATOR}{newest}", by_version)
 
 
 def provider_key(material: bytes) -> str:

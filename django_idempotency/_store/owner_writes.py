@@ -49,7 +49,7 @@ def complete(held: Claim, verdict: Verdict, response: StoredResponse, *, ttl: ti
     sql = statements_for(connection)
     retention_ends = sql.clock.later_params(connection, ttl)
     params = [
-        verdict.value,
+        verdict._value_,  # what .value reads, without its two calls
         response.status,
         # Text, which every backend casts to its JSON column (PostgreSQL
         # reads an untyped literal as jsonb): cheaper than the Jsonb adapter.

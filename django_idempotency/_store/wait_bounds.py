@@ -20,9 +20,11 @@ the statement, and the claim's own statement is all it lasts for.
 
 from __future__ import annotations
 
+import functools
 from datetime import timedelta
 
 
+@functools.lru_cache(maxsize=64)  # a setting's value, at every claim
 def milliseconds(wait: timedelta) -> str:
     """``wait`` as ``set_config()`` takes it: milliseconds, never 0 (which means "forever")."""
     return str(max(1, round(wait.total_seconds() * 1000)))
