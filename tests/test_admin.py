@@ -923,3 +923,26 @@ def test_a_record_settled_by_recovery_is_found_by_the_reconcilers_provider_id() 
 
     found = staff().get(CHANGELIST + "?q=ch_settled").context["cl"].result_list
     assert [r.pk for r in found] == [record.pk]
+
+
+def test_the_date_hierarchy_renders_for_another_model_admin_of_the_records() -> None:
+    """The change list template is the records' whoever registers them: a plain
+    ``ModelAdmin`` on a project's own admin site gets the date hierarchy of its list."""
+    from django.contrib import admin
+    from django.template.response import TemplateResponse
+    from django.test import RequestFactory
+
+    class PlainRecordAdmin(admin.ModelAdmin):  # type: ignore[type-arg]
+        date_hierarchy = "expires_at"
+
+    site = admin.AdminSite(name="plain_records")
+    site.register(IdempotencyRecord, PlainRecordAdmin)
+    RecordFactory.create(expires_at=timezone.now() + timedelta(days=400))
+    request = RequestFactory().get("/")
+    request.user = UserFactory.create(is_staff=True, is_superuser=True)
+
+    response = site._registry[IdempotencyRecord].changelist_view(request)
+    assert isinstance(response, TemplateResponse)
+    text = response.render().content.decode()
+
+    assert f"expires_at__year={(timezone.now() + timedelta(days=400)).year}" in text

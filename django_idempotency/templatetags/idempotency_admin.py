@@ -37,7 +37,10 @@ def _bounds(cl: ChangeList, field: str) -> tuple[datetime.date, datetime.date] |
     # not only the filtered list's: MIN and MAX are then the two ends of
     # their (partial) index. Under a filter the index does not serve (a
     # state, a search) either would walk the index past every row.
-    records = cl.model_admin.dated_records(cl.root_queryset)  # type: ignore[attr-defined]
+    # Another ModelAdmin of the records (a project's own admin site) gets
+    # this template too, without dated_records: its list's range, as before.
+    dated_records = getattr(cl.model_admin, "dated_records", None)
+    records = cl.queryset if dated_records is None else dated_records(cl.root_queryset)
     found = records.aggregate(first=Min(field), last=Max(field))
     if found["first"] is None or found["last"] is None:
         return None
