@@ -94,7 +94,7 @@ SLEEP = 0.2
 IN_PROGRESS = "idempotency_request_in_progress"
 DEFAULT_MARIADB_URL = "mysql://root@127.0.0.1:3306/test"
 VENDORS = ("postgres", "mariadb")
-#: Seconds the losers' record INSERTs wait for the winner's before they give up (409).
+#: Seconds the losers' record INSERT statements wait for the winner's before they give up (409).
 GIVE_UP_WAIT = 0.2
 #: Seconds the winner holds its record uncommitted (or its Order row) in those tests.
 GIVE_UP_HOLD = 2.0
@@ -198,7 +198,7 @@ def optimistic(
 
 @pytest.fixture(scope="module")
 def short_wait(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Lazy[Deployment]]:
-    """PostgreSQL, IN_FLIGHT_WAIT = GIVE_UP_WAIT: the lock_timeout of the losers' INSERTs."""
+    """PostgreSQL, IN_FLIGHT_WAIT = GIVE_UP_WAIT: the lock_timeout of the losers' INSERT."""
     log_dir = tmp_path_factory.mktemp("optimistic-short-wait")
     environment = {"IDEMPOTENCY_IN_FLIGHT_WAIT": str(GIVE_UP_WAIT)}
     lazy = Lazy(

@@ -21,7 +21,7 @@ The body steers the view: ``sleep`` (seconds, inside the transaction before
 the business write: the duplicates overlap), ``hold`` (seconds after it: the
 duplicates wait on the row the winner wrote), ``hold_after_record_insert``
 (seconds after the INSERT of the finished record, before the COMMIT, under
-the live server's hooks: the duplicates' INSERTs wait on it), and, where the live server
+the live server's hooks: the duplicates' INSERT statements wait on it), and, where the live server
 allows it (``TESTAPP_ALLOW_SIGKILL=1``), the ``X-Crash-At`` header (not
 the body, which the fingerprint covers: a retry without it is the same
 request): SIGKILL the worker
