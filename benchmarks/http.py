@@ -38,7 +38,7 @@
    interleaved in one run: ``--rounds`` rounds, each running every endpoint
    for ``--duration`` seconds, the order rotating from round to round (the
    defaults, 10 x 5 s x 12 endpoints, take about 14 minutes; ``--only`` picks
-   endpoints by name; ``--targets`` runs the eight the issue's throughput
+   endpoints by name; ``--targets`` runs the eight the release's throughput
    targets need: unprotected, floor, floor replay, floor optimistic,
    protected, protected replay, optimistic, optimistic replay, about 10
    minutes). Before each run the three tables are vacuumed and analysed
@@ -186,7 +186,7 @@ class Target:
         return f">= {self.bound:.2f}x" if self.figure == "rps" else f"<= {self.bound:.2f}x"
 
 
-#: The issue's throughput targets ("Faster than hand-written"): ratios in one interleaved run.
+#: The release's throughput targets: ratios in one interleaved run.
 TARGETS = (
     Target("default first execution vs the two-commit floor", PROTECTED, FLOOR, 0.95),
     Target("default first execution p99 vs the floor's", PROTECTED, FLOOR, 1.00, "p99"),
@@ -345,7 +345,7 @@ class Statements:
 
     @property
     def statements(self) -> list[str]:
-        """The SQL statements, without BEGIN, COMMIT and ROLLBACK (as the issue counts)."""
+        """The SQL statements, without BEGIN, COMMIT and ROLLBACK (as the targets count them)."""
         return [sql for sql in self.sql if sql.strip().upper() not in TRANSACTION_CONTROL]
 
     @property
@@ -667,7 +667,7 @@ def report_order(results: Results, measured: tuple[Endpoint, ...]) -> dict[str, 
 
 
 def report_targets(results: Results, measured: tuple[Endpoint, ...]) -> list[dict[str, Any]]:
-    """The issue's throughput targets with this run's ratios, their spread and a verdict."""
+    """The release's throughput targets with this run's ratios, their spread and a verdict."""
     rows: list[dict[str, Any]] = []
     for target in TARGETS:
         if target.endpoint not in measured or target.reference not in measured:
@@ -722,7 +722,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument(
         "--targets",
         action="store_true",
-        help="measure only the endpoints the issue's throughput targets need: "
+        help="measure only the endpoints the release's throughput targets need: "
         + ", ".join(endpoint.name for endpoint in TARGET_ENDPOINTS),
     )
     parser.add_argument(

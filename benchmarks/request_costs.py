@@ -29,7 +29,7 @@ request with its key is in flight), on fresh PostgreSQL databases:
 3. prints the table, each figure as "before → now" against ``--baseline``
    (default: benchmarks/figures/request_costs_1.0.0rc1.json, measured at
    the release candidate's code), the index entries by index, and the
-   issue's deterministic targets with a verdict each; ``--write-docs``
+   release's deterministic targets with a verdict each; ``--write-docs``
    replaces the block between the markers of docs/performance.md ("Per
    request, counted"), ``--json`` writes every figure (the SQL of each cell
    too).

@@ -10,6 +10,6 @@
   entries, WAL bytes);
 * ``loop``: the loops run under callgrind (a process of their own);
 * ``instructions``: runs that process under valgrind and reads its dumps;
-* ``targets``: the issue's deterministic targets, judged;
+* ``targets``: the release's deterministic targets, judged;
 * ``report``: the table, the targets and docs/performance.md's block.
 """

@@ -1,4 +1,4 @@
-"""The cost table, the issue's targets and the block of docs/performance.md, from the figures.
+"""The cost table, the release's targets and the block of docs/performance.md, from the figures.
 
 Figures are plain dicts (what ``--json`` writes), so that a committed
 baseline (benchmarks/figures/) and this run's are read alike: every figure
@@ -255,7 +255,7 @@ def block(now: Figures, before: Figures | None) -> str:
         "",
         *index_table(now, before),
         "",
-        "The issue's targets:",
+        "The release's performance targets:",
         "",
         *targets_table(now["targets"]),
     ]

@@ -1,4 +1,4 @@
-"""The deterministic targets of the issue "Faster than hand-written", judged on the figures.
+"""The release's deterministic performance targets, judged on the figures.
 
 Three kinds: a ratio of two cells' figures at most a bound (instructions),
 a cell's figure at most another's (round trips), and a cell's figure below
@@ -48,7 +48,7 @@ TARGETS = (
     ),
     Target(
         "instructions, optimistic first execution / floor optimistic's, at most 1.2x "
-        "(the issue sets no bound for its item 4: the default mode's)",
+        "(no bound of its own: the default mode's)",
         "instructions", OPTIMISTIC_FIRST, RATIO, FLOOR_OPTIMISTIC_FIRST, 1.2,
     ),
     Target(
