@@ -227,7 +227,8 @@ def machine_line(figures: Figures) -> str:
         f"Measured on {m['cpus']} x {m['cpu']}, {m['memory']}; Python {m['python']}, "
         f"Django {m['django']}, DRF {m['drf']}, psycopg {m['psycopg']}; PostgreSQL "
         f"{m['server_version']} ({server}); {m['requests']} requests counted per cell; "
-        f"{instructions}; commit {m['commit']} (the package's tree {m['package_tree']})."
+        # The commit stays in the JSON: the docs name no commits.
+        f"{instructions}."
     )
 
 
@@ -236,7 +237,7 @@ def block(now: Figures, before: Figures | None) -> str:
     lines = [machine_line(now)]
     if before is not None:
         lines.append(
-            f"Before: {before['label']} (commit {before['measured']['commit']}), "
+            f"Before: {before['label']}, "
             f"`{before['path']}`; a figure that moved shows before → now."
         )
     lines += ["", *cost_table(now, before), "", *footnote_lines(now)]
