@@ -62,6 +62,15 @@ def test_a_looked_up_record_is_a_saved_instance_of_its_database() -> None:
     assert IdempotencyRecord.objects.get(pk=record.pk).provider_operation_id == "op_1"
 
 
+def test_the_statements_of_django_db_connection_are_those_of_its_database() -> None:
+    """``django.db.connection`` is a proxy (unhashable): asked through it, the same statements."""
+    from django.db import connection, connections
+
+    from django_idempotency._store.statements import statements_for
+
+    assert statements_for(connection) is statements_for(connections["default"])
+
+
 def test_init_signal_receivers_get_the_records_the_store_reads() -> None:
     """Records are built without ``Model.__init__`` only while nothing listens to its signals."""
     from django.db.models.signals import post_init

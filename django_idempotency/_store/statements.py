@@ -140,14 +140,22 @@ def statements_for(connection: BaseDatabaseWrapper) -> Statements:
     # the time zone its clock follows (a cached property, read as a plain
     # attribute), which a test may change in DATABASES without a signal.
     zone = connection.timezone_name
-    kept = _statements_of_connection.get(connection)
+    try:
+        kept = _statements_of_connection.get(connection)
+    except TypeError:  # django.db.connection, a proxy: unhashable, so kept per vendor only
+        return _built_for(connection)
     if kept is not None and kept[0] == zone:
         return kept[1]
+    built = _built_for(connection)
+    _statements_of_connection[connection] = (zone, built)
+    return built
+
+
+def _built_for(connection: BaseDatabaseWrapper) -> Statements:
     built_for = (connection.vendor, clock_of(connection))
     built = _statements.get(built_for)
     if built is None:
         built = _statements[built_for] = _build(connection, built_for[1])
-    _statements_of_connection[connection] = (zone, built)
     return built
 
 
