@@ -554,7 +554,20 @@ async def test_each_answer_costs_the_statements_the_sync_mixin_view_sends(
         response = await send("/adrf/generic", body, "k")
 
     assert sync_status == response.status_code == status
-    assert [statement.kind for statement in sent] == sync_kinds
+    assert _past_connection_set_up([statement.kind for statement in sent]) == sync_kinds
+
+
+def _past_connection_set_up(kinds: list[str]) -> list[str]:
+    """The request's statements, without the set-up of the connection it opened.
+
+    Under ASGI each request runs in a thread of its own, with a connection
+    of its own: on MySQL/MariaDB Django opens it with statements of its own
+    (Django 6.0 reads the server's settings and SETs the session's), before
+    the request's first.
+    """
+    while kinds and kinds[0] in ("SELECT", "SET"):
+        kinds = kinds[1:]
+    return kinds
 
 
 async def test_a_record_past_its_expiry_is_a_new_operation() -> None:
