@@ -6,13 +6,17 @@ backends convert datetimes only with it, and the converters are cached.
 
 from __future__ import annotations
 
+import contextlib
 from datetime import timedelta
 
 import pytest
+from django.db import connection, transaction
 from django.test import override_settings
 from django.utils import timezone
 
 from django_idempotency import _store as store
+from django_idempotency._store.digests import FingerprintHasher
+from django_idempotency._store.statements import statements_for
 from django_idempotency.models import IdempotencyRecord
 from django_idempotency.responses import StoredResponse, Verdict
 from django_idempotency.scope import Scope
@@ -90,6 +94,74 @@ def test_init_signal_receivers_get_the_records_the_store_reads() -> None:
 
     assert seen == [found]
     assert unheard == found
+
+
+@pytest.mark.parametrize("use_tz", [True, False, True], ids=["tz", "naive", "tz-again"])
+@pytest.mark.parametrize("init_receiver", [False, True], ids=["direct", "from_db"])
+def test_a_record_looked_up_to_answer_defers_only_what_answering_does_not_read(
+    use_tz: bool, init_receiver: bool
+) -> None:
+    """What is read equals the ORM's; what is not is deferred, and the ORM loads it on access."""
+    from django.db.models.signals import post_init
+
+    def receiver(sender: type, instance: object, **kwargs: object) -> None:
+        pass
+
+    unread = {"created_at", "updated_at", "principal_digest", "credential_digest"}
+    unread.add("provider_operation_id")
+    with override_settings(USE_TZ=use_tz):
+        record = RecordFactory.create(
+            response_headers=[["Content-Type", "application/json"]],
+            response_body=b"\x00\xff",
+            lease_expires_at=timezone.now(),
+            provider_operation_id="op_7",
+            principal_digest="p" * 20,
+        )
+        if init_receiver:
+            post_init.connect(receiver, sender=IdempotencyRecord)
+        try:
+            found = store.lookup_to_answer(scope_of(record), using="default")
+        finally:
+            post_init.disconnect(receiver, sender=IdempotencyRecord)
+        expected = IdempotencyRecord.objects.get(pk=record.pk)
+
+        assert found is not None
+        assert found.get_deferred_fields() == unread
+        # The database's time of the read, where the database keeps the time.
+        assert (found.read_at is not None) == statements_for(connection).find_reads_time
+        for name in set(FIELDS) - unread:
+            value, wanted = getattr(found, name), getattr(expected, name)
+            assert (value, type(value)) == (wanted, type(wanted)), name
+        assert found.provider_operation_id == "op_7"  # loaded now, by the ORM
+        assert found.created_at == expected.created_at
+
+
+@pytest.mark.postgres  # elsewhere a claim is the ORM's INSERT, its times computed apart
+@pytest.mark.parametrize("in_transaction", [False, True], ids=["autocommit", "atomic"])
+def test_a_claim_spells_its_lease_and_retention_exactly(in_transaction: bool) -> None:
+    """Two views' durations, one connection: each claim's record ends where its own say."""
+    hasher = FingerprintHasher()
+    hasher.update("same input")
+    times = []
+    durations = [(timedelta(seconds=90), timedelta(hours=3))]
+    durations.append((timedelta(seconds=7.5), timedelta(days=40)))
+    for lease, ttl in durations:
+        scope = Scope("anonymous", "tests.spelled", f"{lease}-{ttl}")
+        block = transaction.atomic() if in_transaction else contextlib.nullcontext()
+        with block:
+            held = store.claim_or_take_over(
+                scope, hasher.finish(), ttl=ttl, lease=lease, using="default"
+            ).held
+        assert held is not None
+        record = IdempotencyRecord.objects.get(pk=held.record_id)
+        assert record.lease_expires_at is not None
+        lease_and_retention = (record.lease_expires_at, record.expires_at)
+        times.append(tuple(end - record.created_at for end in lease_and_retention))
+
+    assert times == [
+        (timedelta(seconds=90), timedelta(hours=3)),
+        (timedelta(seconds=7.5), timedelta(days=40)),
+    ]
 
 
 @pytest.mark.parametrize("use_tz", [True, False])

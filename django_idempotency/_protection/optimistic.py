@@ -218,7 +218,7 @@ def _attempt(
         # is this one statement. It takes no lock and waits on nobody: the
         # statements that may wait on a duplicate (the record's INSERT, the
         # expired record's DELETE) carry their own bound.
-        record = store.lookup(scope, using=database)
+        record = store.lookup_to_answer(scope, using=database)
         replacing = record if record is not None and store.past_retention(record) else None
         if record is None or replacing is not None:
             progress.phase = Phase.VIEW
@@ -372,7 +372,7 @@ def _the_winners_answer(
     scope = tally.scope
     assert scope is not None
     try:
-        record = store.lookup(scope, using=database)
+        record = store.lookup_to_answer(scope, using=database)
     except UNREACHABLE_ERRORS as exc:
         logger.error("Idempotency store lost during %s (%s); answering 503.", scope, exc)
         raise StoreUnavailable(retry_after=UNAVAILABLE_RETRY_AFTER) from exc

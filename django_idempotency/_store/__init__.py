@@ -58,6 +58,7 @@ if TYPE_CHECKING:
         kept_as_tombstone,
         lease_owner,
         lookup,
+        lookup_to_answer,
         past_retention,
         take_over,
     )
@@ -133,6 +134,7 @@ _HOMES = {
     "kept_as_tombstone": "django_idempotency._store.claims",
     "lease_owner": "django_idempotency._store.claims",
     "lookup": "django_idempotency._store.claims",
+    "lookup_to_answer": "django_idempotency._store.claims",
     "mark_uncertain": "django_idempotency._store.owner_writes",
     "note_provider_operation": "django_idempotency._store.owner_writes",
     "past_retention": "django_idempotency._store.claims",
@@ -183,6 +185,7 @@ __all__ = [
     "kept_as_tombstone",
     "lease_owner",
     "lookup",
+    "lookup_to_answer",
     "mark_uncertain",
     "note_provider_operation",
     "past_retention",

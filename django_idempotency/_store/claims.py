@@ -17,7 +17,6 @@ from datetime import datetime, timedelta
 from typing import Any
 
 from django.db import IntegrityError, connections, transaction
-from django.db.backends.base.base import BaseDatabaseWrapper
 from django.db.models import F, Q
 
 from django_idempotency._store.conditional import delete_where, take_over_where
@@ -31,9 +30,10 @@ from django_idempotency._store.database_time import (
 )
 from django_idempotency._store.digests import NOBODY, Fingerprint, Sender
 from django_idempotency._store.statements import (
+    ANSWERING,
+    claim_for,
     record_from_row,
     statements_for,
-    with_lock_timeout,
 )
 from django_idempotency.conf import idempotency_settings
 from django_idempotency.models import RESOLVED_STATES, IdempotencyRecord
@@ -48,7 +48,6 @@ _HOST = socket.gethostname()
 #: than looping.
 MAX_RECLAIMS = 3
 ZERO = timedelta(0)
-_CLAIMED = State.CLAIMED.value
 
 
 @dataclass(frozen=True)
@@ -111,14 +110,13 @@ def claim(
     connection = connections[using]
     committed = not connection.in_atomic_block
     if connection.vendor == "postgresql":
-        sql = statements_for(connection)
-        params = _claim_params(connection, scope, fingerprint, sender, ttl=ttl, lease=lease)
+        sql = claim_for(statements_for(connection), lease, ttl, None)
         # In a caller's transaction the INSERT may wait on a duplicate and
         # time out (lock_timeout, a deadlock): a savepoint keeps that from
         # aborting the caller's transaction.
         savepoint = transaction.atomic(using=using) if not committed else nullcontext()
         with savepoint, connection.cursor() as cursor:
-            cursor.execute(sql.claim, params)
+            cursor.execute(sql, _claim_params(scope, fingerprint, sender))
             row = cursor.fetchone()
         return None if row is None else Claim(row[0], 1, scope, using, committed)
     # A savepoint only in a caller's transaction (an IntegrityError would
@@ -167,55 +165,41 @@ def claim_or_find(
     connection = connections[using]
     if connection.vendor != "postgresql" or connection.in_atomic_block:
         held = claim(scope, fingerprint, ttl=ttl, lease=lease, using=using, sender=sender)
-        return held, None if held else lookup(scope, using=using)
-    # claim() and lookup() in autocommit, on one cursor: a Django cursor
-    # costs about 10 us of CPU to open, a tenth of a replay's own Python.
-    sql = statements_for(connection)
-    params = _claim_params(connection, scope, fingerprint, sender, ttl=ttl, lease=lease)
+        return held, None if held else lookup_to_answer(scope, using=using)
+    # claim() and lookup_to_answer() in autocommit, on one cursor: a Django
+    # cursor costs about 10 us of CPU to open, a tenth of a replay's own Python.
+    statements = statements_for(connection)
     # The INSERT waits when another transaction holds an uncommitted version
     # of this scope's row: a duplicate's optimistic
     # claim, or recovery deleting a released claim while its reconciler's
     # writes wait on a lock of their own. That holder may be a worker cut
     # off from the database: bounded like any wait on a duplicate, in the
     # statement itself (its own transaction: the setting ends with it).
-    params = with_lock_timeout(params, idempotency_settings.IN_FLIGHT_WAIT)
+    sql = claim_for(statements, lease, ttl, idempotency_settings.IN_FLIGHT_WAIT)
     with connection.cursor() as cursor:
-        cursor.execute(sql.claim_waiting_at_most, params)
+        cursor.execute(sql, _claim_params(scope, fingerprint, sender))
         claimed = cursor.fetchone()
         if claimed is not None:
             return Claim(claimed[0], 1, scope, using), None
-        cursor.execute(sql.find, _scope_params(scope))
+        scoped = _scope_params(scope)
+        cursor.execute(statements.find_to_answer, scoped)
         row = cursor.fetchone()
-    return None, None if row is None else record_from_row(connection, row)
+    return None, None if row is None else record_from_row(connection, row, ANSWERING, scoped)
 
 
-def _scope_params(scope: Scope) -> list[str]:
-    return [scope.tenant, scope.operation, scope.key]
+def _scope_params(scope: Scope) -> tuple[str, str, str]:
+    return scope.tenant, scope.operation, scope.key
 
 
-def _claim_params(
-    connection: BaseDatabaseWrapper,
-    scope: Scope,
-    fingerprint: Fingerprint,
-    sender: Sender,
-    *,
-    ttl: timedelta,
-    lease: timedelta,
-) -> list[Any]:
-    clock = clock_of(connection)
+def _claim_params(scope: Scope, fingerprint: Fingerprint, sender: Sender) -> list[Any]:
     return [
         scope.tenant,
         scope.operation,
         scope.key,
         fingerprint.stored,
-        _CLAIMED,
         lease_owner(),
         sender.principal,
         sender.credential,
-        *clock.later_params(connection, lease),
-        *clock.later_params(connection, ttl),
-        *clock.now_params(connection),
-        *clock.now_params(connection),
     ]
 
 
@@ -437,3 +421,18 @@ def lookup(scope: Scope, *, using: str) -> IdempotencyRecord | None:
         cursor.execute(statements_for(connection).find, _scope_params(scope))
         row = cursor.fetchone()
     return None if row is None else record_from_row(connection, row)
+
+
+def lookup_to_answer(scope: Scope, *, using: str) -> IdempotencyRecord | None:
+    """``lookup()``, reading only what a request's answer is decided and given from.
+
+    The record's creation and update times, its sender's digests and its
+    provider's operation id are deferred fields: read by the ORM, with one
+    more query, if anything asks for them.
+    """
+    connection = connections[using]
+    with connection.cursor() as cursor:
+        scoped = _scope_params(scope)
+        cursor.execute(statements_for(connection).find_to_answer, scoped)
+        row = cursor.fetchone()
+    return None if row is None else record_from_row(connection, row, ANSWERING, scoped)
