@@ -120,3 +120,30 @@ def test_mark_uncertain_still_ends_the_lease_now(context: IdempotencyContext) ->
     store.mark_uncertain(context._held, provider_key="p", provider_operation_id="")
 
     assert lease_of(context) <= timezone.now()
+
+
+def test_a_lease_owner_names_its_host_process_and_thread_even_after_a_fork() -> None:
+    """What recovery and the admin show: each thread its own, a forked child its own pid."""
+    import os
+    import socket
+    import threading
+
+    here = store.lease_owner()
+    others: list[str] = []
+    thread = threading.Thread(target=lambda: others.append(store.lease_owner()))
+    thread.start()
+    thread.join()
+    reader, writer = os.pipe()
+    child = os.fork()
+    if child == 0:  # the child: its owner, through the pipe, and out without cleanup
+        os.write(writer, store.lease_owner().encode())
+        os._exit(0)
+    os.close(writer)
+    os.waitpid(child, 0)
+    with os.fdopen(reader, "rb") as pipe:
+        in_child = pipe.read().decode()
+
+    assert here == f"{socket.gethostname()}:{os.getpid()}:{threading.get_ident()}"
+    assert store.lease_owner() == here
+    assert others == [f"{socket.gethostname()}:{os.getpid()}:{thread.ident}"]
+    assert in_child == f"{socket.gethostname()}:{child}:{threading.get_ident()}"

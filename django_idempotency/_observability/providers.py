@@ -17,6 +17,7 @@ is seen at the next request: the globals are read each time.
 
 from __future__ import annotations
 
+import importlib
 import os
 from types import ModuleType
 from typing import Any
@@ -38,23 +39,22 @@ def trace_api() -> ModuleType | None:
     """``opentelemetry.trace``, or None when the API is not installed."""
     global _trace
     if _trace is _UNKNOWN:
-        try:
-            from opentelemetry import trace
-        except ImportError:
-            trace = None  # type: ignore[assignment]
-        _trace = trace
+        _trace = _imported("opentelemetry.trace")
     return _trace  # type: ignore[no-any-return]
 
 
 def _metrics_api() -> ModuleType | None:
     global _metrics
     if _metrics is _UNKNOWN:
-        try:
-            from opentelemetry.metrics import _internal as metrics
-        except ImportError:
-            metrics = None  # type: ignore[assignment]
-        _metrics = metrics
+        _metrics = _imported("opentelemetry.metrics._internal")
     return _metrics  # type: ignore[no-any-return]
+
+
+def _imported(module: str) -> ModuleType | None:
+    try:
+        return importlib.import_module(module)
+    except ImportError:
+        return None
 
 
 def _named_by_environment(variable: str) -> bool:

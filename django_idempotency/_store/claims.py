@@ -73,20 +73,30 @@ class Claim:
 
 
 def lease_owner() -> str:
-    thread = threading.get_ident()
-    try:
-        return _lease_owners[thread]
-    except KeyError:
-        owner = _lease_owners[thread] = f"{_HOST}:{os.getpid()}:{thread}"[:255]
-        return owner
+    """``host:pid:thread``: who holds a lease, as recovery and operators see it."""
+    owner = _this_thread.owner
+    if owner is None:
+        owner = _this_thread.owner = f"{_HOST}:{os.getpid()}:{threading.get_ident()}"[:255]
+    return owner
 
 
-#: Each thread's lease owner: ``host:pid:thread`` costs a system call
-#: (getpid) and a format per claim otherwise. A thread id may be reused by a
-#: later thread, whose owner it then is (the same text); a forked child
-#: starts afresh, its pid another.
-_lease_owners: dict[int, str] = {}
-os.register_at_fork(after_in_child=_lease_owners.clear)
+class _ThisThread(threading.local):
+    #: This thread's lease owner, made at its first claim: a system call
+    #: (getpid) and a format per claim otherwise. Gone with the thread.
+    owner: str | None = None
+
+
+_this_thread = _ThisThread()
+
+
+def _new_process() -> None:
+    # A forked child's thread keeps the parent's thread-local values, whose
+    # pid is the parent's.
+    global _this_thread
+    _this_thread = _ThisThread()
+
+
+os.register_at_fork(after_in_child=_new_process)
 
 
 def claim(
