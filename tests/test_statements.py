@@ -16,7 +16,7 @@ from django.utils import timezone
 
 from django_idempotency import _store as store
 from django_idempotency._store.digests import FingerprintHasher
-from django_idempotency._store.statements import statements_for
+from django_idempotency._store.statements import claim_for, statements_for
 from django_idempotency.models import IdempotencyRecord
 from django_idempotency.responses import StoredResponse, Verdict
 from django_idempotency.scope import Scope
@@ -70,7 +70,7 @@ def test_the_statements_of_django_db_connection_are_those_of_its_database() -> N
     """``django.db.connection`` is a proxy (unhashable): asked through it, the same statements."""
     from django.db import connection, connections
 
-    from django_idempotency._store.statements import statements_for
+    from django_idempotency._store.statements import claim_for, statements_for
 
     assert statements_for(connection) is statements_for(connections["default"])
 
@@ -162,6 +162,19 @@ def test_a_claim_spells_its_lease_and_retention_exactly(in_transaction: bool) ->
         (timedelta(seconds=90), timedelta(hours=3)),
         (timedelta(seconds=7.5), timedelta(days=40)),
     ]
+
+
+def test_claim_statements_made_for_ever_new_durations_are_not_kept_without_end() -> None:
+    statements = statements_for(connection)
+    made = [
+        claim_for(statements, timedelta(seconds=seconds), timedelta(hours=1), None)
+        for seconds in range(1, 201)
+    ]
+
+    assert len(statements.claims) <= 64
+    assert len(set(made)) == 200
+    assert "interval '200000000 microseconds'" in made[-1]
+    assert claim_for(statements, timedelta(seconds=200), timedelta(hours=1), None) is made[-1]
 
 
 @pytest.mark.parametrize("use_tz", [True, False])

@@ -162,8 +162,16 @@ def claim_for(
     claim = statements.claim_template.format(
         owner=owner, lease=_interval(lease), ttl=_interval(ttl)
     )
+    if len(statements.claims) >= _CLAIMS_KEPT:
+        # Durations computed per request (a task's, say) would otherwise
+        # grow this without end; a view's come back, and are made again.
+        statements.claims.clear()
     statements.claims[spelled] = claim
     return claim
+
+
+#: How many claim statements ``claim_for()`` keeps per connection's statements.
+_CLAIMS_KEPT = 64
 
 
 def _interval(duration: timedelta) -> str:
