@@ -10,7 +10,7 @@ import contextlib
 from datetime import timedelta
 
 import pytest
-from django.db import connection, transaction
+from django.db import connection, connections, transaction
 from django.test import override_settings
 from django.utils import timezone
 
@@ -68,10 +68,6 @@ def test_a_looked_up_record_is_a_saved_instance_of_its_database() -> None:
 
 def test_the_statements_of_django_db_connection_are_those_of_its_database() -> None:
     """``django.db.connection`` is a proxy (unhashable): asked through it, the same statements."""
-    from django.db import connection, connections
-
-    from django_idempotency._store.statements import claim_for, statements_for
-
     assert statements_for(connection) is statements_for(connections["default"])
 
 
