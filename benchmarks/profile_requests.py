@@ -2,6 +2,7 @@
 """Where a protected request's time goes: per-request breakdown and a pyinstrument profile.
 
     .venv/bin/python benchmarks/profile_requests.py [--requests 2000] [--html DIR]
+                                                    [--table-only | --statements]
 
 Runs the benchmark project (benchmarks/benchproject) in this process on a
 fresh PostgreSQL database, through Django's WSGI handler (no web server, no
@@ -18,7 +19,9 @@ network hop to a client), one request at a time:
    this process and that of the PostgreSQL backend serving it (read from
    /proc when the server is local; both sides share the machine's cores);
    checking that each first execution wrote one payment row and no replay
-   any (``--table-only`` stops here);
+   any (``--table-only`` stops here; ``--statements`` then prints the
+   backend's CPU per request by statement and COMMIT, for the floors and
+   the package, and stops);
 2. profiles ``--requests`` protected first executions, as many replays and
    as many optimistic first executions with pyinstrument (``pip install
    pyinstrument``) and prints the call trees (and writes HTML reports to
@@ -42,6 +45,7 @@ import cProfile  # noqa: E402
 import io  # noqa: E402
 import os  # noqa: E402
 import pstats  # noqa: E402
+import re  # noqa: E402
 import statistics  # noqa: E402
 import time  # noqa: E402
 import uuid  # noqa: E402
@@ -108,9 +112,18 @@ def timed_commits(connection: Any, timer: DatabaseTimer) -> Iterator[None]:
 
 
 def backend_cpu_seconds(pid: int | None) -> float | None:
-    """CPU time of the PostgreSQL backend serving this process (a local server), or None."""
+    """CPU time of the PostgreSQL backend serving this process (a local server), or None.
+
+    From ``/proc/PID/schedstat`` (nanoseconds) where the kernel keeps it, else
+    from ``/proc/PID/stat`` (clock ticks, a hundredth of a second here).
+    """
     if pid is None:
         return None
+    try:
+        with open(f"/proc/{pid}/schedstat") as schedstat:
+            return int(schedstat.read().split()[0]) / 1e9
+    except (OSError, ValueError, IndexError):
+        pass
     try:
         with open(f"/proc/{pid}/stat") as stat:
             fields = stat.read().rsplit(")", 1)[1].split()
@@ -119,12 +132,69 @@ def backend_cpu_seconds(pid: int | None) -> float | None:
     return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
 
 
+def statement_kind(sql: str) -> str:
+    """``INSERT benchapp_payment``, ``SELECT django_idempotency_record``: verb and table."""
+    table = _TABLE.search(sql)
+    return f"{sql.split()[0].upper()} {table.group(0) if table else ''}".strip()
+
+
+#: The tables of the benchmark project's statements.
+_TABLE = re.compile(r"benchapp_\w+|django_idempotency_\w+")
+
+
+class BackendTimer:
+    """The backend's CPU time around each statement and commit, by kind of statement."""
+
+    def __init__(self, pid: int) -> None:
+        self.pid = pid
+        self.seconds: dict[str, float] = {}
+
+    def add(self, kind: str, started: float | None) -> None:
+        ended = backend_cpu_seconds(self.pid)
+        if started is not None and ended is not None:
+            self.seconds[kind] = self.seconds.get(kind, 0.0) + ended - started
+
+    def __call__(
+        self, execute: Callable[..., Any], sql: str, params: Any, many: bool, context: Any
+    ) -> Any:
+        started = backend_cpu_seconds(self.pid)
+        try:
+            return execute(sql, params, many, context)
+        finally:
+            self.add(statement_kind(sql), started)
+
+
+@contextmanager
+def backend_commits(connection: Any, timer: BackendTimer) -> Iterator[None]:
+    """The backend's CPU time of each COMMIT (which carries the WAL flush's wait)."""
+    original_commit = connection._commit
+
+    def commit() -> Any:
+        started = backend_cpu_seconds(timer.pid)
+        try:
+            return original_commit()
+        finally:
+            timer.add("COMMIT", started)
+
+    connection._commit = commit
+    try:
+        yield
+    finally:
+        connection._commit = original_commit
+
+
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--requests", type=int, default=2000)
     parser.add_argument("--html", type=Path, help="write pyinstrument HTML reports here")
     parser.add_argument(
         "--table-only", action="store_true", help="print the per-request table, no profiles"
+    )
+    parser.add_argument(
+        "--statements",
+        action="store_true",
+        help="after the table: the database backend's CPU per request by statement (and "
+        "COMMIT), for the floors and the package, then stop",
     )
     args = parser.parse_args(argv)
 
@@ -250,6 +320,9 @@ def run(args: argparse.Namespace) -> None:
             f"{statistics.median(statements):11.0f}{backend}"
         )
 
+    if args.statements:
+        by_statement(endpoints, backend_pid, args.requests)
+        return
     if args.table_only:
         return
     from pyinstrument import Profiler
@@ -308,6 +381,41 @@ def run(args: argparse.Namespace) -> None:
                         f"  {where:<48} {calls / n:6.1f} calls/request "
                         f"{cumulative / n * 1e6:8.1f} us/request (cumulative, under cProfile)"
                     )
+
+
+#: The endpoints whose statements ``--statements`` times, side by side.
+BY_STATEMENT = (
+    "floor",
+    "protected",
+    "floor optimistic",
+    "optimistic",
+    "floor replay",
+    "protected replay",
+    "optimistic replay",
+)
+
+
+def by_statement(
+    endpoints: list[tuple[str, Callable[[], int]]], backend_pid: int, requests: int
+) -> None:
+    """The backend's CPU per request, by statement, for the floors and the package."""
+    from django.db import connection
+
+    print(f"\ndatabase backend CPU ms per request, by statement ({requests} requests each):")
+    for name, send in endpoints:
+        if name not in BY_STATEMENT:
+            continue
+        timer = BackendTimer(backend_pid)
+        with connection.execute_wrapper(timer), backend_commits(connection, timer):
+            for _ in range(requests):
+                status = send()
+                assert status == 201, (name, status)
+        total = sum(timer.seconds.values())
+        parts = ", ".join(
+            f"{kind} {seconds / requests * 1000:.3f}"
+            for kind, seconds in sorted(timer.seconds.items(), key=lambda item: -item[1])
+        )
+        print(f"  {name:<19} {total / requests * 1000:6.3f}  = {parts}")
 
 
 if __name__ == "__main__":
