@@ -169,7 +169,7 @@ def test_claim_statements_made_for_ever_new_durations_are_not_kept_without_end()
 
     assert len(statements.claims) <= 64
     assert len(set(made)) == 200
-    assert "interval '200000000 microseconds'" in made[-1]
+    assert "interval '0 hours 200.000000 seconds'" in made[-1]
     assert claim_for(statements, timedelta(seconds=200), timedelta(hours=1), None) is made[-1]
 
 
@@ -209,3 +209,25 @@ def test_the_purge_works_under_either_time_zone_setting(use_tz: bool) -> None:
     assert (report.deleted, report.batches) == (3, 2)
     remaining = set(IdempotencyRecord.objects.values_list("pk", flat=True))
     assert remaining == {kept.pk} and not remaining & {record.pk for record in gone}
+
+
+def test_claim_durations_are_spelled_so_postgresql_14_can_read_them() -> None:
+    """Django 5.2 (supported here) runs on PostgreSQL 14, whose interval input reads
+    each number of a literal as a 32-bit int (DecodeInterval's strtoint: "interval
+    field value out of range" past 2147483647). The default retention, 24 hours, is
+    86,400,000,000 microseconds: spelled as one number, every claim fails there."""
+    import re
+
+    from django_idempotency.conf import idempotency_settings
+
+    sql = claim_for(
+        statements_for(connection),
+        idempotency_settings.LEASE,
+        idempotency_settings.TTL,
+        idempotency_settings.IN_FLIGHT_WAIT,
+    )
+    literals = re.findall(r"interval '([^']*)'", sql)
+    numbers = [int(n) for literal in literals for n in re.findall(r"-?\d+", literal)]
+
+    assert literals
+    assert all(abs(number) <= 2**31 - 1 for number in numbers), literals

@@ -175,9 +175,16 @@ _CLAIMS_KEPT = 64
 
 
 def _interval(duration: timedelta) -> str:
-    """``duration`` as an exact PostgreSQL interval constant (microseconds, no day part)."""
+    """``duration`` as an exact PostgreSQL interval constant (hours and seconds, no day part).
+
+    Each number small: PostgreSQL 14 and older read every number of an
+    interval literal as a 32-bit int, so a day in microseconds is refused.
+    """
     microseconds = (duration.days * 86_400 + duration.seconds) * 1_000_000 + duration.microseconds
-    return f"interval '{microseconds} microseconds'"
+    sign = "-" if microseconds < 0 else ""
+    hours, rest = divmod(abs(microseconds), 3_600_000_000)
+    seconds, fraction = divmod(rest, 1_000_000)
+    return f"interval '{sign}{hours} hours {sign}{seconds}.{fraction:06d} seconds'"
 
 
 #: Per vendor and clock (MySQL's depends on USE_TZ).
