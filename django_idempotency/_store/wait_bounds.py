@@ -26,8 +26,16 @@ from datetime import timedelta
 
 @functools.lru_cache(maxsize=64)  # a setting's value, at every claim
 def milliseconds(wait: timedelta) -> str:
-    """``wait`` as ``set_config()`` takes it: milliseconds, never 0 (which means "forever")."""
-    return str(max(1, round(wait.total_seconds() * 1000)))
+    """``wait`` as ``set_config()`` takes it: milliseconds, never 0 (which means "forever").
+
+    At most PostgreSQL's largest ``lock_timeout`` (about 24.8 days), which a
+    longer wait would make every bounded statement fail to set.
+    """
+    return str(min(max(1, round(wait.total_seconds() * 1000)), _LONGEST))
+
+
+#: The largest ``lock_timeout`` PostgreSQL takes: a 32-bit int of milliseconds.
+_LONGEST = 2**31 - 1
 
 
 def at_most(setting: str) -> str:
