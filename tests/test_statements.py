@@ -233,6 +233,9 @@ def test_claim_durations_are_spelled_so_postgresql_14_can_read_them() -> None:
     assert all(abs(number) <= 2**31 - 1 for number in numbers), literals
 
 
+HOUR = timedelta(hours=1)
+
+
 @pytest.mark.postgres
 def test_a_wait_bound_longer_than_postgresqls_largest_lock_timeout_is_that_largest() -> None:
     """An ``IN_FLIGHT_WAIT`` of 40 days: claims still run, bounded by 24.8 days."""
@@ -240,19 +243,11 @@ def test_a_wait_bound_longer_than_postgresqls_largest_lock_timeout_is_that_large
     hasher.update("same input")
     scope = Scope("anonymous", "tests.longest-wait", "k")
     with override_settings(IDEMPOTENCY={"IN_FLIGHT_WAIT": timedelta(days=40)}):
-        first = store.claim_or_take_over(
-            scope,
-            hasher.finish(),
-            ttl=timedelta(hours=1),
-            lease=timedelta(minutes=2),
-            using="default",
-        )
-        again = store.claim_or_take_over(
-            scope,
-            hasher.finish(),
-            ttl=timedelta(hours=1),
-            lease=timedelta(minutes=2),
-            using="default",
+        first, again = (
+            store.claim_or_take_over(
+                scope, hasher.finish(), ttl=HOUR, lease=timedelta(minutes=2), using="default"
+            )
+            for _ in range(2)
         )
 
     assert first.held is not None
