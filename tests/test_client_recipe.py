@@ -185,7 +185,12 @@ def test_a_request_in_progress_is_retried_after_retry_after_until_the_deadline(
     assert outcome.response.json()["code"] == "idempotency_request_in_progress"
     assert outcome.response.headers["Retry-After"] == "1"
     assert outcome.attempts >= 2
-    assert outcome.attempts - 1 <= elapsed < 2.5  # each wait at least Retry-After
+    # Each wait is at least Retry-After. The deadline bounds when the last
+    # attempt starts, not when its answer arrives: that round trip may end
+    # past it (seen at 2.52 s with the test passes running side by side). A
+    # recipe ignoring the deadline would still be retrying at 4 s, and get
+    # the replay left_unsettled() then puts back.
+    assert outcome.attempts - 1 <= elapsed < 2.5 + 0.5
     assert Charge.objects.count() == 1
 
 
