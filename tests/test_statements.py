@@ -254,18 +254,24 @@ def test_a_wait_bound_longer_than_postgresqls_largest_lock_timeout_is_that_large
     assert again.held is None and again.record is not None
 
 
-@pytest.mark.parametrize("state", [State.CLAIMED, State.IN_PROGRESS, State.UNCERTAIN])
-def test_a_completion_completes_any_unresolved_record_of_its_owner(state: str) -> None:
+def _claimed(name: str) -> store.Claim:
+    """A claim of this process's, for a scope named ``name``."""
     hasher = FingerprintHasher()
     hasher.update("same input")
     held = store.claim(
-        Scope("anonymous", "tests.complete", state),
+        Scope("anonymous", "tests.complete", name),
         hasher.finish(),
         ttl=HOUR,
         lease=HOUR,
         using="default",
     )
     assert held is not None
+    return held
+
+
+@pytest.mark.parametrize("state", [State.CLAIMED, State.IN_PROGRESS, State.UNCERTAIN])
+def test_a_completion_completes_any_unresolved_record_of_its_owner(state: str) -> None:
+    held = _claimed(state)
     IdempotencyRecord.objects.filter(pk=held.record_id).update(state=state)
 
     store.complete(held, Verdict.COMPLETED, StoredResponse(201, [], b"{}"), ttl=HOUR)
@@ -278,16 +284,7 @@ def test_a_completion_leaves_a_record_resolved_meanwhile_as_it_is(state: str) ->
     """Resolved by somebody else with the owner's token unchanged: the owner writes nothing."""
     from django_idempotency.exceptions import StaleOwner
 
-    hasher = FingerprintHasher()
-    hasher.update("same input")
-    held = store.claim(
-        Scope("anonymous", "tests.complete", state),
-        hasher.finish(),
-        ttl=HOUR,
-        lease=HOUR,
-        using="default",
-    )
-    assert held is not None
+    held = _claimed(state)
     IdempotencyRecord.objects.filter(pk=held.record_id).update(state=state, response_status=299)
 
     with pytest.raises(StaleOwner):
